@@ -1,0 +1,31 @@
+"""``OnDevice``: build modules directly on a device (or ``meta``) in a given dtype.
+
+It patches torch's tensor constructors, process-wide state, so it is DeepSpeed's class; this subclass
+checks the arguments up front instead of failing deep inside the first constructor call.
+"""
+from typing import Union
+
+import torch
+from deepspeed.utils.init_on_device import OnDevice as _DeepSpeedOnDevice
+
+from ._validate import require_type
+from .exceptions import InvalidArgumentError
+
+__all__ = ["OnDevice"]
+
+
+class OnDevice(_DeepSpeedOnDevice):
+    """``with OnDevice(dtype=torch.float16, device="meta"): model = MyModel()``.
+
+    ``isinstance(x, deepspeed.utils.OnDevice)`` still holds.
+    """
+
+    def __init__(self, dtype: torch.dtype, device: Union[str, torch.device] = "meta", enabled: bool = True) -> None:
+        require_type("OnDevice", "dtype", dtype, torch.dtype)
+        require_type("OnDevice", "device", device, (str, torch.device))
+        require_type("OnDevice", "enabled", enabled, bool)
+        try:
+            torch.device(device)
+        except RuntimeError as error:
+            raise InvalidArgumentError(f"OnDevice: device {device!r} is not a torch device ({error})") from None
+        super().__init__(dtype, device=device, enabled=enabled)

@@ -1,0 +1,68 @@
+"""A small real DeepSpeed training job on CPU that uses ds_profutils where a user would.
+
+Run it under the launcher (2 ranks, gloo), as the README shows:
+
+    deepspeed --num_gpus 2 --master_port 29611 examples/train.py --deepspeed_config ds_configs/zero3_all_profiling.json
+
+It trains a toy regression model, reads the fp32 master weights and gradients through the
+``safe_get_*`` accessors, and logs progress with ``log_dist`` on rank 0.
+"""
+import argparse
+import logging
+
+import deepspeed
+import torch
+
+from ds_profutils import RepeatingLoader, log_dist, safe_get_full_fp32_param, safe_get_full_grad
+
+
+class ToyModel(torch.nn.Module):
+    """Two linear layers: enough parameters for ZeRO-3 to partition and fetch."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Linear(16, width)
+        self.head = torch.nn.Linear(width, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.encoder(features)))
+
+
+def toy_dataset(samples: int = 256, seed: int = 0) -> torch.utils.data.TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(samples, 16, generator=generator)
+    targets = features.sum(dim=1, keepdim=True)
+    return torch.utils.data.TensorDataset(features, targets)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps to train")
+    parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
+    parser = deepspeed.add_config_arguments(parser)
+    return parser.parse_args()
+
+
+def train(args: argparse.Namespace) -> None:
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = ToyModel()
+    engine, _, loader, _ = deepspeed.initialize(args=args,
+                                                model=model,
+                                                model_parameters=model.parameters(),
+                                                training_data=toy_dataset())
+    batches = iter(RepeatingLoader(loader))
+    for step in range(1, args.steps + 1):
+        features, targets = next(batches)
+        loss = torch.nn.functional.mse_loss(engine(features), targets)
+        engine.backward(loss)
+        grad_norm = safe_get_full_grad(engine.module.head.weight).norm().item()
+        engine.step()
+        weight_norm = safe_get_full_fp32_param(engine.module.head.weight).norm().item()
+        log_dist(f"step {step}: loss {loss.item():.4f}, head grad norm {grad_norm:.4f}, "
+                 f"head weight norm {weight_norm:.4f}",
+                 ranks=[0],
+                 level=logging.WARNING)
+
+
+if __name__ == "__main__":
+    train(parse_args())

@@ -1,0 +1,43 @@
+"""Packaging for ds_profutils: a drop-in fork of ``deepspeed.utils`` plus profiling tools."""
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+
+def read_version() -> str:
+    """Read ``__version__`` without importing the package (importing needs torch)."""
+    for line in Path(__file__).with_name("ds_profutils").joinpath("version.py").read_text().splitlines():
+        if line.startswith("__version__"):
+            return line.split("=", 1)[1].strip().strip('"')
+    raise RuntimeError("ds_profutils/version.py has no __version__")
+
+
+setup(
+    name="ds-profutils",
+    version=read_version(),
+    description="A deepspeed.utils-compatible toolkit for profiling DeepSpeed training",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["ds_profutils", "ds_profutils.*"]),
+    python_requires=">=3.9",
+    # torch is not pinned here: users bring the build that matches their accelerator.
+    install_requires=[
+        "deepspeed>=0.19,<0.20",
+        "torch>=2.1",
+        "nvtx>=0.2",
+        "packaging>=20.0",
+        "pydantic>=2.0",
+        "hjson",
+    ],
+    extras_require={
+        "test": ["pytest>=7"],
+        "plot": ["matplotlib>=3.5"],
+    },
+    entry_points={"console_scripts": ["ds-profutils=ds_profutils.cli:main"]},
+    license="Apache-2.0",
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: Apache Software License",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
