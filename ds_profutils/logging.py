@@ -17,6 +17,7 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Optional
 
+from deepspeed import comm as dist
 from deepspeed.utils.logging import logger
 
 from .exceptions import InvalidArgumentError
@@ -55,15 +56,12 @@ def _rank_if_logging(ranks: Optional[Iterable[int]]) -> Optional[int]:
     process logs only if ``ranks`` holds its rank or starts with -1 (all ranks); an empty or absent
     ``ranks`` then logs nowhere.
     """
-    from deepspeed import comm as dist
-
     if not dist.is_initialized():
         return _ALL_RANKS
     if not ranks:
         return None
-    ranks = list(ranks)
     my_rank = dist.get_rank()
-    if ranks[0] == _ALL_RANKS or my_rank in ranks:
+    if my_rank in ranks or next(iter(ranks)) == _ALL_RANKS:
         return my_rank
     return None
 
@@ -93,8 +91,8 @@ def log_dist(message: Any, ranks: Optional[Iterable[int]] = None, level: int = l
 
 @functools.lru_cache(None)
 def _log_dist_once_cached(message: Any, ranks_key: Optional[tuple], level: int) -> None:
-    # stacklevel 4: this function, the lru_cache wrapper, log_dist_once, then its caller.
-    _log_dist_at(message, ranks_key, level, stacklevel=4)
+    # stacklevel 3: this function, log_dist_once, then its caller (lru_cache adds no Python frame).
+    _log_dist_at(message, ranks_key, level, stacklevel=3)
 
 
 def log_dist_once(message: Any, ranks: Optional[Iterable[int]] = None, level: int = logging.INFO) -> None:
@@ -159,7 +157,7 @@ def should_log_le(max_log_level_str: str) -> bool:
 @functools.lru_cache(None)
 def warning_once(*args: Any, **kwargs: Any) -> None:
     """``logger.warning`` that emits each distinct argument tuple once per process."""
-    logger.warning(*args, stacklevel=3, **kwargs)
+    logger.warning(*args, stacklevel=2, **kwargs)
 
 
 def print_configuration(args: Any, name: str) -> None:

@@ -3,10 +3,10 @@
 The ZeRO-3 parameter coordinator reads the ``_z3_leaf`` flag on modules, so the flag is set by
 DeepSpeed's own functions; this module checks the arguments first and says what was expected.
 """
+import importlib
 from typing import Iterable, List, Tuple, Type, Union
 
 import torch
-from deepspeed.utils import z3_leaf_module as _ds_leaf
 from deepspeed.utils.z3_leaf_module import get_z3_leaf_modules, z3_leaf_module, z3_leaf_parameter
 
 from ._validate import require_type
@@ -22,6 +22,9 @@ __all__ = [
     "z3_leaf_module",
     "z3_leaf_parameter",
 ]
+
+# ``deepspeed.utils.z3_leaf_module`` is shadowed by the function of that name in deepspeed.utils.
+_ds_leaf = importlib.import_module("deepspeed.utils.z3_leaf_module")
 
 ModuleClasses = Union[List[Type], List[str]]
 

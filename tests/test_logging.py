@@ -1,0 +1,79 @@
+"""log_dist and friends: DeepSpeed's rank semantics, caller-pointing records, lazy and handler-free."""
+import logging
+
+import pytest
+
+import ds_profutils
+from ds_profutils import logging as ds_logging
+
+
+@pytest.fixture
+def ds_caplog(caplog):
+    """Capture the DeepSpeed logger's records (it does not propagate to root, so attach directly)."""
+    ds_profutils.logger.addHandler(caplog.handler)
+    caplog.set_level(logging.DEBUG, logger="DeepSpeed")
+    yield caplog
+    ds_profutils.logger.removeHandler(caplog.handler)
+
+
+def test_before_dist_init_every_process_logs_as_rank_minus_one(ds_caplog):
+    ds_profutils.log_dist("hello", ranks=[0], level=logging.WARNING)
+    assert [r.getMessage() for r in ds_caplog.records] == ["[Rank -1] hello"]
+
+
+def test_record_points_at_the_caller(ds_caplog):
+    ds_profutils.log_dist("where", level=logging.WARNING)
+    (record, ) = ds_caplog.records
+    assert record.filename == "test_logging.py" and record.funcName == "test_record_points_at_the_caller"
+
+
+def test_log_dist_once_emits_once_and_points_at_caller(ds_caplog):
+    for _ in range(3):
+        ds_profutils.log_dist_once("only once please", ranks=[-1], level=logging.WARNING)
+    assert [r.getMessage() for r in ds_caplog.records] == ["[Rank -1] only once please"]
+    assert ds_caplog.records[0].funcName == "test_log_dist_once_emits_once_and_points_at_caller"
+
+
+def test_below_level_is_not_formatted(ds_caplog):
+    ds_profutils.set_log_level_from_string("warning")
+
+    class Exploding:
+
+        def __str__(self):
+            raise AssertionError("formatted although filtered out")
+
+    ds_profutils.log_dist(Exploding(), level=logging.INFO)
+    assert ds_caplog.records == []
+
+
+def test_ranks_semantics_after_init(monkeypatch, ds_caplog):
+    from deepspeed import comm as dist
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    for ranks in (None, [], [0], [1], [-1], [0, 1]):
+        ds_profutils.log_dist(f"to {ranks}", ranks=ranks, level=logging.WARNING)
+    assert [r.getMessage() for r in ds_caplog.records] == ["[Rank 1] to [1]", "[Rank 1] to [-1]", "[Rank 1] to [0, 1]"]
+    assert ds_logging.get_dist_msg("m", ranks=[0]) is None
+    assert ds_logging.get_dist_msg("m", ranks=[1]) == "[Rank 1] m"
+
+
+def test_set_log_level_from_string_sets_logger_and_handlers():
+    logger = logging.getLogger("ds_profutils-test-level")
+    handler = logging.StreamHandler()
+    logger.addHandler(handler)
+    ds_profutils.set_log_level_from_string("ERROR", custom_logger=logger)
+    assert logger.level == logging.ERROR and handler.level == logging.ERROR
+
+
+@pytest.mark.parametrize("bad", ["loud", "", 3])
+def test_unknown_level_names_the_allowed_ones(bad):
+    with pytest.raises(ValueError, match="debug"):
+        ds_profutils.set_log_level_from_string(bad)
+
+
+def test_should_log_le():
+    ds_profutils.set_log_level_from_string("info")
+    try:
+        assert ds_logging.should_log_le("info") and not ds_logging.should_log_le("debug")
+    finally:
+        ds_profutils.set_log_level_from_string("warning")

@@ -1,0 +1,120 @@
+"""Bad input to the delegating modules fails with a clear InvalidArgumentError, never silently."""
+import pytest
+import torch
+
+import ds_profutils
+from ds_profutils.exceptions import InvalidArgumentError
+
+
+class Block(torch.nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+
+
+def test_error_class_is_value_and_assertion_error():
+    assert issubclass(InvalidArgumentError, ValueError) and issubclass(InvalidArgumentError, AssertionError)
+
+
+def test_leaf_flags_are_deepspeeds_flags():
+    import deepspeed.utils as ds_utils
+    model = Block()
+    found = ds_profutils.set_z3_leaf_modules(model, [torch.nn.Sequential])
+    assert found == [model.inner]
+    assert ds_utils.z3_leaf_module(model.inner) and ds_utils.get_z3_leaf_modules(model) == [model.inner]
+    ds_profutils.unset_z3_leaf_modules(model, ["Sequential"])
+    assert not ds_utils.z3_leaf_module(model.inner)
+    matched, missing = ds_profutils.set_z3_leaf_modules_by_name(model, ["inner.0", "nope"], raise_if_not_found=False)
+    assert matched == [model.inner[0]] and missing == ["nope"]
+    matched, _ = ds_profutils.set_z3_leaf_modules_by_suffix(model, [".1"])
+    assert matched == [model.inner[1]]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m: ds_profutils.set_z3_leaf_modules("model", [torch.nn.Linear]), "model must be Module"),
+    (lambda m: ds_profutils.set_z3_leaf_modules(m, torch.nn.Linear), "leaf_module_classes must be a list"),
+    (lambda m: ds_profutils.set_z3_leaf_modules(m, [3]), "every item of leaf_module_classes"),
+    (lambda m: ds_profutils.set_z3_leaf_modules_by_name(m, "inner"), "module_names must be a list"),
+    (lambda m: ds_profutils.set_z3_leaf_module(m, "yes"), "flag must be bool"),
+])
+def test_leaf_bad_input(call, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        call(Block())
+
+
+def test_zero3_only_accessor_on_plain_param():
+    param = torch.nn.Parameter(torch.ones(3))
+    for accessor in (ds_profutils.safe_get_local_fp32_param, ds_profutils.safe_get_local_grad):
+        with pytest.raises(InvalidArgumentError, match="only defined for ZeRO-3"):
+            accessor(param)
+    with pytest.raises(AssertionError):  # DeepSpeed-era handlers still catch it
+        ds_profutils.safe_set_local_fp32_param(param, torch.ones(3))
+
+
+def test_getters_on_unmanaged_param_return_none_like_deepspeed():
+    param = torch.nn.Parameter(torch.ones(3))
+    assert ds_profutils.safe_get_full_fp32_param(param) is None
+    assert ds_profutils.safe_get_full_optimizer_state(param, "exp_avg") is None
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda p: ds_profutils.safe_set_full_fp32_param(p, torch.ones(3)), "not managed by a DeepSpeed"),
+    (lambda p: ds_profutils.safe_get_full_fp32_param([1, 2]), "param must be Tensor"),
+    (lambda p: ds_profutils.safe_get_full_optimizer_state(p, 0), "optim_state_key must be str"),
+    (lambda p: ds_profutils.safe_set_full_grad(p, torch.ones(4)), "value has 4 elements but the full parameter has 3"),
+    (lambda p: ds_profutils.safe_set_full_grad(p, "0.5"), "value must be Tensor"),
+    (lambda p: ds_profutils.safe_update_full_grad_vectorized(p, abs), "param_list must be a list"),
+    (lambda p: ds_profutils.safe_update_full_grad_vectorized([p], None), "update_func must be callable"),
+])
+def test_accessor_bad_input(call, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        call(torch.nn.Parameter(torch.ones(3)))
+
+
+def test_safe_set_full_grad_on_local_grad_copies():
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.zeros(3)
+    ds_profutils.safe_set_full_grad(param, torch.full((3, ), 2.0))
+    assert torch.equal(param.grad, torch.full((3, ), 2.0))
+
+
+def test_on_device_validates_then_builds_on_meta():
+    with pytest.raises(InvalidArgumentError, match="dtype must be dtype"):
+        ds_profutils.OnDevice(dtype="fp16")
+    with pytest.raises(InvalidArgumentError, match="not a torch device"):
+        ds_profutils.OnDevice(dtype=torch.float16, device="gpu-ish")
+    with ds_profutils.OnDevice(dtype=torch.float16, device="meta"):
+        layer = torch.nn.Linear(4, 4)
+    assert layer.weight.device.type == "meta" and layer.weight.dtype == torch.float16
+
+
+def test_recursive_attr_helpers():
+    model = Block()
+    assert ds_profutils.recursive_getattr(model, "inner.0.weight") is model.inner[0].weight
+    replacement = torch.nn.Identity()
+    ds_profutils.recursive_setattr(model, "inner.1", replacement)
+    assert model.inner[1] is replacement
+    with pytest.raises(AttributeError, match="'inner' has no attribute 'missing'"):
+        ds_profutils.recursive_getattr(model, "inner.missing.weight")
+
+
+def test_group_setters_validate_and_reach_deepspeed():
+    from deepspeed.utils import groups as ds_groups
+    with pytest.raises(InvalidArgumentError, match="world_size must be >= 1"):
+        ds_profutils.set_tensor_model_parallel_world_size(0)
+    with pytest.raises(InvalidArgumentError, match="rank must be int"):
+        ds_profutils.set_tensor_model_parallel_rank("0")
+    ds_profutils.set_tensor_model_parallel_world_size(4)
+    ds_profutils.set_tensor_model_parallel_rank(3)
+    try:
+        assert ds_groups.get_tensor_model_parallel_world_size() == 4
+        assert ds_profutils.get_tensor_model_parallel_rank() == 3
+    finally:
+        ds_groups._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE = None
+        ds_groups._MPU_TENSOR_MODEL_PARALLEL_RANK = None
+
+
+def test_groups_initialize_is_deprecated_like_deepspeed():
+    with pytest.raises(ds_profutils.DeprecatedException):
+        ds_profutils.initialize(ep_size=2)
