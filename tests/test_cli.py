@@ -1,0 +1,136 @@
+"""``ds-profutils check-config``: accepts the example configs, rejects bad ones with one line per problem."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ds_profutils.cli import EXIT_INVALID, main
+
+REPO = Path(__file__).resolve().parent.parent
+DS_CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
+
+
+@pytest.fixture(autouse=True)
+def no_overrides(monkeypatch):
+    """Each test starts without DS_PROFUTILS_* settings, whatever the developer's shell has set."""
+    for name in list(os.environ):
+        if name.startswith("DS_PROFUTILS_") and name != "DS_PROFUTILS_TOX_DIR":
+            monkeypatch.delenv(name)
+
+
+def run_module(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ds_profutils", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def bad_config(tmp_path) -> Path:
+    path = tmp_path / "bad.json"
+    path.write_text('{"train_micro_batch_size_per_gpu": 1,\n'
+                    ' "profiler": {"active": 0, "activ": 3, "ranks": [0, -1]},\n'
+                    ' "nvtx": {"enabled": "yes"}}\n')
+    return path
+
+
+def test_module_accepts_every_example_config():
+    done = run_module("check-config", *map(str, DS_CONFIGS))
+    assert done.returncode == 0, done.stderr
+    for path in DS_CONFIGS:
+        assert f"{path}: valid; resolved ds_profutils settings:" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_module_rejects_bad_config_one_line_per_problem(bad_config):
+    done = run_module("check-config", str(bad_config))
+    assert done.returncode == EXIT_INVALID
+    assert "Traceback" not in done.stderr
+    problems = [line for line in done.stderr.splitlines() if line.startswith(f"{bad_config}: ")]
+    assert problems == [
+        f"{bad_config}: profiler.active: 0 is not allowed; expected an integer >= 1",
+        f"{bad_config}: profiler.ranks: [0, -1] is not allowed; expected global ranks >= 0, or null for all ranks",
+        f"{bad_config}: profiler.activ: unknown key (did you mean active?); allowed keys: active, enabled, "
+        "nsight_enabled, nsight_output, output_dir, profile_memory, ranks, record_shapes, repeat, skip_first, "
+        "summary_ranks, summary_row_limit, summary_sort_by, wait, warmup, with_flops, with_modules, with_stack",
+        f'{bad_config}: nvtx.enabled: "yes" is not allowed; expected true or false',
+    ]
+
+
+@pytest.mark.parametrize("path", DS_CONFIGS, ids=lambda p: p.name)
+def test_check_config_prints_resolved_settings(path, capsys):
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{path}: valid; resolved ds_profutils settings:\n")
+    keys = [line.split(":")[0] for line in out.splitlines()[1:] if not line.startswith("    ")]
+    assert keys == ["  profiler", "  nvtx", "  partitioned_param_profiler", "  wall_clock_breakdown", "  timers",
+                    "  steps_per_print", "  comms_logger"]
+
+
+def test_defaults_are_filled_in(tmp_path, capsys):
+    path = tmp_path / "ds_config.json"
+    path.write_text('{"train_micro_batch_size_per_gpu": 1, "profiler": {"active": 5}}')
+    assert main(["check-config", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:5] == ["  profiler:", "    enabled: true", '    output_dir: "./profiler_logs"', "    skip_first: 1"]
+    assert "    active: 5" in lines and "    summary_ranks: [0]" in lines and "    ranks: null" in lines
+    assert "  nvtx: null" in lines
+
+
+def test_missing_file(tmp_path, capsys):
+    path = tmp_path / "missing.json"
+    assert main(["check-config", str(path)]) == EXIT_INVALID
+    assert capsys.readouterr().err == f"{path}: no such file\n"
+
+
+def test_malformed_json_gives_line_and_column(tmp_path, capsys):
+    path = tmp_path / "broken.json"
+    path.write_text('{\n  "profiler": {"active": 3,, "wait": 1}\n}\n')
+    assert main(["check-config", str(path)]) == EXIT_INVALID
+    assert capsys.readouterr().err.startswith(f"{path}: syntax error at line 2, column 28: ")
+
+
+def test_every_file_is_checked_and_any_failure_fails(bad_config, capsys):
+    good = DS_CONFIGS[0]
+    assert main(["check-config", str(bad_config), str(good)]) == EXIT_INVALID
+    captured = capsys.readouterr()
+    assert f"{good}: valid" in captured.out
+    assert f"{bad_config}: profiler.active" in captured.err
+
+
+def test_environment_overrides_are_applied_and_shown(monkeypatch, capsys):
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ACTIVE", "7")
+    assert main(["check-config", str(DS_CONFIGS[0])]) == 0
+    out = capsys.readouterr().out
+    assert "  (with environment overrides DS_PROFUTILS_PROFILER_ACTIVE=7)" in out
+    assert "    active: 7" in out.splitlines()
+
+
+def test_bad_environment_is_reported_against_the_file(monkeypatch, capsys):
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ENABLED", "sometimes")
+    path = DS_CONFIGS[0]
+    assert main(["check-config", str(path)]) == EXIT_INVALID
+    assert capsys.readouterr().err == (f'{path}: DS_PROFUTILS_PROFILER_ENABLED: "sometimes" is not allowed; '
+                                       "expected 1/0, true/false, yes/no or on/off (any case) (sets profiler.enabled)\n")
+
+
+def test_world_size_checks_configured_ranks(tmp_path, capsys):
+    path = tmp_path / "ranks.json"
+    path.write_text('{"profiler": {"ranks": [0, 3]}, "partitioned_param_profiler": {"ranks": [1]}}')
+    assert main(["check-config", "--world-size", "4", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["check-config", "--world-size", "2", str(path)]) == EXIT_INVALID
+    assert capsys.readouterr().err == (f"{path}: profiler.ranks: ranks [3] are outside the world size 2; "
+                                       "expected global ranks 0..1, or null for all ranks\n")
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        main([])
+    assert excinfo.value.code == 2
+    with pytest.raises(SystemExit) as excinfo:
+        main(["check-config"])
+    assert excinfo.value.code == 2
+    assert "PATH" in capsys.readouterr().err

@@ -1,0 +1,446 @@
+"""ds_config sections: loading from every source, messages for bad input, and the order of precedence."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ds_profutils.config import (BOOL_FALSE, BOOL_TRUE, SUMMARY_SORT_KEYS, ConfigError, ConfigProblem, NvtxConfig,
+                                 PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, check_ranks,
+                                 load_config, resolve_section)
+
+REPO = Path(__file__).resolve().parent.parent
+DS_CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
+
+
+@pytest.fixture(autouse=True)
+def no_overrides(monkeypatch):
+    """Each test starts without DS_PROFUTILS_* settings, whatever the developer's shell has set."""
+    for name in list(os.environ):
+        if name.startswith("DS_PROFUTILS_") and name != "DS_PROFUTILS_TOX_DIR":
+            monkeypatch.delenv(name)
+
+
+def problem_lines(excinfo) -> list:
+    return [str(problem) for problem in excinfo.value.problems]
+
+
+def write(tmp_path: Path, text: str, name: str = "ds_config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# --- the example configs -------------------------------------------------------------------------
+
+
+def test_there_are_example_configs():
+    assert {p.name for p in DS_CONFIGS} >= {
+        "zero3_all_profiling.json", "torch_profiler_only.json", "nsight_capture.json",
+        "production_fetch_counters.json"
+    }
+
+
+@pytest.mark.parametrize("path", DS_CONFIGS, ids=lambda p: p.name)
+def test_example_config_loads_in_ds_profutils_and_deepspeed(path):
+    load_config(path)
+    # DeepSpeed's own reading of the same file: batch size, optimizer and ZeRO sections are valid.
+    from deepspeed.runtime.config import DeepSpeedConfig
+    ds_config = DeepSpeedConfig(str(path))
+    assert ds_config.optimizer_name == "adam"
+    assert ds_config.optimizer_params.get("torch_adam") is True
+    assert not ds_config.float16_config.enabled and not ds_config.bfloat16_config.enabled
+    assert ds_config.zero_optimization_stage == (3 if "zero3" in path.name or "production" in path.name else
+                                                 ds_config.zero_optimization_stage)
+
+
+def test_example_configs_switch_on_what_their_names_say():
+    configs = {p.stem: load_config(p) for p in DS_CONFIGS}
+    everything = configs["zero3_all_profiling"]
+    assert everything.profiler.enabled and everything.partitioned_param_profiler.enabled
+    assert everything.nvtx.enabled and everything.wall_clock_breakdown and everything.comms_logger.enabled
+    torch_only = configs["torch_profiler_only"]
+    assert torch_only.profiler.enabled and not torch_only.profiler.nsight_enabled
+    assert torch_only.nvtx is None and not torch_only.partitioned_param_profiler.enabled
+    assert configs["nsight_capture"].profiler.nsight_enabled
+    production = configs["production_fetch_counters"]
+    assert production.partitioned_param_profiler.enabled and not production.partitioned_param_profiler.trace_ranges
+    assert not production.profiler.enabled and production.nvtx is None
+    assert not production.wall_clock_breakdown and not production.comms_logger.enabled
+
+
+def test_zero3_examples_are_zero3():
+    for name in ("zero3_all_profiling", "production_fetch_counters"):
+        raw = json.loads((REPO / "ds_configs" / f"{name}.json").read_text())
+        assert raw["zero_optimization"]["stage"] == 3
+    raw = json.loads((REPO / "ds_configs" / "zero3_all_profiling.json").read_text())
+    assert raw["zero_optimization"]["stage3_param_persistence_threshold"] == 0
+
+
+# --- defaults and sources ------------------------------------------------------------------------
+
+
+def test_config_without_our_sections_switches_everything_off():
+    config = load_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
+    assert not config.profiler.enabled
+    assert not config.partitioned_param_profiler.enabled
+    assert config.nvtx is None
+    assert not config.wall_clock_breakdown and not config.comms_logger.enabled
+    assert load_config() == config == load_config({})
+
+
+def test_a_present_section_is_on_with_defaults():
+    config = load_config({"profiler": {}, "nvtx": {}})
+    assert config.profiler == ProfilerConfig()
+    assert (config.profiler.skip_first, config.profiler.wait, config.profiler.warmup, config.profiler.active,
+            config.profiler.repeat) == (1, 1, 1, 3, 1)
+    assert config.profiler.output_dir == "./profiler_logs" and config.profiler.nsight_output == "nsight_profile"
+    assert config.profiler.with_flops and not config.profiler.with_stack and not config.profiler.with_modules
+    assert config.nvtx == NvtxConfig(enabled=True, domain="DeepSpeed")
+    assert load_config({"partitioned_param_profiler": {}}).partitioned_param_profiler == \
+        PartitionedParamProfilerConfig(enabled=False, output_dir="./profiler_logs", ranks=None, log_interval=1,
+                                       trace_ranges=True)
+
+
+def test_sources_give_the_same_config(tmp_path):
+    raw = {"train_micro_batch_size_per_gpu": 1, "profiler": {"active": 5}}
+    path = write(tmp_path, json.dumps(raw))
+    parser = argparse.ArgumentParser()
+    import deepspeed
+    deepspeed.add_config_arguments(parser)
+    args = parser.parse_args(["--deepspeed", "--deepspeed_config", str(path)])
+    from deepspeed.runtime.config import DeepSpeedConfig
+    expected = load_config(raw)
+    assert expected.profiler.active == 5
+    for source in (path, str(path), args, DeepSpeedConfig(str(path))):
+        assert load_config(source) == expected
+    assert load_config(expected) is expected
+
+
+def test_namespace_without_deepspeed_config():
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(argparse.Namespace(deepspeed_config=None))
+    assert problem_lines(excinfo)[0].startswith("deepspeed_config: not set")
+
+
+def test_unreadable_source_type():
+    with pytest.raises(TypeError, match="cannot read settings from a int"):
+        load_config(5)
+
+
+def test_real_engine_is_a_source(tmp_path):
+    """``deepspeed.initialize`` in one process (world size 1), then ``load_config(engine)``."""
+    script = textwrap.dedent("""
+        import sys, torch, deepspeed
+        from ds_profutils.config import load_config
+        model = torch.nn.Linear(4, 4)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=sys.argv[1])
+        config = load_config(engine)
+        print("RESULT", config.profiler.active, config.partitioned_param_profiler.enabled, config.nvtx.domain)
+    """)
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    done = subprocess.run([sys.executable, "-c", script, str(REPO / "ds_configs" / "zero3_all_profiling.json")],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "RESULT 2 True DeepSpeed" in done.stdout
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw, line", [
+    ({"profiler": {"enabled": "yes"}}, 'profiler.enabled: "yes" is not allowed; expected true or false'),
+    ({"profiler": {"active": 0}}, "profiler.active: 0 is not allowed; expected an integer >= 1"),
+    ({"profiler": {"active": -2}}, "profiler.active: -2 is not allowed; expected an integer >= 1"),
+    ({"profiler": {"active": "3"}}, 'profiler.active: "3" is not allowed; expected an integer'),
+    ({"profiler": {"active": 2.5}}, "profiler.active: 2.5 is not allowed; expected an integer"),
+    ({"profiler": {"wait": -1}}, "profiler.wait: -1 is not allowed; expected an integer >= 0"),
+    ({"profiler": {"output_dir": ""}}, 'profiler.output_dir: "" is not allowed; expected a non-empty string'),
+    ({"profiler": {"ranks": [0, -1]}},
+     "profiler.ranks: [0, -1] is not allowed; expected global ranks >= 0, or null for all ranks"),
+    ({"profiler": {"ranks": ["a"]}}, 'profiler.ranks[0]: "a" is not allowed; expected an integer'),
+    ({"profiler": {"ranks": 3}}, "profiler.ranks: 3 is not allowed; expected a list"),
+    ({"profiler": 5}, "profiler: 5 is not allowed; expected an object"),
+    ({"nvtx": "on"}, 'nvtx: "on" is not allowed; expected an object'),
+    ({"nvtx": {"domain": ""}}, 'nvtx.domain: "" is not allowed; expected a non-empty string'),
+    ({"partitioned_param_profiler": {"log_interval": 0}},
+     "partitioned_param_profiler.log_interval: 0 is not allowed; expected an integer >= 1"),
+    ({"comms_logger": {"enabled": "maybe"}}, 'comms_logger.enabled: "maybe" is not allowed; expected true or false'),
+    ({"steps_per_print": 0}, "steps_per_print: 0 is not allowed; expected an integer >= 1"),
+])
+def test_bad_value_names_key_value_and_what_is_allowed(raw, line):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(raw)
+    assert problem_lines(excinfo) == [line]
+
+
+def test_unknown_key_lists_allowed_keys():
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({"profiler": {"activ": 3}})
+    allowed = ", ".join(sorted(ProfilerConfig.model_fields))
+    assert problem_lines(excinfo) == [f"profiler.activ: unknown key (did you mean active?); allowed keys: {allowed}"]
+    assert allowed.startswith("active, enabled, ")
+    with pytest.raises(ConfigError, match=r"nvtx\.colour: unknown key; allowed keys: domain, enabled"):
+        load_config({"nvtx": {"colour": "red"}})
+
+
+def test_bad_sort_key_is_caught_at_load_time():
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({"profiler": {"summary_sort_by": "cpu_total"}})
+    (line, ) = problem_lines(excinfo)
+    assert line.startswith('profiler.summary_sort_by: "cpu_total" is not allowed; expected one of cpu_time, ')
+
+
+def test_every_sort_key_is_one_torch_accepts():
+    import torch
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True) as prof:
+        torch.ones(8, 8) @ torch.ones(8, 8)
+    for key in SUMMARY_SORT_KEYS:
+        assert "aten::" in prof.key_averages().table(sort_by=key, row_limit=3), key
+        ProfilerConfig(summary_sort_by=key)
+
+
+def test_all_problems_are_reported_at_once():
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({"profiler": {"active": 0, "with_stack": 1}, "nvtx": {"domian": "x"}})
+    assert [p.key for p in excinfo.value.problems] == ["profiler.active", "profiler.with_stack", "nvtx.domian"]
+    assert isinstance(excinfo.value, ValueError)
+    assert str(excinfo.value).count("\n") == 2
+
+
+def test_syntax_error_gives_line_and_column(tmp_path):
+    path = write(tmp_path, """\
+        {
+          "profiler": {
+            "active": 3,,
+            "wait": 1
+          }
+        }
+        """)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    (line, ) = excinfo.value.lines()
+    assert line.startswith(f"{path}: syntax error at line 3, column 17: ")
+
+
+def test_syntax_error_hjson_reports_late_gets_strict_json_position(tmp_path):
+    # hjson reads ``tru}}`` as an unquoted string, so it only fails at the end of the (minified) file.
+    path = write(tmp_path, '{"train_batch_size": 8, "profiler": {"active": tru}}')
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    (line, ) = excinfo.value.lines()
+    assert line.startswith(f"{path}: syntax error at line 1, column 53: ")
+    assert line.endswith("(read as strict JSON: line 1, column 48: Expecting value)")
+
+
+def test_hjson_is_read_as_deepspeed_reads_it(tmp_path):
+    path = write(tmp_path, """\
+        {
+          # hjson comments and unquoted keys, as DeepSpeed's reader allows
+          profiler: {active: 4}
+        }
+        """, "ds_config.hjson")
+    assert load_config(path).profiler.active == 4
+
+
+def test_missing_file_names_the_path(tmp_path, monkeypatch):
+    path = tmp_path / "nope.json"
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    assert str(excinfo.value) == f"{path}: no such file"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=rf"^nope\.json: no such file \(relative to {tmp_path}\)$"):
+        load_config("nope.json")
+
+
+def test_directory_is_not_a_config(tmp_path):
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}: cannot read the file: Is a directory$"):
+        load_config(tmp_path)
+
+
+def test_duplicate_keys_are_rejected_with_their_path(tmp_path):
+    path = write(tmp_path, '{"profiler": {"active": 3, "active": 5}, "x": [{"a": 1, "a": 2}]}')
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    assert problem_lines(excinfo) == [
+        "profiler.active: duplicate key (values 3, 5); expected each key once per object, "
+        "as DeepSpeed rejects duplicates",
+        "x[0].a: duplicate key (values 1, 2); expected each key once per object, as DeepSpeed rejects duplicates",
+    ]
+
+
+def test_top_level_must_be_an_object(tmp_path):
+    with pytest.raises(ConfigError, match=r"\(top level\): \[1, 2\] is not allowed; expected a JSON object"):
+        load_config(write(tmp_path, "[1, 2]"))
+
+
+def test_rank_outside_world_size():
+    check_ranks("profiler.ranks", [0, 1], 2)
+    check_ranks("profiler.ranks", None, 1)
+    with pytest.raises(ConfigError) as excinfo:
+        check_ranks("partitioned_param_profiler.ranks", [0, 2, 5], 2)
+    assert problem_lines(excinfo) == [
+        "partitioned_param_profiler.ranks: ranks [2, 5] are outside the world size 2; "
+        "expected global ranks 0..1, or null for all ranks"
+    ]
+
+
+# --- DeepSpeed's own keys ------------------------------------------------------------------------
+
+
+def test_comms_logger_enabled_false_means_off():
+    assert not load_config({"comms_logger": {"enabled": False, "verbose": True}}).comms_logger.enabled
+    assert not load_config({"comms_logger": {}}).comms_logger.enabled
+    assert load_config({"comms_logger": {"enabled": True}}).comms_logger.enabled
+
+
+def test_flops_profiler_turns_on_wall_clock_breakdown_as_in_deepspeed():
+    assert load_config({"flops_profiler": {"enabled": True}}).wall_clock_breakdown
+    assert not load_config({"flops_profiler": {"enabled": False}}).wall_clock_breakdown
+
+
+def test_timers_and_steps_per_print():
+    config = load_config({"timers": {"throughput": {"enabled": False}}, "steps_per_print": 50})
+    assert not config.timers.throughput.enabled and config.timers.throughput.synchronized
+    assert config.steps_per_print == 50
+    assert load_config().timers.throughput.enabled and load_config().steps_per_print is None
+
+
+# --- environment overrides and precedence --------------------------------------------------------
+
+
+@pytest.mark.parametrize("word", sorted(BOOL_TRUE | BOOL_FALSE))
+def test_env_bool_table(monkeypatch, word):
+    for spelling in (word, word.upper(), word.capitalize()):
+        monkeypatch.setenv("DS_PROFUTILS_PROFILER_ENABLED", spelling)
+        assert load_config({"profiler": {}}).profiler.enabled is (word in BOOL_TRUE)
+    assert BOOL_TRUE == {"1", "true", "yes", "on"} and BOOL_FALSE == {"0", "false", "no", "off"}
+
+
+@pytest.mark.parametrize("value", ["maybe", "", "2", "y", "enabled"])
+def test_env_bool_outside_table_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv("DS_PROFUTILS_NVTX_ENABLED", value)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config()
+    assert problem_lines(excinfo) == [
+        f"DS_PROFUTILS_NVTX_ENABLED: {json.dumps(value)} is not allowed; expected 1/0, true/false, yes/no or "
+        "on/off (any case) (sets nvtx.enabled)"
+    ]
+
+
+@pytest.mark.parametrize("value", ["5.0", "0x5", "1_0", "five", ""])
+def test_env_int_is_parsed_strictly(monkeypatch, value):
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ACTIVE", value)
+    with pytest.raises(ConfigError, match="DS_PROFUTILS_PROFILER_ACTIVE: .* expected an integer"):
+        load_config()
+
+
+def test_env_value_checked_like_the_file(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ACTIVE", "0")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({"profiler": {}})
+    assert problem_lines(excinfo) == [
+        "DS_PROFUTILS_PROFILER_ACTIVE: 0 is not allowed; expected an integer >= 1 (sets profiler.active)"
+    ]
+
+
+def test_env_rank_lists(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_PARTITIONED_PARAM_PROFILER_RANKS", " 3, 1")
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_RANKS", "all")
+    config = load_config({"profiler": {"ranks": [0]}})
+    assert config.partitioned_param_profiler.ranks == [1, 3]
+    assert config.profiler.ranks is None
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_RANKS", "0,x")
+    with pytest.raises(ConfigError, match=r'DS_PROFUTILS_PROFILER_RANKS: "0,x" is not allowed; expected '
+                       r"comma-separated integers, or all \(sets profiler.ranks\)"):
+        load_config()
+
+
+def test_unknown_env_variables_are_errors(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ACTIV", "3")
+    monkeypatch.setenv("DS_PROFUTILS_PROFILR_ENABLED", "1")
+    monkeypatch.setenv("DS_PROFUTILS_TOX_DIR", "/tmp/tox")  # tooling, not a setting
+    with pytest.raises(ConfigError) as excinfo:
+        load_config()
+    first, second = problem_lines(excinfo)
+    assert first.startswith("DS_PROFUTILS_PROFILER_ACTIV: unknown variable (did you mean "
+                            "DS_PROFUTILS_PROFILER_ACTIVE?); profiler settings are DS_PROFUTILS_PROFILER_<FIELD> "
+                            "with FIELD one of ACTIVE, ENABLED, ")
+    assert second == ("DS_PROFUTILS_PROFILR_ENABLED: unknown variable; expected DS_PROFUTILS_<SECTION>_<FIELD> "
+                      "with SECTION one of PROFILER, NVTX, PARTITIONED_PARAM_PROFILER")
+
+
+def test_env_and_file_problems_are_reported_together(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_NVTX_ENABLED", "perhaps")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({"profiler": {"active": 0}})
+    assert [p.key for p in excinfo.value.problems] == ["profiler.active", "DS_PROFUTILS_NVTX_ENABLED"]
+
+
+def test_env_switching_on_an_absent_section_creates_it_with_defaults(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_PARTITIONED_PARAM_PROFILER_ENABLED", "1")
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ENABLED", "yes")
+    monkeypatch.setenv("DS_PROFUTILS_NVTX_ENABLED", "false")
+    config = load_config({})
+    assert config.partitioned_param_profiler == PartitionedParamProfilerConfig(enabled=True)
+    assert config.profiler == ProfilerConfig()
+    assert config.nvtx == NvtxConfig(enabled=False)
+
+
+def test_env_tuning_an_absent_section_leaves_it_off(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ACTIVE", "9")
+    config = load_config({})
+    assert not config.profiler.enabled and config.profiler.active == 9
+
+
+def test_env_switches_off_a_configured_feature(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ENABLED", "0")
+    assert not load_config(REPO / "ds_configs" / "zero3_all_profiling.json").profiler.enabled
+
+
+def test_precedence_env_over_kwargs_over_config_over_off(monkeypatch):
+    assert not load_config({}).profiler.enabled  # off
+    section = load_config({"profiler": {"active": 3, "wait": 2}}).profiler
+    assert resolve_section(section, {}).active == 3  # config
+    resolved = resolve_section(section, {"active": 5, "wait": None})
+    assert (resolved.active, resolved.wait) == (5, 2)  # kwargs over config; None means "not given"
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ACTIVE", "7")
+    assert resolve_section(section, {"active": 5}).active == 7  # environment over kwargs
+    assert load_config({"profiler": {"active": 3}}).profiler.active == 7  # and over the file
+
+
+def test_resolve_section_checks_kwargs_like_the_file():
+    section = load_config({"nvtx": {}}).nvtx
+    with pytest.raises(ConfigError) as excinfo:
+        resolve_section(section, {"domian": "x", "enabled": "yes"})
+    assert problem_lines(excinfo) == [
+        'nvtx.enabled: "yes" is not allowed; expected true or false',
+        "nvtx.domian: unknown key (did you mean domain?); allowed keys: domain, enabled",
+    ]
+    assert resolve_section(PartitionedParamProfilerConfig(), {"ranks": (2, 0), "enabled": True}).ranks == [0, 2]
+    with pytest.raises(TypeError, match="resolve_section expects one of ProfilerConfig"):
+        resolve_section(ProfUtilsConfig(), {})
+
+
+def test_resolve_section_applies_environment_to_absent_nvtx(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_NVTX_DOMAIN", "mine")
+    assert resolve_section(NvtxConfig(), {"domain": "kwarg"}).domain == "mine"
+
+
+def test_config_error_is_a_value_error_with_structured_problems():
+    error = ConfigError([ConfigProblem("profiler.active", "0 is not allowed"), ConfigProblem("", "whole file")],
+                        "x.json")
+    assert isinstance(error, ValueError)
+    assert error.lines() == ["x.json: profiler.active: 0 is not allowed", "x.json: whole file"]
+    assert str(error) == "x.json: profiler.active: 0 is not allowed\nx.json: whole file"
