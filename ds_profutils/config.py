@@ -12,27 +12,26 @@ Every feature takes its settings through one path, so one order holds everywhere
 ``DS_PROFUTILS_<SECTION>_<FIELD>`` environment variable > keyword arguments > config section > off.
 :func:`load_config` reads a source and applies the environment; :func:`resolve_section` merges a
 feature's keyword arguments into its section and applies the environment again, last.
+
+This module holds the section models and that order, and is the one to import from.  Reading a file
+(:mod:`.config_file`), the environment variables (:mod:`.config_env`) and the wording of problems
+(:mod:`.config_errors`) each live in a module of their own.
 """
 from __future__ import annotations
 
 import argparse
-import difflib
-import json
 import os
-import re
-import typing
-from collections import Counter
-from pathlib import Path
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence,
-                    Tuple, Type, TypeVar, Union)
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Type, TypeVar, Union
 
-import hjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .config_env import BOOL_FALSE, BOOL_TRUE, ENV_PREFIX, _apply_environment, _read_environment, environment_overrides
+from .config_errors import ConfigError, ConfigProblem, _not_allowed, _problems, _show
+from .config_file import read_config_file
 
 if TYPE_CHECKING:
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.engine import DeepSpeedEngine
-    from pydantic_core import ErrorDetails
 
 __all__ = [
     "BOOL_FALSE",
@@ -55,63 +54,6 @@ __all__ = [
     "load_config",
     "resolve_section",
 ]
-
-# --------------------------------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------------------------------
-
-
-class ConfigProblem(typing.NamedTuple):
-    """One thing wrong with the settings: where (``key``) and what, with what is allowed (``message``).
-
-    ``key`` is a dotted key path (``profiler.active``, ``profiler.ranks[0]``), an environment variable,
-    or empty when the problem is the file as a whole (unreadable, a syntax error).
-    """
-
-    key: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.key}: {self.message}" if self.key else self.message
-
-
-class ConfigError(ValueError):
-    """Bad ds_profutils settings; carries every problem found, not just the first.
-
-    A user fixing a config before a long job wants the whole list in one go.  ``str()`` gives one
-    line per problem, each prefixed with ``source`` (the file) when there is one.
-    """
-
-    def __init__(self, problems: Iterable[ConfigProblem], source: Optional[str] = None) -> None:
-        self.problems: Tuple[ConfigProblem, ...] = tuple(problems)
-        self.source = source
-        super().__init__("\n".join(self.lines()))
-
-    def lines(self) -> List[str]:
-        """One line per problem, as ``check-config`` prints them."""
-        prefix = f"{self.source}: " if self.source else ""
-        return [f"{prefix}{problem}" for problem in self.problems]
-
-
-def _show(value: Any) -> str:
-    """A value as the user wrote it in JSON (``true``, ``"x"``), shortened so a line stays readable."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _not_allowed(value: Any, expected: str) -> str:
-    return f"{_show(value)} is not allowed; expected {expected}"
-
-
-def _key_path(loc: Sequence[Union[str, int]]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
 
 # --------------------------------------------------------------------------------------------------
 # Section models
@@ -316,186 +258,7 @@ SECTIONS: Dict[str, Type[_Section]] = {
     "partitioned_param_profiler": PartitionedParamProfilerConfig,
 }
 
-# --------------------------------------------------------------------------------------------------
-# pydantic errors -> ConfigProblem
-# --------------------------------------------------------------------------------------------------
-
-_EXPECTED_BY_ERROR_TYPE = {
-    "bool_type": "true or false",
-    "bool_parsing": "true or false",
-    "int_type": "an integer",
-    "int_parsing": "an integer",
-    "int_from_float": "an integer",
-    "string_type": "a string",
-    "list_type": "a list",
-    "model_type": "an object",
-}
-
-_COMPARISONS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
-
-
-def _model_at(root: Type[BaseModel], loc: Sequence[Union[str, int]]) -> Optional[Type[BaseModel]]:
-    """The model class that validates the object at ``loc`` (for listing its allowed keys)."""
-    model: Any = root
-    for part in loc:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:
-            return None
-        candidates = [field.annotation, *typing.get_args(field.annotation)]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
-            return None
-    return model
-
-
-def _unknown_key_message(key: str, allowed: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, allowed, n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return f"unknown key{hint}; allowed keys: {', '.join(sorted(allowed))}"
-
-
-def _describe(error: "ErrorDetails", root: Type[BaseModel]) -> str:
-    """What is wrong with one value and what is allowed, in the words of a JSON user."""
-    kind, value, ctx = error["type"], error["input"], error.get("ctx", {})
-    if kind == "extra_forbidden":
-        model = _model_at(root, error["loc"][:-1])
-        return _unknown_key_message(str(error["loc"][-1]), list(model.model_fields) if model else [])
-    if kind == "value_error":  # our validators phrase their error as what is expected
-        return _not_allowed(value, str(ctx["error"]))
-    if kind in _COMPARISONS:
-        bound = next(iter(ctx.values()))
-        number = "an integer" if isinstance(value, int) else "a number"
-        return _not_allowed(value, f"{number} {_COMPARISONS[kind]} {bound}")
-    if kind == "string_too_short":
-        return _not_allowed(value, "a non-empty string")
-    if kind in _EXPECTED_BY_ERROR_TYPE:
-        return _not_allowed(value, _EXPECTED_BY_ERROR_TYPE[kind])
-    # An error we have no words for (a field added later, say): keep pydantic's.
-    return f"{_show(value)} is not allowed: {error['msg'][0].lower()}{error['msg'][1:]}"
-
-
-def _problems(exc: ValidationError, root: Type[BaseModel], prefix: Tuple[str, ...] = ()) -> List[ConfigProblem]:
-    return [ConfigProblem(_key_path(prefix + tuple(e["loc"])), _describe(e, root)) for e in exc.errors()]
-
-
-# --------------------------------------------------------------------------------------------------
-# Environment overrides
-# --------------------------------------------------------------------------------------------------
-
-ENV_PREFIX = "DS_PROFUTILS_"
-
-# DS_PROFUTILS_* variables that are not settings (build and test tooling), so not "unknown".
-_NOT_SETTINGS = frozenset({"DS_PROFUTILS_TOX_DIR"})
-
-BOOL_TRUE = frozenset({"1", "true", "yes", "on"})
-BOOL_FALSE = frozenset({"0", "false", "no", "off"})
-_BOOL_EXPECTED = "1/0, true/false, yes/no or on/off (any case)"
-
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-
-
-def _parse_bool(text: str) -> bool:
-    word = text.strip().lower()
-    if word in BOOL_TRUE:
-        return True
-    if word in BOOL_FALSE:
-        return False
-    raise ValueError(text)
-
-
-def _parse_int(text: str) -> int:
-    if not _INTEGER.fullmatch(text.strip()):
-        raise ValueError(text)
-    return int(text)
-
-
-# How an environment string becomes a value of each field type: (parser, what is allowed).  The
-# field's own checks (ranges, sort keys) run afterwards, as for a value from the file.
-_ENV_READERS: Dict[Any, Tuple[Callable[[str], Any], str]] = {
-    bool: (_parse_bool, _BOOL_EXPECTED),
-    int: (_parse_int, "an integer"),
-}
-
-
-def _parse_ranks(text: str) -> RankList:
-    return None if text.strip().lower() == "all" else [_parse_int(part) for part in text.split(",")]
-
-
-def _env_reader(annotation: Any) -> Tuple[Callable[[str], Any], str]:
-    if annotation == RankList:
-        return _parse_ranks, "comma-separated integers, or all"
-    return _ENV_READERS.get(annotation, (str, "a string"))  # str, or a type whose own checks say more
-
-
-def environment_overrides() -> Dict[str, str]:
-    """The ``DS_PROFUTILS_*`` variables set in this process that override settings (for logging them)."""
-    return {name: value for name, value in os.environ.items() if name.startswith(ENV_PREFIX)
-            and name not in _NOT_SETTINGS}
-
-
-def _variable(section: str, field: str) -> str:
-    return f"{ENV_PREFIX}{section.upper()}_{field.upper()}"
-
-
-def _split_variable(name: str) -> Tuple[Optional[str], Optional[str], Optional[ConfigProblem]]:
-    """Map ``DS_PROFUTILS_<SECTION>_<FIELD>`` to (section, field), or say why it maps to nothing."""
-    rest = name[len(ENV_PREFIX):]
-    for section, model in SECTIONS.items():
-        head = section.upper() + "_"
-        if rest.startswith(head):
-            field = rest[len(head):].lower()
-            if field in model.model_fields:
-                return section, field, None
-            fields = sorted(model.model_fields)
-            close = difflib.get_close_matches(field, fields, n=1)
-            hint = f" (did you mean {_variable(section, close[0])}?)" if close else ""
-            return None, None, ConfigProblem(
-                name, f"unknown variable{hint}; {section} settings are {_variable(section, '<FIELD>')} "
-                f"with FIELD one of {', '.join(f.upper() for f in fields)}")
-    return None, None, ConfigProblem(
-        name, f"unknown variable; expected {ENV_PREFIX}<SECTION>_<FIELD> with SECTION one of "
-        f"{', '.join(s.upper() for s in SECTIONS)}")
-
-
-def _read_environment() -> Tuple[Dict[str, Dict[str, Tuple[str, Any]]], List[ConfigProblem]]:
-    """Parse every override: {section: {field: (variable, value)}}, and the problems found."""
-    overrides: Dict[str, Dict[str, Tuple[str, Any]]] = {}
-    problems: List[ConfigProblem] = []
-    for name, text in sorted(environment_overrides().items()):
-        section, field, problem = _split_variable(name)
-        if problem is not None:
-            problems.append(problem)
-            continue
-        parse, expected = _env_reader(SECTIONS[section].model_fields[field].annotation)
-        try:
-            value = parse(text)
-        except ValueError:
-            problems.append(ConfigProblem(name, f"{_not_allowed(text, expected)} (sets {section}.{field})"))
-            continue
-        overrides.setdefault(section, {})[field] = (name, value)
-    return overrides, problems
-
-
 SectionT = TypeVar("SectionT", bound=_Section)
-
-
-def _apply_environment(section: SectionT, name: str, overrides: Mapping[str, Tuple[str, Any]]) -> SectionT:
-    """``section`` with the environment's values set; errors name the variable that set the bad value."""
-    if not overrides:
-        return section
-    values = {field: value for field, (_, value) in overrides.items()}
-    try:
-        return type(section).model_validate({**section.model_dump(), **values})
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else ""
-            # A check across fields has no single field: name every variable that took part.
-            variable = overrides[field][0] if field in overrides else ", ".join(v for v, _ in overrides.values())
-            key = _key_path((name, *error["loc"]))
-            problems.append(ConfigProblem(variable, f"{_describe(error, type(section))} (sets {key})"))
-        raise ConfigError(problems) from None
-
 
 # --------------------------------------------------------------------------------------------------
 # Reading a source
@@ -505,77 +268,12 @@ ConfigSource = Union[None, str, "os.PathLike[str]", Mapping[str, Any], argparse.
                      "DeepSpeedEngine", "DeepSpeedConfig"]
 
 
-class _JsonObject(dict):
-    """A parsed JSON object that remembers the keys it was given more than once, with their values."""
-
-    duplicates: Dict[str, List[Any]]
-
-
-def _object_pairs(pairs: List[Tuple[str, Any]]) -> _JsonObject:
-    """hjson ``object_pairs_hook``: like DeepSpeed's, but records duplicates so we can name their path."""
-    obj = _JsonObject(pairs)
-    counts = Counter(key for key, _ in pairs)
-    obj.duplicates = {key: [v for k, v in pairs if k == key] for key, n in counts.items() if n > 1}
-    return obj
-
-
-def _duplicate_problems(value: Any, loc: Tuple[Union[str, int], ...] = ()) -> Iterator[ConfigProblem]:
-    if isinstance(value, _JsonObject):
-        for key, values in value.duplicates.items():
-            yield ConfigProblem(_key_path(loc + (key, )),
-                                f"duplicate key (values {', '.join(_show(v) for v in values)}); "
-                                "expected each key once per object, as DeepSpeed rejects duplicates")
-    if isinstance(value, dict):
-        for key, child in value.items():
-            yield from _duplicate_problems(child, loc + (key, ))
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            yield from _duplicate_problems(child, loc + (index, ))
-
-
-def _syntax_problem(text: str, exc: hjson.HjsonDecodeError) -> ConfigProblem:
-    """hjson's position, which is where DeepSpeed fails; plus strict JSON's when it is earlier.
-
-    hjson reads unquoted text as strings, so a typo such as ``tru`` or ``01`` is reported where the
-    string finally breaks, often at the end of the file; strict JSON points at the typo itself.
-    """
-    message = f"syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as strict:
-        if (strict.lineno, strict.colno) < (exc.lineno, exc.colno):
-            message += f" (read as strict JSON: line {strict.lineno}, column {strict.colno}: {strict.msg})"
-    return ConfigProblem("", message)
-
-
-def _read_file(path: Union[str, "os.PathLike[str]"]) -> Any:
-    """Parse a ds_config file as DeepSpeed does (hjson, duplicate keys rejected); errors as ConfigError."""
-    source = os.fspath(path)
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        where = "" if os.path.isabs(source) else f" (relative to {os.getcwd()})"
-        raise ConfigError([ConfigProblem("", f"no such file{where}")], source) from None
-    except OSError as exc:
-        raise ConfigError([ConfigProblem("", f"cannot read the file: {exc.strerror}")], source) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError([ConfigProblem("", f"not UTF-8 text (byte {exc.start})")], source) from None
-    try:
-        raw = hjson.loads(text, object_pairs_hook=_object_pairs)
-    except hjson.HjsonDecodeError as exc:
-        raise ConfigError([_syntax_problem(text, exc)], source) from None
-    duplicates = list(_duplicate_problems(raw))
-    if duplicates:
-        raise ConfigError(duplicates, source)
-    return raw
-
-
 def _raw_settings(source: ConfigSource) -> Tuple[Any, Optional[str]]:
     """The raw ds_config dict behind ``source``, and the file it came from (for error messages)."""
     if source is None:
         return {}, None
     if isinstance(source, (str, os.PathLike)):
-        return _read_file(source), os.fspath(source)
+        return read_config_file(source), os.fspath(source)
     if isinstance(source, Mapping):
         return source, None
     if isinstance(source, argparse.Namespace):
@@ -608,7 +306,7 @@ def load_config(source: ConfigSource = None) -> ProfUtilsConfig:
     if isinstance(source, ProfUtilsConfig):
         return source
     raw, origin = _raw_settings(source)
-    overrides, problems = _read_environment()
+    overrides, problems = _read_environment(SECTIONS)
     config = None
     if not isinstance(raw, Mapping):
         problems.insert(0, ConfigProblem("(top level)", _not_allowed(raw, "a JSON object")))
@@ -649,7 +347,7 @@ def resolve_section(section: SectionT, overrides: Optional[Mapping[str, Any]] = 
             section = type(section).model_validate({**section.model_dump(), **given})
         except ValidationError as exc:
             raise ConfigError(_problems(exc, type(section), (name, ))) from None
-    environment, problems = _read_environment()
+    environment, problems = _read_environment(SECTIONS)
     if problems:
         raise ConfigError(problems)
     return _apply_environment(section, name, environment.get(name, {}))

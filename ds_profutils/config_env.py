@@ -1,0 +1,136 @@
+"""``DS_PROFUTILS_<SECTION>_<FIELD>`` environment variables: the last word on our own sections' settings.
+
+A launcher or a cluster script can change one setting for one run without editing the shared
+ds_config.json.  Values are parsed from an explicit table (``DS_PROFUTILS_NVTX_ENABLED=0`` means
+off), and a misspelt variable is an error, not silently ignored.  The section models are passed in
+by :mod:`ds_profutils.config`, which decides when the environment is applied.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from .config_errors import ConfigError, ConfigProblem, _describe, _key_path, _not_allowed
+
+__all__ = ["BOOL_FALSE", "BOOL_TRUE", "ENV_PREFIX", "environment_overrides"]
+
+# The sections the environment may override, by their key in ds_config.
+Sections = Mapping[str, Type[BaseModel]]
+
+ENV_PREFIX = "DS_PROFUTILS_"
+
+# DS_PROFUTILS_* variables that are not settings (build and test tooling), so not "unknown".
+_NOT_SETTINGS = frozenset({"DS_PROFUTILS_TOX_DIR"})
+
+BOOL_TRUE = frozenset({"1", "true", "yes", "on"})
+BOOL_FALSE = frozenset({"0", "false", "no", "off"})
+_BOOL_EXPECTED = "1/0, true/false, yes/no or on/off (any case)"
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _parse_bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word in BOOL_TRUE:
+        return True
+    if word in BOOL_FALSE:
+        return False
+    raise ValueError(text)
+
+
+def _parse_int(text: str) -> int:
+    if not _INTEGER.fullmatch(text.strip()):
+        raise ValueError(text)
+    return int(text)
+
+
+# How an environment string becomes a value of each field type: (parser, what is allowed).  The
+# field's own checks (ranges, sort keys) run afterwards, as for a value from the file.
+_ENV_READERS: Dict[Any, Tuple[Callable[[str], Any], str]] = {
+    bool: (_parse_bool, _BOOL_EXPECTED),
+    int: (_parse_int, "an integer"),
+}
+
+
+def _parse_ranks(text: str) -> Optional[List[int]]:
+    return None if text.strip().lower() == "all" else [_parse_int(part) for part in text.split(",")]
+
+
+def _env_reader(annotation: Any) -> Tuple[Callable[[str], Any], str]:
+    if annotation == Optional[List[int]]:  # a list of global ranks, null for all
+        return _parse_ranks, "comma-separated integers, or all"
+    return _ENV_READERS.get(annotation, (str, "a string"))  # str, or a type whose own checks say more
+
+
+def environment_overrides() -> Dict[str, str]:
+    """The ``DS_PROFUTILS_*`` variables set in this process that override settings (for logging them)."""
+    return {name: value for name, value in os.environ.items() if name.startswith(ENV_PREFIX)
+            and name not in _NOT_SETTINGS}
+
+
+def _variable(section: str, field: str) -> str:
+    return f"{ENV_PREFIX}{section.upper()}_{field.upper()}"
+
+
+def _split_variable(name: str, sections: Sections) -> Tuple[Optional[str], Optional[str], Optional[ConfigProblem]]:
+    """Map ``DS_PROFUTILS_<SECTION>_<FIELD>`` to (section, field), or say why it maps to nothing."""
+    rest = name[len(ENV_PREFIX):]
+    for section, model in sections.items():
+        head = section.upper() + "_"
+        if rest.startswith(head):
+            field = rest[len(head):].lower()
+            if field in model.model_fields:
+                return section, field, None
+            fields = sorted(model.model_fields)
+            close = difflib.get_close_matches(field, fields, n=1)
+            hint = f" (did you mean {_variable(section, close[0])}?)" if close else ""
+            return None, None, ConfigProblem(
+                name, f"unknown variable{hint}; {section} settings are {_variable(section, '<FIELD>')} "
+                f"with FIELD one of {', '.join(f.upper() for f in fields)}")
+    return None, None, ConfigProblem(
+        name, f"unknown variable; expected {ENV_PREFIX}<SECTION>_<FIELD> with SECTION one of "
+        f"{', '.join(s.upper() for s in sections)}")
+
+
+def _read_environment(sections: Sections) -> Tuple[Dict[str, Dict[str, Tuple[str, Any]]], List[ConfigProblem]]:
+    """Parse every override: {section: {field: (variable, value)}}, and the problems found."""
+    overrides: Dict[str, Dict[str, Tuple[str, Any]]] = {}
+    problems: List[ConfigProblem] = []
+    for name, text in sorted(environment_overrides().items()):
+        section, field, problem = _split_variable(name, sections)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        parse, expected = _env_reader(sections[section].model_fields[field].annotation)
+        try:
+            value = parse(text)
+        except ValueError:
+            problems.append(ConfigProblem(name, f"{_not_allowed(text, expected)} (sets {section}.{field})"))
+            continue
+        overrides.setdefault(section, {})[field] = (name, value)
+    return overrides, problems
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def _apply_environment(section: ModelT, name: str, overrides: Mapping[str, Tuple[str, Any]]) -> ModelT:
+    """``section`` with the environment's values set; errors name the variable that set the bad value."""
+    if not overrides:
+        return section
+    values = {field: value for field, (_, value) in overrides.items()}
+    try:
+        return type(section).model_validate({**section.model_dump(), **values})
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            # A check across fields has no single field: name every variable that took part.
+            variable = overrides[field][0] if field in overrides else ", ".join(v for v, _ in overrides.values())
+            key = _key_path((name, *error["loc"]))
+            problems.append(ConfigProblem(variable, f"{_describe(error, type(section))} (sets {key})"))
+        raise ConfigError(problems) from None
