@@ -1,0 +1,506 @@
+"""Wall-clock timers with the API of ``deepspeed.utils.timer``, in constant memory.
+
+What differs from DeepSpeed's timers, and why:
+
+* Host time comes from ``time.perf_counter_ns()``: monotonic, integer nanoseconds, so an NTP step
+  cannot produce a negative duration and sums do not lose precision.
+* A timer keeps running statistics (count, total, and the few shortest and longest durations that
+  ``mean()``'s trimmed mean needs), not one record per start/stop, so memory stays bounded however
+  long a run goes between ``log()`` calls.  ``elapsed()`` is exact; ``mean()`` equals DeepSpeed's
+  trimmed mean while at most ``10 * _KEPT_EXTREMES + 4`` durations were recorded since the last reset
+  (more than an autotuning run records) and is a close estimate beyond that.
+* On an accelerator without host timers, events are recorded at start/stop and resolved only when a
+  time is read (or, to bound memory, once ``_FOLD_EVERY`` pairs are pending, oldest first), so timing
+  does not synchronize the device on every stop.
+* Misuse (stop without start, start twice, a normalizer <= 0) raises ``InvalidArgumentError`` instead
+  of an ``assert`` that vanishes under ``python -O``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from deepspeed.accelerator import get_accelerator
+
+from .exceptions import InvalidArgumentError
+from .logging import log_dist, logger
+
+__all__ = [
+    "BACKWARD_GLOBAL_TIMER",
+    "BACKWARD_INNER_GLOBAL_TIMER",
+    "BACKWARD_INNER_MICRO_TIMER",
+    "BACKWARD_MICRO_TIMER",
+    "BACKWARD_REDUCE_GLOBAL_TIMER",
+    "BACKWARD_REDUCE_MICRO_TIMER",
+    "FORWARD_GLOBAL_TIMER",
+    "FORWARD_MICRO_TIMER",
+    "STEP_GLOBAL_TIMER",
+    "STEP_MICRO_TIMER",
+    "TIME_EPSILON",
+    "NoopTimer",
+    "SynchronizedWallClockTimer",
+    "ThroughputTimer",
+    "trim_mean",
+]
+
+# Timer names the DeepSpeed engine uses; the flops profiler and pipeline engine import them from here.
+FORWARD_MICRO_TIMER = "fwd_microstep"
+FORWARD_GLOBAL_TIMER = "fwd"
+BACKWARD_MICRO_TIMER = "bwd_microstep"
+BACKWARD_GLOBAL_TIMER = "bwd"
+BACKWARD_INNER_MICRO_TIMER = "bwd_inner_microstep"
+BACKWARD_INNER_GLOBAL_TIMER = "bwd_inner"
+BACKWARD_REDUCE_MICRO_TIMER = "bwd_allreduce_microstep"
+BACKWARD_REDUCE_GLOBAL_TIMER = "bwd_allreduce"
+STEP_MICRO_TIMER = "step_microstep"
+STEP_GLOBAL_TIMER = "step"
+TIME_EPSILON = 1e-6
+
+# Share of durations trimmed from each end by ``Timer.mean()``, as in DeepSpeed.
+_MEAN_TRIM = 0.1
+# Shortest and longest durations kept per timer: ``mean()`` is exact while it trims at most this many.
+_KEPT_EXTREMES = 32
+# Durations (or event pairs) buffered before they are folded into the statistics.  Folding in batches
+# keeps ``stop()`` to a list append; this bounds the buffer.
+_FOLD_EVERY = 256
+_NS_PER_MS = 1_000_000
+_BYTES_PER_GB = 1024**3
+
+# Module-level so tests can substitute a scripted clock.
+_clock_ns = time.perf_counter_ns
+
+
+def _trim_count(n: int, trim_percent: float) -> int:
+    """How many values DeepSpeed's ``trim_mean`` drops from each end of ``n`` values."""
+    return int(round(n * trim_percent))
+
+
+def trim_mean(data: Sequence[float], trim_percent: float) -> float:
+    """Mean of ``data`` without the ``trim_percent`` smallest and largest values (DeepSpeed's rule).
+
+    ``round(len(data) * trim_percent)`` values go from each end; an empty ``data`` gives 0, and a trim
+    that leaves nothing gives NaN (as numpy's mean of nothing).  ``data`` is not reordered: the comms
+    logger passes lists whose positions correspond across latency and bandwidth.
+    """
+    if not 0.0 <= trim_percent <= 1.0:
+        raise InvalidArgumentError(f"trim_mean: trim_percent must be within [0, 1], got {trim_percent!r}")
+    n = len(data)
+    if n == 0:
+        return 0
+    k = _trim_count(n, trim_percent)
+    kept = sorted(data)[k:n - k]
+    return sum(kept) / len(kept) if kept else float("nan")
+
+
+def _check_normalizer(function: str, normalizer: float) -> None:
+    if not normalizer > 0.0:
+        raise InvalidArgumentError(f"{function}: normalizer must be > 0, got {normalizer!r}")
+
+
+class _Durations:
+    """Count, total and extremes of a stream of durations (nanoseconds), in bounded memory."""
+
+    __slots__ = ("count", "total", "extremes")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+        # Sorted; every duration while count <= 2 * _KEPT_EXTREMES, else the shortest and longest ones.
+        self.extremes: List[float] = []
+
+    def add(self, durations: List[float]) -> None:
+        """Fold a batch in: the k shortest overall are among the k shortest kept and the batch.
+
+        Once the extremes are full, only durations beyond the innermost kept ones can change them, and
+        there are few of those: one filtering pass (cheaper than ``min`` plus ``max``, or a sort)
+        finds them, and only they are sorted in.  This is what keeps a long run without resets cheap.
+        """
+        self.count += len(durations)
+        self.total += sum(durations)
+        extremes = self.extremes
+        if len(extremes) == 2 * _KEPT_EXTREMES:
+            low, high = extremes[_KEPT_EXTREMES - 1], extremes[_KEPT_EXTREMES]
+            durations = [d for d in durations if d < low or d > high]
+            if not durations:
+                return
+        merged = sorted(extremes + durations)
+        if len(merged) > 2 * _KEPT_EXTREMES:
+            merged = merged[:_KEPT_EXTREMES] + merged[-_KEPT_EXTREMES:]
+        self.extremes = merged
+
+    def trimmed_mean(self) -> float:
+        """DeepSpeed's ``trim_mean(records, 0.1)``, from the totals and the kept extremes.
+
+        Beyond ``_KEPT_EXTREMES`` trimmed values per end, the unseen ones are taken as equal to the
+        innermost kept extreme, the nearest bound we know.
+        """
+        n = self.count
+        if n == 0:
+            return 0.0
+        k = _trim_count(n, _MEAN_TRIM)
+        known = min(k, _KEPT_EXTREMES)
+        lows = self.extremes[:known]
+        highs = self.extremes[len(self.extremes) - known:]
+        trimmed = sum(lows) + sum(highs)
+        if k > known:
+            trimmed += (k - known) * (lows[-1] + highs[0])
+        return (self.total - trimmed) / (n - 2 * k)
+
+
+class _Timer:
+    """One named timer: ``start()``/``stop()`` pairs, read with ``elapsed()`` and ``mean()`` in ms.
+
+    ``_Timer(name)`` builds a host-clock timer when the accelerator uses host timers (CPU) and an
+    event timer otherwise, so ``start``/``stop`` never branch on the device.
+    """
+
+    def __new__(cls, name: str) -> "_Timer":
+        if cls is _Timer:
+            cls = _HostTimer if get_accelerator().use_host_timers() else _EventTimer
+        return super().__new__(cls)
+
+    def __init__(self, name: str) -> None:
+        self.name_ = name
+        self._start: Any = None  # the start stamp while running, else None
+        self._pending: List[Any] = []
+        self._durations = _Durations()
+
+    @property
+    def started_(self) -> bool:
+        """Whether the timer is running (DeepSpeed's attribute name)."""
+        return self._start is not None
+
+    def _already_started(self) -> InvalidArgumentError:
+        return InvalidArgumentError(f"timer {self.name_!r} has already been started; stop() it (or reset() it) "
+                                    f"before start() again")
+
+    def _not_started(self) -> InvalidArgumentError:
+        return InvalidArgumentError(f"timer {self.name_!r} is not started; call start() before stop()")
+
+    def _fold(self) -> None:
+        """Move every pending measurement into ``_durations``."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget all measurements and any interval in progress."""
+        self._start = None
+        self._pending.clear()
+        self._durations = _Durations()
+
+    def elapsed(self, reset: bool = True) -> float:
+        """Total milliseconds since the last reset.
+
+        A running interval is cut at this point and counted, and timing continues from here, as in
+        DeepSpeed (so reading a running timer adds one more duration to ``mean()``).
+        """
+        running = self._start is not None
+        if running:
+            self.stop()
+        self._fold()
+        total_ms = self._durations.total / _NS_PER_MS
+        if reset:
+            self.reset()
+        if running:
+            self.start()
+        return total_ms
+
+    def mean(self) -> float:
+        """Trimmed mean (10% off each end) of the durations since the last reset, in ms; 0 if none."""
+        self.elapsed(reset=False)
+        return self._durations.trimmed_mean() / _NS_PER_MS
+
+
+class _HostTimer(_Timer):
+    """Timer on the host's monotonic clock."""
+
+    def start(self) -> None:
+        """Start an interval."""
+        if self._start is not None:
+            raise self._already_started()
+        self._start = _clock_ns()
+
+    def stop(self, reset: bool = False, record: bool = False) -> None:
+        """End the interval.  ``reset`` and ``record`` are accepted and ignored, as in DeepSpeed."""
+        now = _clock_ns()
+        start = self._start
+        if start is None:
+            raise self._not_started()
+        self._start = None
+        pending = self._pending
+        pending.append(now - start)
+        if len(pending) >= _FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self._pending:
+            self._durations.add(self._pending)
+            self._pending = []
+
+
+class _EventTimer(_Timer):
+    """Timer on accelerator events: recorded on the stream, resolved when a time is read."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._event_class = get_accelerator().Event
+
+    def start(self) -> None:
+        """Record a start event on the current stream."""
+        if self._start is not None:
+            raise self._already_started()
+        event = self._event_class(enable_timing=True)
+        event.record()
+        self._start = event
+
+    def stop(self, reset: bool = False, record: bool = False) -> None:
+        """Record an end event.  ``reset`` and ``record`` are accepted and ignored, as in DeepSpeed."""
+        start = self._start
+        if start is None:
+            raise self._not_started()
+        end = self._event_class(enable_timing=True)
+        end.record()
+        self._start = None
+        self._pending.append((start, end))
+        if len(self._pending) >= _FOLD_EVERY:
+            self._fold_finished()
+
+    def _fold_finished(self) -> None:
+        """Resolve the pairs the device has finished, oldest first, without waiting on newer work.
+
+        If even the oldest is unfinished, wait for that one only: the host is then ``_FOLD_EVERY``
+        intervals ahead of the device, and the buffer must not grow.
+        """
+        pairs = self._pending
+        done = 0
+        while done < len(pairs) and pairs[done][1].query():
+            done += 1
+        if done == 0:
+            pairs[0][1].synchronize()
+            done = 1
+        self._durations.add([start.elapsed_time(end) * _NS_PER_MS for start, end in pairs[:done]])
+        del pairs[:done]
+
+    def _fold(self) -> None:
+        if self._pending:
+            for _, end in self._pending:
+                end.synchronize()
+            self._durations.add([start.elapsed_time(end) * _NS_PER_MS for start, end in self._pending])
+            self._pending = []
+
+
+class SynchronizedWallClockTimer(dict):
+    """A group of named timers, created on first use: ``timers("fwd").start()``.
+
+    The group is the dict of its timers: calling it is ``dict.__getitem__``, with ``__missing__``
+    creating the timer, so the lookup that engines make twice per timed region runs no Python code.
+    ``timers`` and ``get_timers()`` return the group itself, where DeepSpeed keeps a separate dict.
+    Otherwise it behaves as DeepSpeed's plain object: truthy even when empty (DeepSpeed's optimizers
+    test ``if self.timers:`` before creating the first timer), hashable, equal only to itself.
+    """
+
+    Timer = _Timer
+    __call__ = dict.__getitem__
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __missing__(self, name: str) -> _Timer:
+        timer = self[name] = self.Timer(name)
+        return timer
+
+    @property
+    def timers(self) -> Dict[str, _Timer]:
+        """The timers by name (DeepSpeed's attribute)."""
+        return self
+
+    def get_timers(self) -> Dict[str, _Timer]:
+        """The timers by name."""
+        return self
+
+    @staticmethod
+    def memory_usage() -> str:
+        """Accelerator memory now and at peak, formatted for appending to a log line."""
+        accelerator = get_accelerator()
+        readings = (
+            ("mem_allocated", accelerator.memory_allocated()),
+            ("max_mem_allocated", accelerator.max_memory_allocated()),
+            ("cache_allocated", accelerator.memory_cached()),
+            ("max_cache_allocated", accelerator.max_memory_cached()),
+        )
+        return "".join(f" | {label}: {value / _BYTES_PER_GB:.4f} GB" for label, value in readings)
+
+    def log(self,
+            names: Iterable[str],
+            normalizer: float = 1.0,
+            reset: bool = True,
+            memory_breakdown: bool = False,
+            ranks: Optional[List[int]] = None) -> None:
+        """Log ``time (ms) | name: ms | ...`` for the named timers that exist, on ``ranks`` (default [0]).
+
+        Goes through ``ds_profutils.logging.log_dist`` at INFO, so the record carries the caller's file
+        and line; ``memory_breakdown`` appends ``memory_usage()`` (DeepSpeed 0.19 ignores it).
+        """
+        _check_normalizer("SynchronizedWallClockTimer.log", normalizer)
+        fields = ["time (ms)"]
+        fields += [f"{name}: {self[name].elapsed(reset=reset) / normalizer:.2f}" for name in names if name in self]
+        message = " | ".join(fields)
+        if memory_breakdown:
+            message += self.memory_usage()
+        log_dist(message, ranks=ranks or [0])
+
+    def get_mean(self, names: Iterable[str], normalizer: float = 1.0, reset: bool = True) -> Dict[str, float]:
+        """``{name: mean() * 1000 / normalizer}`` for the named timers that exist.
+
+        The factor 1000 and ignoring ``reset`` (means never reset the timers) are DeepSpeed's; the
+        engine's autotuning output depends on both.
+        """
+        _check_normalizer("SynchronizedWallClockTimer.get_mean", normalizer)
+        return {name: self[name].mean() * 1000.0 / normalizer for name in names if name in self}
+
+
+class _NoopTimerHandle:
+    """What ``NoopTimer()(name)`` returns: accepts every timer call and measures nothing."""
+
+    def start(self) -> None:
+        """Do nothing."""
+
+    def reset(self) -> None:
+        """Do nothing."""
+
+    def stop(self, **kwargs: Any) -> None:
+        """Do nothing."""
+
+    def elapsed(self, **kwargs: Any) -> float:
+        """Always 0."""
+        return 0
+
+    def mean(self) -> float:
+        """Always 0."""
+        return 0
+
+
+class NoopTimer:
+    """Stand-in for ``SynchronizedWallClockTimer`` when wall-clock breakdown is off: every call is free."""
+
+    Timer = _NoopTimerHandle
+
+    def __init__(self) -> None:
+        self.timer = self.Timer()
+
+    def __call__(self, name: str) -> _NoopTimerHandle:
+        return self.timer
+
+    def get_timers(self) -> Dict[str, Any]:
+        """No timers."""
+        return {}
+
+    def log(self,
+            names: Iterable[str],
+            normalizer: float = 1.0,
+            reset: bool = True,
+            memory_breakdown: bool = False,
+            ranks: Optional[List[int]] = None) -> None:
+        """Log nothing."""
+
+    def get_mean(self, names: Iterable[str], normalizer: float = 1.0, reset: bool = True) -> Dict[str, float]:
+        """No means (an empty dict, where DeepSpeed returns None, so callers can index it safely)."""
+        return {}
+
+
+class ThroughputTimer:
+    """Samples per second over training steps, logged every ``steps_per_output`` global steps.
+
+    ``config`` is DeepSpeed's throughput timer config (``enabled``, ``synchronized``).  The first
+    ``start_step`` global steps are counted but not timed (warm-up).  Times are in seconds, from
+    ``time.perf_counter_ns()``.  DeepSpeed's ``start_time``/``end_time`` (epoch seconds) are not kept.
+    """
+
+    def __init__(self,
+                 config: Any,
+                 batch_size: Optional[int],
+                 start_step: int = 2,
+                 steps_per_output: Optional[int] = None,
+                 monitor_memory: bool = False,
+                 logging_fn: Any = None) -> None:
+        self.config = config
+        self.batch_size = 1 if batch_size is None else batch_size
+        self.start_step = start_step
+        self.steps_per_output = steps_per_output
+        self.monitor_memory = monitor_memory
+        self.logging = logger.info if logging_fn is None else logging_fn
+        self.started = False
+        self.epoch_count = 0
+        self.micro_step_count = 0
+        self.global_step_count = 0
+        self.total_elapsed_time = 0.0
+        self.step_elapsed_time = 0.0
+        self._start_ns: Optional[int] = None
+
+    def update_epoch_count(self) -> None:
+        """Start a new epoch: micro steps count from 0 again."""
+        self.epoch_count += 1
+        self.micro_step_count = 0
+
+    def start(self) -> None:
+        """Begin a micro step; timed once ``start_step`` global steps have passed."""
+        if not self.config.enabled:
+            return
+        self.started = True
+        if self.global_step_count >= self.start_step:
+            if self.config.synchronized:
+                get_accelerator().synchronize()
+            self._start_ns = _clock_ns()
+
+    def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
+        """End a micro step; at a global step on a report boundary, log the throughput."""
+        if not self.config.enabled or not self.started:
+            return
+        self.started = False
+        self.micro_step_count += 1
+        if global_step:
+            self.global_step_count += 1
+        if self._start_ns is None:
+            return
+        if self.config.synchronized:
+            get_accelerator().synchronize()
+        duration = (_clock_ns() - self._start_ns) / 1e9
+        self._start_ns = None
+        self.total_elapsed_time += duration
+        self.step_elapsed_time += duration
+        if global_step:
+            if report_speed and self._is_report_boundary():
+                self._report()
+            self.step_elapsed_time = 0.0
+
+    def _is_report_boundary(self) -> bool:
+        return self.steps_per_output is not None and self.global_step_count % self.steps_per_output == 0
+
+    def _report(self) -> None:
+        # DeepSpeed's wording, which log scrapers match.
+        position = f"epoch={self.epoch_count}/micro_step={self.micro_step_count}/global_step={self.global_step_count}"
+        accelerator = get_accelerator()
+        self.logging(f"{position}, RunningAvgSamplesPerSec={self.avg_samples_per_sec()}, "
+                     f"CurrSamplesPerSec={self.batch_size / (self.step_elapsed_time + TIME_EPSILON)}, "
+                     f"MemAllocated={round(accelerator.memory_allocated() / _BYTES_PER_GB, 2)}GB, "
+                     f"MaxMemAllocated={round(accelerator.max_memory_allocated() / _BYTES_PER_GB, 2)}GB")
+        if self.monitor_memory:
+            import psutil  # a DeepSpeed dependency; only needed here
+
+            self.logging(f"{position}, vm %: {psutil.virtual_memory().percent}, "
+                         f"swap %: {psutil.swap_memory().percent}")
+
+    def avg_samples_per_sec(self) -> float:
+        """Samples per second over the timed global steps; -inf before any was timed.
+
+        (DeepSpeed divides by zero when asked during the first ``start_step`` steps.)
+        """
+        timed_steps = self.global_step_count - self.start_step
+        if timed_steps <= 0 or self.total_elapsed_time <= 0:
+            return float("-inf")
+        return self.batch_size / (self.total_elapsed_time / timed_steps)

@@ -1,0 +1,365 @@
+"""ds_profutils.timer: DeepSpeed's numbers and API, bounded memory, lazy events, real errors."""
+import inspect
+import random
+import types
+
+import deepspeed.utils.timer as ds_timer
+import pytest
+
+import ds_profutils.timer as timer
+from ds_profutils.exceptions import InvalidArgumentError
+from ds_profutils.timer import NoopTimer, SynchronizedWallClockTimer, ThroughputTimer, trim_mean
+
+
+class ScriptedClock:
+    """Hands out the same nanosecond stamps to our timer (``_clock_ns``) and DeepSpeed's (``time.time``)."""
+
+    def __init__(self, durations_ns, gap_ns=1_000):
+        stamps, now = [], 1_000_000_000
+        for duration in durations_ns:
+            stamps += [now, now + duration]
+            now += duration + gap_ns
+        self.stamps = stamps
+        self.ours = iter(stamps)
+        self.theirs = iter(stamps)
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(timer, "_clock_ns", lambda: next(self.ours))
+        monkeypatch.setattr(ds_timer, "time", types.SimpleNamespace(time=lambda: next(self.theirs) / 1e9))
+
+
+def both_timers(monkeypatch, durations_ns):
+    """Our timer group and DeepSpeed's, each fed the same clock."""
+    ScriptedClock(durations_ns).install(monkeypatch)
+    return SynchronizedWallClockTimer(), ds_timer.SynchronizedWallClockTimer()
+
+
+def run_pairs(groups, name, count):
+    for group in groups:
+        for _ in range(count):
+            group(name).start()
+            group(name).stop()
+
+
+def test_public_names_and_signatures_match_deepspeed():
+    for name in timer.__all__:
+        assert hasattr(ds_timer, name), name
+    pairs = [
+        (SynchronizedWallClockTimer, ds_timer.SynchronizedWallClockTimer,
+         ["__init__", "get_timers", "memory_usage", "log", "get_mean"]),
+        (timer._HostTimer, ds_timer.SynchronizedWallClockTimer.Timer, ["start", "stop", "reset", "elapsed", "mean"]),
+        (timer._EventTimer, ds_timer.SynchronizedWallClockTimer.Timer, ["start", "stop", "reset", "elapsed", "mean"]),
+        (NoopTimer, ds_timer.NoopTimer, ["__init__", "__call__", "get_timers", "log", "get_mean"]),
+        (NoopTimer.Timer, ds_timer.NoopTimer.Timer, ["start", "stop", "reset", "elapsed", "mean"]),
+        (ThroughputTimer, ds_timer.ThroughputTimer,
+         ["__init__", "update_epoch_count", "start", "stop", "avg_samples_per_sec"]),
+    ]
+    for ours, theirs, methods in pairs:
+        for method in methods:
+            ours_params = list(inspect.signature(getattr(ours, method)).parameters.values())
+            theirs_params = list(inspect.signature(getattr(theirs, method)).parameters.values())
+            assert [(p.name, p.kind, p.default) for p in ours_params] == \
+                [(p.name, p.kind, p.default) for p in theirs_params], f"{ours.__name__}.{method}"
+    for constant in ("FORWARD_GLOBAL_TIMER", "BACKWARD_REDUCE_MICRO_TIMER", "STEP_GLOBAL_TIMER", "TIME_EPSILON"):
+        assert getattr(timer, constant) == getattr(ds_timer, constant)
+
+
+def test_elapsed_and_mean_equal_deepspeeds_for_the_same_sequence(monkeypatch):
+    rng = random.Random(0)
+    durations = [rng.randrange(1_000, 5_000_000) for _ in range(200)]
+    ours, theirs = both_timers(monkeypatch, durations)
+    # Pairs, a read while running (which cuts the interval in two), reads with and without reset.
+    script = [("pairs", 7), ("elapsed", False), ("pairs", 20), ("start", ), ("elapsed", False), ("stop", ),
+              ("mean", ), ("elapsed", True), ("pairs", 30), ("mean", ), ("reset", ), ("pairs", 3), ("mean", )]
+    for step in script:
+        results = []
+        for group in (ours, theirs):
+            t = group("fwd")
+            if step[0] == "pairs":
+                run_pairs([group], "fwd", step[1])
+            elif step[0] == "elapsed":
+                results.append(t.elapsed(reset=step[1]))
+            elif step[0] == "mean":
+                results.append(t.mean())
+            else:
+                getattr(t, step[0])()
+        if results:
+            assert results[0] == pytest.approx(float(results[1]), rel=1e-9), step
+
+
+@pytest.mark.parametrize("count", [0, 1, 4, 5, 14, 15, 16, 64, 65, 257, 300, 324, 325])
+def test_mean_is_exact_while_the_trim_fits_the_kept_extremes(monkeypatch, count):
+    rng = random.Random(count)
+    durations = [rng.choice([rng.randrange(1_000, 2_000), rng.randrange(10**6, 10**8)]) for _ in range(count)]
+    ours, theirs = both_timers(monkeypatch, durations)
+    run_pairs([ours, theirs], "step", count)
+    assert ours("step").mean() == pytest.approx(float(theirs("step").mean()), rel=1e-9)
+    assert ours.get_mean(["step", "absent"], normalizer=4.0) == \
+        pytest.approx(theirs.get_mean(["step", "absent"], normalizer=4.0), rel=1e-9)
+
+
+def test_mean_beyond_the_kept_extremes_is_a_close_estimate(monkeypatch):
+    rng = random.Random(1)
+    durations = [int(rng.gauss(10**6, 10**5)) for _ in range(3_000)]
+    ours, theirs = both_timers(monkeypatch, durations)
+    run_pairs([ours, theirs], "step", len(durations))
+    assert ours("step").mean() == pytest.approx(float(theirs("step").mean()), rel=0.01)
+    assert ours("step").elapsed() == pytest.approx(theirs("step").elapsed(), rel=1e-9)
+
+
+def test_memory_is_bounded_however_many_pairs():
+    t = SynchronizedWallClockTimer()("loop")
+    for _ in range(20 * timer._FOLD_EVERY + 3):
+        t.start()
+        t.stop()
+    assert len(t._pending) < timer._FOLD_EVERY
+    assert len(t._durations.extremes) <= 2 * timer._KEPT_EXTREMES
+    assert t._durations.count + len(t._pending) == 20 * timer._FOLD_EVERY + 3
+
+
+def test_stop_without_start_and_start_twice_raise_real_errors():
+    group = SynchronizedWallClockTimer()
+    with pytest.raises(InvalidArgumentError, match=r"timer 'fwd' is not started; call start\(\) before stop\(\)"):
+        group("fwd").stop()
+    group("fwd").start()
+    with pytest.raises(InvalidArgumentError, match="timer 'fwd' has already been started"):
+        group("fwd").start()
+    # DeepSpeed raised AssertionError; handlers written for it still catch ours.
+    with pytest.raises(AssertionError):
+        group("fwd").start()
+    group("fwd").stop()
+    assert not group("fwd").started_
+
+
+def test_reset_discards_a_running_interval_as_deepspeed_does(monkeypatch):
+    ours, theirs = both_timers(monkeypatch, [5_000_000, 7_000_000])
+    for group in (ours, theirs):
+        group("x").start()
+        group("x").reset()
+        group("x").start()
+        group("x").stop()
+    assert not ours("x").started_
+    assert ours("x").elapsed() == pytest.approx(theirs("x").elapsed(), rel=1e-9)
+
+
+def test_log_message_equals_deepspeeds_and_goes_through_log_dist(monkeypatch):
+    ours, theirs = both_timers(monkeypatch, [3_000_000, 1_250_000, 8_000_000, 2_000_000])
+    run_pairs([ours, theirs], "fwd", 1)
+    run_pairs([ours, theirs], "bwd", 1)
+    logged, printed = [], []
+    monkeypatch.setattr(timer, "log_dist", lambda message, ranks=None: logged.append((message, ranks)))
+    monkeypatch.setattr(ds_timer, "print_dist", lambda message, ranks=None: printed.append((message, ranks)))
+    ours.log(["fwd", "bwd", "missing"], normalizer=2.0, reset=False)
+    theirs.log(["fwd", "bwd", "missing"], normalizer=2.0, reset=False)
+    ours.log(["fwd"], ranks=[1, 2])
+    theirs.log(["fwd"], ranks=[1, 2])
+    assert logged == printed
+    assert logged[0] == ("time (ms) | fwd: 1.50 | bwd: 0.62", [0])
+
+
+def test_log_memory_breakdown_and_bad_normalizer(monkeypatch):
+    group = SynchronizedWallClockTimer()
+    logged = []
+    monkeypatch.setattr(timer, "log_dist", lambda message, ranks=None: logged.append(message))
+    monkeypatch.setattr(timer, "get_accelerator", lambda: FakeAccelerator(host_timers=True))
+    group.log([], memory_breakdown=True)
+    assert logged == ["time (ms) | mem_allocated: 1.0000 GB | max_mem_allocated: 2.0000 GB | "
+                      "cache_allocated: 3.0000 GB | max_cache_allocated: 4.0000 GB"]
+    with pytest.raises(InvalidArgumentError, match=r"log: normalizer must be > 0, got 0"):
+        group.log(["fwd"], normalizer=0)
+    with pytest.raises(InvalidArgumentError, match=r"get_mean: normalizer must be > 0, got -1"):
+        group.get_mean(["fwd"], normalizer=-1)
+
+
+def test_group_behaves_as_deepspeeds_object_not_as_a_mapping():
+    group, other = SynchronizedWallClockTimer(), SynchronizedWallClockTimer()
+    assert group  # DeepSpeed's optimizers guard every timer call with `if self.timers:`
+    assert group != other and group == group
+    assert {group: 1}[group] == 1
+
+
+def test_group_creates_each_timer_once():
+    group = SynchronizedWallClockTimer()
+    assert group("a") is group("a")
+    assert group.get_timers() == group.timers == {"a": group("a")}
+    assert isinstance(group("a"), SynchronizedWallClockTimer.Timer)
+    group.log(["b"])
+    group.get_mean(["b"])
+    assert list(group.timers) == ["a"]  # reading a timer that does not exist does not create it
+
+
+def test_noop_timer_accepts_every_call_and_measures_nothing():
+    noop = NoopTimer()
+    handle = noop("anything")
+    handle.start()
+    handle.stop(reset=True, record=True)
+    handle.reset()
+    assert handle.elapsed(reset=False) == 0 and handle.mean() == 0
+    assert noop.get_timers() == {} and noop.get_mean(["fwd"]) == {}
+    assert noop.log(["fwd"]) is None
+
+
+def test_trim_mean_matches_deepspeeds_and_keeps_input_order():
+    rng = random.Random(2)
+    for n in (0, 1, 2, 9, 10, 11, 15, 100):
+        data = [rng.uniform(0, 10) for _ in range(n)]
+        snapshot = list(data)
+        assert trim_mean(data, 0.1) == pytest.approx(float(ds_timer.trim_mean(data, 0.1)), rel=1e-12)
+        assert data == snapshot
+    with pytest.raises(InvalidArgumentError, match=r"trim_percent must be within \[0, 1\], got 1.5"):
+        trim_mean([1.0], 1.5)
+
+
+# --- accelerator events -------------------------------------------------------------------------
+
+
+class FakeEvent:
+    """Records what the timer asks of an event; times and completion are scripted by the accelerator."""
+
+    def __init__(self, accelerator, enable_timing=False):
+        assert enable_timing
+        self.accelerator = accelerator
+        self.time_ms = None
+
+    def record(self):
+        self.accelerator.calls.append("record")
+        self.time_ms = self.accelerator.device_time_ms
+        self.accelerator.device_time_ms += 2.0
+        self.index = len(self.accelerator.recorded)
+        self.accelerator.recorded.append(self)
+
+    def query(self):
+        self.accelerator.calls.append("query")
+        return self.index < self.accelerator.finished
+
+    def synchronize(self):
+        self.accelerator.calls.append("synchronize")
+        self.accelerator.finished = max(self.accelerator.finished, self.index + 1)
+
+    def elapsed_time(self, end):
+        self.accelerator.calls.append("elapsed_time")
+        assert end.index < self.accelerator.finished, "read before the end event completed"
+        return end.time_ms - self.time_ms
+
+
+class FakeAccelerator:
+    """A device accelerator (no host timers) whose events complete only when the test says so."""
+
+    def __init__(self, host_timers=False):
+        self.host_timers = host_timers
+        self.calls, self.recorded = [], []
+        self.device_time_ms = 0.0
+        self.finished = 0  # events with index below this have completed on the device
+
+    def use_host_timers(self):
+        return self.host_timers
+
+    @property
+    def Event(self):
+        return lambda enable_timing=False: FakeEvent(self, enable_timing)
+
+    def memory_allocated(self):
+        return 1 * 1024**3
+
+    def max_memory_allocated(self):
+        return 2 * 1024**3
+
+    def memory_cached(self):
+        return 3 * 1024**3
+
+    def max_memory_cached(self):
+        return 4 * 1024**3
+
+    def synchronize(self):
+        self.calls.append("device_synchronize")
+
+
+@pytest.fixture
+def device(monkeypatch):
+    accelerator = FakeAccelerator()
+    monkeypatch.setattr(timer, "get_accelerator", lambda: accelerator)
+    return accelerator
+
+
+def test_events_are_recorded_at_start_stop_and_resolved_only_when_read(device):
+    t = SynchronizedWallClockTimer()("fwd")
+    assert type(t).__name__ == "_EventTimer"
+    for _ in range(3):
+        t.start()
+        t.stop()
+    assert device.calls == ["record"] * 6  # no query, no synchronize, no elapsed_time on the hot path
+    assert t.elapsed(reset=False) == pytest.approx(3 * 2.0)
+    assert device.calls.count("elapsed_time") == 3 and "synchronize" in device.calls
+    assert t.mean() == pytest.approx(2.0)
+    with pytest.raises(InvalidArgumentError, match="is not started"):
+        t.stop()
+
+
+def test_events_fold_finished_pairs_without_waiting_for_newer_work(device):
+    t = SynchronizedWallClockTimer()("fwd")
+    device.finished = 2 * 10  # the device has finished the first 10 intervals only
+    for _ in range(timer._FOLD_EVERY):
+        t.start()
+        t.stop()
+    assert len(t._pending) == timer._FOLD_EVERY - 10
+    assert "synchronize" not in device.calls
+    assert t._durations.count == 10
+
+
+def test_events_wait_for_the_oldest_pair_only_when_the_device_lags_the_whole_buffer(device):
+    t = SynchronizedWallClockTimer()("fwd")
+    for _ in range(timer._FOLD_EVERY):
+        t.start()
+        t.stop()
+    assert device.calls.count("synchronize") == 1
+    assert len(t._pending) == timer._FOLD_EVERY - 1
+    assert t.elapsed() == pytest.approx(timer._FOLD_EVERY * 2.0)
+    assert t._pending == [] and t._durations.count == 0
+
+
+# --- ThroughputTimer ----------------------------------------------------------------------------
+
+
+def throughput_pair(monkeypatch, steps, **kwargs):
+    """Our ThroughputTimer and DeepSpeed's, fed the same clock (half seconds: exact in binary, in both)."""
+    ScriptedClock([500_000_000] * steps, gap_ns=500_000_000).install(monkeypatch)
+    config = types.SimpleNamespace(enabled=True, synchronized=False)
+    ours_log, theirs_log = [], []
+    ours = ThroughputTimer(config, batch_size=8, logging_fn=ours_log.append, **kwargs)
+    theirs = ds_timer.ThroughputTimer(config, batch_size=8, logging_fn=theirs_log.append, **kwargs)
+    return (ours, ours_log), (theirs, theirs_log)
+
+
+def test_throughput_timer_logs_what_deepspeed_logs(monkeypatch):
+    (ours, ours_log), (theirs, theirs_log) = throughput_pair(monkeypatch, 6, steps_per_output=2)
+    for step in range(8):
+        for tput in (ours, theirs):
+            if step == 4:
+                tput.update_epoch_count()
+            tput.start()
+            tput.stop(global_step=True)
+    assert ours_log == theirs_log and len(ours_log) == 3
+    assert "RunningAvgSamplesPerSec=16.0" in ours_log[-1]
+    assert ours.avg_samples_per_sec() == theirs.avg_samples_per_sec() == 16.0
+    assert (ours.epoch_count, ours.micro_step_count, ours.global_step_count) == (1, 4, 8)
+
+
+def test_throughput_timer_before_any_timed_step_and_when_disabled(monkeypatch):
+    (ours, _), _ = throughput_pair(monkeypatch, 0, start_step=2)
+    assert ours.avg_samples_per_sec() == float("-inf")
+    ours.start()
+    ours.stop(global_step=True)
+    assert ours.avg_samples_per_sec() == float("-inf")  # DeepSpeed divides by zero here
+    ours.config.enabled = False
+    ours.start()
+    ours.stop(global_step=True)
+    assert ours.global_step_count == 1
+
+
+def test_throughput_timer_synchronizes_the_device_when_asked(monkeypatch, device):
+    ScriptedClock([250_000_000]).install(monkeypatch)
+    tput = ThroughputTimer(types.SimpleNamespace(enabled=True, synchronized=True), batch_size=None, start_step=0)
+    tput.start()
+    tput.stop(global_step=True)
+    assert device.calls == ["device_synchronize"] * 2
+    assert tput.total_elapsed_time == 0.25 and tput.avg_samples_per_sec() == 4.0
