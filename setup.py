@@ -30,7 +30,7 @@ setup(
         "hjson",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "matplotlib>=3.5"],
         "plot": ["matplotlib>=3.5"],
     },
     entry_points={"console_scripts": ["ds-profutils=ds_profutils.cli:main"]},

@@ -19,6 +19,8 @@ from .mixed_precision_linkage import lazy_init_hp_params_optimizer_state, link_h
 from .module_utils import recursive_getattr, recursive_setattr
 from .numa import get_numactl_cmd
 from .nvtx import instrument_w_nvtx
+from .partitioned_param_profiler import PartitionedParameterProfiler
+from .profiler_decorator import profiler, step_profiler
 from .tensor_fragment import (fragment_address, get_full_hp_grad, get_full_hp_param, get_hp_fragment_mapping,
                               map_to_flat_opt_states, safe_get_full_fp32_param, safe_get_full_grad,
                               safe_get_full_optimizer_state, safe_get_local_fp32_param, safe_get_local_grad,
@@ -30,6 +32,7 @@ from .version import __version__
 from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_module, set_z3_leaf_modules,
                              set_z3_leaf_modules_by_name, set_z3_leaf_modules_by_suffix, unset_z3_leaf_modules,
                              z3_leaf_module, z3_leaf_parameter)
+from .zero_attach import attach
 
 # The names of deepspeed.utils 0.19.x, in the order of its __init__.
 DEEPSPEED_UTILS_NAMES = [
@@ -52,6 +55,6 @@ DEEPSPEED_UTILS_NAMES = [
 ]
 
 # Our additions (profiling tools and configuration).
-PROFUTILS_NAMES = ["__version__"]
+PROFUTILS_NAMES = ["__version__", "profiler", "step_profiler", "PartitionedParameterProfiler", "attach"]
 
 __all__ = DEEPSPEED_UTILS_NAMES + PROFUTILS_NAMES

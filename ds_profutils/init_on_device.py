@@ -20,12 +20,19 @@ class OnDevice(_DeepSpeedOnDevice):
     ``isinstance(x, deepspeed.utils.OnDevice)`` still holds.
     """
 
-    def __init__(self, dtype: torch.dtype, device: Union[str, torch.device] = "meta", enabled: bool = True) -> None:
+    def __init__(self, dtype: torch.dtype, device: Union[str, int, torch.device] = "meta", enabled: bool = True) -> None:
         require_type("OnDevice", "dtype", dtype, torch.dtype)
-        require_type("OnDevice", "device", device, (str, torch.device))
-        require_type("OnDevice", "enabled", enabled, bool)
+        require_type("OnDevice", "device", device, (str, int, torch.device))
+        if isinstance(device, int):  # an accelerator index, as get_accelerator().current_device() gives
+            if device < 0:
+                raise InvalidArgumentError(f"OnDevice: device index must be >= 0, got {device}")
+        else:
+            self._check_device_name(device)
+        super().__init__(dtype, device=device, enabled=enabled)
+
+    @staticmethod
+    def _check_device_name(device: Union[str, torch.device]) -> None:
         try:
             torch.device(device)
         except RuntimeError as error:
             raise InvalidArgumentError(f"OnDevice: device {device!r} is not a torch device ({error})") from None
-        super().__init__(dtype, device=device, enabled=enabled)

@@ -18,11 +18,12 @@ import os
 from typing import Any, Dict, Iterable, Optional
 
 from deepspeed import comm as dist
-from deepspeed.utils.logging import logger
+from deepspeed.utils.logging import LoggerFactory, logger
 
 from .exceptions import InvalidArgumentError
 
 __all__ = [
+    "LoggerFactory",
     "log_levels",
     "logger",
     "get_dist_msg",
@@ -157,7 +158,8 @@ def should_log_le(max_log_level_str: str) -> bool:
 @functools.lru_cache(None)
 def warning_once(*args: Any, **kwargs: Any) -> None:
     """``logger.warning`` that emits each distinct argument tuple once per process."""
-    logger.warning(*args, stacklevel=2, **kwargs)
+    kwargs.setdefault("stacklevel", 2)  # the caller of warning_once, unless the caller says otherwise
+    logger.warning(*args, **kwargs)
 
 
 def print_configuration(args: Any, name: str) -> None:

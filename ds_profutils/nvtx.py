@@ -17,6 +17,7 @@ import sys
 import types
 from typing import Any, Callable, Optional, TypeVar
 
+import deepspeed.utils.nvtx as _ds_nvtx
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.compiler import is_compiling
 from torch.autograd.profiler import record_function
@@ -67,7 +68,8 @@ def _ask_nvtx_for_tool(domain: str) -> bool:
 
 
 def _nvtx_ranges_on() -> bool:
-    return enable_nvtx and _config_enabled and nvtx_tool_attached()
+    # DeepSpeed's own switch counts too: engine.compile() clears deepspeed.utils.nvtx.enable_nvtx.
+    return enable_nvtx and _ds_nvtx.enable_nvtx and _config_enabled and nvtx_tool_attached()
 
 
 def _refresh() -> None:
@@ -167,3 +169,4 @@ class _NvtxModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _NvtxModule
+_refresh()  # a tool injected at process start must be seen without any further call

@@ -11,7 +11,7 @@ DeepSpeed optimizer manages raise ``InvalidArgumentError`` (a ``ValueError`` and
 ``AssertionError``) instead of asserting or silently doing nothing.  Getters on an unmanaged
 parameter return None, as in DeepSpeed.
 """
-from typing import Callable, List, Optional
+from typing import Callable, Iterable, List, Optional
 
 import torch
 from deepspeed.utils.tensor_fragment import (fragment_address, get_full_hp_grad, get_full_hp_param,
@@ -78,6 +78,15 @@ def _check_managed(function: str, param: torch.Tensor) -> None:
     if not (_is_zero3(param) or _is_linked(param)):
         raise InvalidArgumentError(f"{function}: param is not managed by a DeepSpeed ZeRO or bf16 optimizer "
                                    "(no ds_id and no _hp_mapping); pass a parameter of an initialized engine")
+
+
+def _check_local_value(function: str, param: torch.Tensor, value: object) -> None:
+    """A local value must cover this rank's partition exactly; ``copy_`` would broadcast a wrong size."""
+    require_type(function, "value", value, torch.Tensor)
+    local_numel = param.ds_tensor.numel()
+    if value.numel() != local_numel:
+        raise InvalidArgumentError(f"{function}: value has {value.numel()} elements but this rank's partition "
+                                   f"of the parameter has {local_numel}")
 
 
 def _check_zero3(function: str, param: object) -> None:
@@ -166,16 +175,21 @@ def safe_set_full_grad(param: torch.nn.Parameter, value: torch.Tensor) -> None:
 
 
 def safe_update_full_grad_vectorized(param_list: List[torch.nn.Parameter], update_func: Callable) -> None:
-    """Set each gradient to ``update_func(full_grad, param)``, batching the ZeRO-3 gathers."""
-    if isinstance(param_list, torch.Tensor) or not isinstance(param_list, (list, tuple)):
-        raise InvalidArgumentError(f"safe_update_full_grad_vectorized: param_list must be a list of parameters, "
-                                   f"got {type(param_list).__name__}")
+    """Set each gradient to ``update_func(full_grad, param)``, batching the ZeRO-3 gathers.
+
+    Every argument is checked before any gradient changes, so bad input leaves training untouched.
+    """
+    if isinstance(param_list, (torch.Tensor, str)) or not isinstance(param_list, Iterable):
+        raise InvalidArgumentError(f"safe_update_full_grad_vectorized: param_list must be an iterable of "
+                                   f"parameters, got {type(param_list).__name__}")
     if not callable(update_func):
         raise InvalidArgumentError("safe_update_full_grad_vectorized: update_func must be callable "
                                    "(full_grad, param) -> new_grad")
-    partitioned = []
-    for param in param_list:
+    params = list(param_list)
+    for param in params:
         _check_param("safe_update_full_grad_vectorized", param)
+    partitioned = []
+    for param in params:
         if param.grad is not None:
             param.grad.copy_(update_func(param.grad, param))
         elif param.requires_grad:
@@ -201,7 +215,7 @@ def safe_get_local_grad(param: torch.nn.Parameter) -> torch.Tensor:
 def safe_set_local_grad(param: torch.nn.Parameter, value: torch.Tensor) -> None:
     """Overwrite this rank's partition of the gradient of a ZeRO-3 parameter."""
     _check_zero3("safe_set_local_grad", param)
-    require_type("safe_set_local_grad", "value", value, torch.Tensor)
+    _check_local_value("safe_set_local_grad", param, value)
     param._z3_optimizer.set_local_grad_for_param(value, param)
 
 
@@ -221,7 +235,7 @@ def safe_get_local_optimizer_state(param: torch.nn.Parameter, optim_state_key: s
 def safe_set_local_optimizer_state(param: torch.nn.Parameter, value: torch.Tensor, optim_state_key: str) -> None:
     """Overwrite this rank's partition of optimizer state ``optim_state_key`` of a ZeRO-3 parameter."""
     _check_zero3("safe_set_local_optimizer_state", param)
-    require_type("safe_set_local_optimizer_state", "value", value, torch.Tensor)
+    _check_local_value("safe_set_local_optimizer_state", param, value)
     _check_key("safe_set_local_optimizer_state", optim_state_key)
     param._z3_optimizer.set_local_hp_param(value, param, optim_state_key)
 
@@ -229,5 +243,5 @@ def safe_set_local_optimizer_state(param: torch.nn.Parameter, value: torch.Tenso
 def safe_set_local_fp32_param(param: torch.nn.Parameter, value: torch.Tensor) -> None:
     """Overwrite this rank's partition of the fp32 master copy of a ZeRO-3 parameter."""
     _check_zero3("safe_set_local_fp32_param", param)
-    require_type("safe_set_local_fp32_param", "value", value, torch.Tensor)
+    _check_local_value("safe_set_local_fp32_param", param, value)
     param._z3_optimizer.set_local_hp_param(value, param)

@@ -9,11 +9,15 @@ It trains a toy regression model, reads the fp32 master weights and gradients th
 """
 import argparse
 import logging
+from typing import Optional
 
 import deepspeed
 import torch
 
-from ds_profutils import RepeatingLoader, log_dist, safe_get_full_fp32_param, safe_get_full_grad
+from ds_profutils import RepeatingLoader, attach, log_dist, safe_get_full_fp32_param, safe_get_full_grad
+from ds_profutils.fetch_report import build_report, render_text
+from ds_profutils.zero_attach import ZeroFetchRecorder
+from ds_profutils import profiler, step_profiler
 
 
 class ToyModel(torch.nn.Module):
@@ -43,13 +47,14 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def train(args: argparse.Namespace) -> None:
+def train(args: argparse.Namespace) -> Optional[ZeroFetchRecorder]:
     deepspeed.init_distributed(dist_backend="gloo")
     model = ToyModel()
     engine, _, loader, _ = deepspeed.initialize(args=args,
                                                 model=model,
                                                 model_parameters=model.parameters(),
                                                 training_data=toy_dataset())
+    recorder = attach(engine)  # ZeRO-3 fetch records, when the ds_config's "partitioned_param_profiler" asks
     batches = iter(RepeatingLoader(loader))
     for step in range(1, args.steps + 1):
         features, targets = next(batches)
@@ -62,7 +67,19 @@ def train(args: argparse.Namespace) -> None:
                  f"head weight norm {weight_norm:.4f}",
                  ranks=[0],
                  level=logging.WARNING)
+        step_profiler(engine)  # one profiler step per optimizer step
+    return recorder
+
+
+def print_fetch_report(recorder: Optional[ZeroFetchRecorder]) -> None:
+    """Once every rank has written its records and traces, rank 0 prints the merged report."""
+    if recorder is not None:
+        recorder.close()
+    torch.distributed.barrier()
+    if recorder is not None and recorder.rank == 0:
+        print(render_text(build_report(recorder.path.parent)), flush=True)
 
 
 if __name__ == "__main__":
-    train(parse_args())
+    args = parse_args()
+    print_fetch_report(profiler(config=args)(train)(args))  # the ds_config's "profiler" section: off when absent

@@ -13,6 +13,11 @@ class Block(torch.nn.Module):
         self.inner = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
 
 
+def test_warning_once_accepts_stacklevel_like_deepspeed():
+    from ds_profutils.logging import warning_once
+    warning_once("ds_profutils test: stacklevel passed through", stacklevel=2)
+
+
 def test_error_class_is_value_and_assertion_error():
     assert issubclass(InvalidArgumentError, ValueError) and issubclass(InvalidArgumentError, AssertionError)
 
@@ -29,6 +34,9 @@ def test_leaf_flags_are_deepspeeds_flags():
     assert matched == [model.inner[0]] and missing == ["nope"]
     matched, _ = ds_profutils.set_z3_leaf_modules_by_suffix(model, [".1"])
     assert matched == [model.inner[1]]
+    # Any iterable works, as in DeepSpeed: a generator is read once, not consumed by the check.
+    matched, missing = ds_profutils.set_z3_leaf_modules_by_name(model, (name for name in ["inner"]))
+    assert matched == [model.inner] and missing == []
 
 
 @pytest.mark.parametrize("call, match", [
@@ -64,12 +72,22 @@ def test_getters_on_unmanaged_param_return_none_like_deepspeed():
     (lambda p: ds_profutils.safe_get_full_optimizer_state(p, 0), "optim_state_key must be str"),
     (lambda p: ds_profutils.safe_set_full_grad(p, torch.ones(4)), "value has 4 elements but the full parameter has 3"),
     (lambda p: ds_profutils.safe_set_full_grad(p, "0.5"), "value must be Tensor"),
-    (lambda p: ds_profutils.safe_update_full_grad_vectorized(p, abs), "param_list must be a list"),
+    (lambda p: ds_profutils.safe_update_full_grad_vectorized(p, abs), "param_list must be an iterable"),
     (lambda p: ds_profutils.safe_update_full_grad_vectorized([p], None), "update_func must be callable"),
 ])
 def test_accessor_bad_input(call, match):
     with pytest.raises(InvalidArgumentError, match=match):
         call(torch.nn.Parameter(torch.ones(3)))
+
+
+def test_vectorized_update_takes_any_iterable_and_checks_before_changing_anything():
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.ones(3)
+    ds_profutils.safe_update_full_grad_vectorized((p for p in [param]), lambda grad, p: grad * 10)
+    assert torch.equal(param.grad, torch.full((3, ), 10.0))
+    with pytest.raises(InvalidArgumentError, match="param must be Tensor"):
+        ds_profutils.safe_update_full_grad_vectorized([param, "x"], lambda grad, p: grad * 10)
+    assert torch.equal(param.grad, torch.full((3, ), 10.0))
 
 
 def test_safe_set_full_grad_on_local_grad_copies():
@@ -84,6 +102,7 @@ def test_on_device_validates_then_builds_on_meta():
         ds_profutils.OnDevice(dtype="fp16")
     with pytest.raises(InvalidArgumentError, match="not a torch device"):
         ds_profutils.OnDevice(dtype=torch.float16, device="gpu-ish")
+    ds_profutils.OnDevice(dtype=torch.float16, device=0)  # an accelerator index, as current_device() gives
     with ds_profutils.OnDevice(dtype=torch.float16, device="meta"):
         layer = torch.nn.Linear(4, 4)
     assert layer.weight.device.type == "meta" and layer.weight.dtype == torch.float16

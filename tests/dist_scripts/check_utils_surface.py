@@ -157,17 +157,19 @@ def fetched_modules_with_leaf(use_leaf: bool) -> list:
 
 def check_groups_share_state() -> dict:
     """Our groups module reads and writes DeepSpeed's group state, both ways."""
-    sentinel = object()
-    saved = ds_utils.groups.mesh_device
+    sentinel, saved_mesh, saved_mpu = object(), ds_utils.groups.mesh_device, ds_utils.groups.mpu
     ds_profutils.groups.mesh_device = sentinel
     written_through = ds_utils.groups.mesh_device is sentinel
-    ds_utils.groups.mesh_device = saved
+    ds_utils.groups.mesh_device = saved_mesh
+    ds_utils.groups.mpu = sentinel
+    mpu_read_through = ds_profutils.groups.mpu is sentinel
+    ds_utils.groups.mpu = saved_mpu
     return {
         "data_parallel_world_size": ds_profutils.groups._get_data_parallel_world_size(),
         "data_parallel_rank": ds_profutils.groups._get_data_parallel_rank(),
-        "mpu_shared": ds_profutils.groups.mpu is ds_utils.groups.mpu,
+        "mpu_shared": mpu_read_through,
         "mesh_device_written_through": written_through,
-        "mesh_device_read_through": ds_profutils.groups.mesh_device is saved,
+        "mesh_device_read_through": ds_profutils.groups.mesh_device is saved_mesh,
     }
 
 

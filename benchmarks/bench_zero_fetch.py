@@ -1,0 +1,310 @@
+"""ZeRO-3 fetch profiling, measured against DeepSpeed in one run.
+
+    python benchmarks/bench_zero_fetch.py [--pairs 20000] [--repeats 25] [--step-pairs 300]
+                                          [--report-mb 1024] [--trace-mb 56] [--skip-train]
+
+(a) ``start_event`` + ``stop_event`` per fetch, as added cost over two empty method calls: ours
+    enabled against DeepSpeed's profiler with DeepSpeed's ``SynchronizedWallClockTimer`` (target
+    <= 0.5x); disabled, whole call against DeepSpeed's disabled one (target <= 1.0x; both add ~0 over
+    empty calls, so the ratio of the whole calls is the meaningful one).
+(b) Memory over 200k events (tracemalloc), ours and DeepSpeed's: ours must not grow.
+(c) A ZeRO-3 training step (2 ranks under the deepspeed launcher, gloo on CPU) with fetch records
+    on (``attach`` before the step, ``close`` after it) against off, steps interleaved: the median over
+    adjacent on/off pairs of the ratio of their times, per rank (target <= 1.03x).
+(d) ``ds-profutils report`` on ``--report-mb`` of generated per-rank records (target: 1 GB < 60 s).
+(e) The report's trace summary on a generated ``--trace-mb`` Chrome trace, against ``json.load`` of
+    the same file (a floor for any loader that parses the trace whole, as HolisticTraceAnalysis does).
+
+Micro figures are medians of interleaved repeats, so a noisy neighbour hits all sides alike.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParameterProfiler as DeepSpeedProfiler
+from deepspeed.utils.timer import SynchronizedWallClockTimer
+
+from ds_profutils.fetch_report import RECORD_FILE, build_report, render_text
+from ds_profutils.partitioned_param_profiler import NUMEL_UNITS, PartitionedParameterProfiler
+from ds_profutils.trace_summary import summarize_trace
+
+REPO = Path(__file__).resolve().parent.parent
+ENABLED_TARGET, DISABLED_TARGET, STEP_TARGET, REPORT_SECONDS_PER_GB = 0.5, 1.0, 1.03, 60.0
+EVENT = "forward_fetch_wait"
+
+
+class EmptyCalls:
+    """The floor: two method calls that do nothing."""
+
+    def start_event(self, name: str) -> None:
+        pass
+
+    def stop_event(self, name: str, num_elem: int) -> None:
+        pass
+
+
+def pairs_seconds(profiler: Any, pairs: int) -> float:
+    began = time.perf_counter()
+    for _ in range(pairs):
+        profiler.start_event(EVENT)
+        profiler.stop_event(EVENT, 4096)
+    return time.perf_counter() - began
+
+
+def fresh(profiler: Any) -> None:
+    """Between repeats: DeepSpeed's timers keep one record per event until logged; start each repeat empty."""
+    profiler.reset_events()
+    for timer in getattr(getattr(profiler, "timers", None), "timers", {}).values():
+        timer.reset()
+
+
+def bench_hot_path(pairs: int, repeats: int) -> Dict[str, float]:
+    candidates = {
+        "two empty method calls": EmptyCalls(),
+        "deepspeed, enabled": DeepSpeedProfiler(SynchronizedWallClockTimer()),
+        "ds_profutils, enabled": PartitionedParameterProfiler(SynchronizedWallClockTimer(), element_size=2),
+        "deepspeed, disabled": DeepSpeedProfiler(None),
+        "ds_profutils, disabled": PartitionedParameterProfiler(None),
+    }
+    samples: Dict[str, List[float]] = {name: [] for name in candidates}
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for name, profiler in candidates.items():
+                if name != "two empty method calls":
+                    fresh(profiler)
+                samples[name].append(pairs_seconds(profiler, pairs) / pairs * 1e9)
+    finally:
+        gc.enable()
+    ns = {name: statistics.median(values) for name, values in samples.items()}
+    floor = ns["two empty method calls"]
+    print(f"(a) start_event + stop_event, ns per pair (median of {repeats} interleaved repeats of {pairs:,})")
+    for name, value in ns.items():
+        print(f"    {name:26s} {value:8.1f} ns   added over empty calls {value - floor:8.1f} ns")
+    enabled = (ns["ds_profutils, enabled"] - floor) / (ns["deepspeed, enabled"] - floor)
+    disabled = ns["ds_profutils, disabled"] / ns["deepspeed, disabled"]
+    print(f"    enabled, added cost vs DeepSpeed's     {enabled:6.2f}x  (target <= {ENABLED_TARGET}x)")
+    print(f"    disabled, whole call vs DeepSpeed's    {disabled:6.2f}x  (target <= {DISABLED_TARGET}x)")
+    return {"enabled_ratio": enabled, "disabled_ratio": disabled}
+
+
+def memory_growth(profiler: Any, events: int) -> Dict[str, int]:
+    """Bytes traced after 10% of ``events`` start+stop pairs and after all, never logging in between."""
+    profiler.start_event(EVENT)
+    profiler.stop_event(EVENT, 1)
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    result = {}
+    for done in range(1, events + 1):
+        profiler.start_event(EVENT)
+        profiler.stop_event(EVENT, 4096)
+        if done == events // 10:
+            result["after 10%"] = tracemalloc.get_traced_memory()[0] - base
+    result["after all"] = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return result
+
+
+def bench_memory(events: int) -> None:
+    print(f"(b) memory traced over {events:,} events (bytes)")
+    for name, profiler in (("deepspeed", DeepSpeedProfiler(SynchronizedWallClockTimer())),
+                           ("ds_profutils", PartitionedParameterProfiler(SynchronizedWallClockTimer()))):
+        growth = memory_growth(profiler, events)
+        print(f"    {name:14s} after 10%: {growth['after 10%']:>10,}   after all: {growth['after all']:>10,}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# (c) a ZeRO-3 training step, on vs off; the part below --worker runs on each rank under the launcher
+# ---------------------------------------------------------------------------------------------------
+
+
+def worker(out: Path, pairs: int) -> None:
+    import deepspeed
+    import torch
+
+    from ds_profutils import attach
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = torch.distributed.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(12)])
+    config = {
+        "train_micro_batch_size_per_gpu": 8,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "partitioned_param_profiler": {"enabled": True, "output_dir": str(out / "records")},
+    }
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    batch = torch.randn(8, 128)
+
+    def step() -> float:
+        began = time.perf_counter()
+        engine.backward(engine(batch).pow(2).mean())
+        engine.step()
+        return time.perf_counter() - began
+
+    for _ in range(5):
+        step()
+    seconds: Dict[str, List[float]] = {"off": [], "on": []}
+    for pair in range(pairs):
+        for mode in (("off", "on") if pair % 2 == 0 else ("on", "off")):
+            recorder = attach(engine) if mode == "on" else None  # attach and close are not timed
+            seconds[mode].append(step())
+            if recorder is not None:
+                recorder.close()
+    last_record = (out / "records" / RECORD_FILE.format(rank=rank)).read_text().splitlines()[-1]
+    events = sum(event["count"] for event in json.loads(last_record)["events"].values())
+    (out / f"rank_{rank}.json").write_text(json.dumps({"seconds": seconds, "events_per_step": events}))
+
+
+def bench_training_step(pairs: int) -> float:
+    sys.path.insert(0, str(REPO / "tests"))
+    from launcher import run_deepspeed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        run_deepspeed(Path(__file__), ["--worker", str(out), "--step-pairs", str(pairs)], timeout=900)
+        results = {rank: json.loads((out / f"rank_{rank}.json").read_text()) for rank in (0, 1)}
+    print(f"(c) ZeRO-3 training step, 2 ranks, {pairs} interleaved on/off step pairs")
+    worst = 0.0
+    for rank, result in results.items():
+        off, on = result["seconds"]["off"], result["seconds"]["on"]
+        # on/off compared within each pair of adjacent steps, so load from a neighbour that comes and
+        # goes hits both sides of a pair alike.
+        ratio = statistics.median(b / a for a, b in zip(off, on))
+        worst = max(worst, ratio)
+        print(f"    rank {rank}: off {statistics.median(off) * 1e3:7.2f} ms   on {statistics.median(on) * 1e3:7.2f} ms"
+              f"   ratio {ratio:5.3f}x   ({result['events_per_step']} fetch events per step)")
+    print(f"    worst rank ratio {worst:5.3f}x  (target <= {STEP_TARGET}x)")
+    return worst
+
+
+# ---------------------------------------------------------------------------------------------------
+# (d) the report on generated records, (e) the trace summary
+# ---------------------------------------------------------------------------------------------------
+
+
+def generate_records(directory: Path, megabytes: int, ranks: int = 8) -> int:
+    """Per-rank JSONL like attach writes (all eight events per step); returns the bytes written."""
+    rng = random.Random(0)
+    per_rank = megabytes * 2**20 // ranks
+    written = 0
+    for rank in range(ranks):
+        variants = []
+        for _ in range(64):
+            events = {}
+            for name, unit in NUMEL_UNITS.items():
+                count, times = rng.randint(1, 40), sorted(rng.uniform(0.001, 5.0) for _ in range(3))
+                numel = rng.randint(1, 10**7)
+                events[name] = {"count": count, "numel": numel, "numel_unit": unit, "bytes": 2 * numel,
+                                "time_ms": times[2] * count / 2, "min_ms": times[0], "max_ms": times[2],
+                                "p50_ms": times[1], "p95_ms": times[2]}
+            variants.append(json.dumps(events, separators=(",", ":")))
+        size, step = 0, 0
+        with open(directory / RECORD_FILE.format(rank=rank), "w") as out:
+            while size < per_rank:
+                lines = "".join(f'{{"step":{s},"global_step":{s},"mode":"train","time":1700000000.{s},"rank":{rank},'
+                                f'"world_size":{ranks},"host":"node-{rank // 4}","dtype":"bfloat16",'
+                                f'"step_time_ms":{250 + s % 17}.5,"events":{variants[s % 64]}}}\n'
+                                for s in range(step, step + 1000))
+                out.write(lines)
+                size += len(lines)
+                step += 1000
+        written += size
+    return written
+
+
+def bench_report(megabytes: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        size = generate_records(directory, megabytes)
+        began = time.perf_counter()
+        text = render_text(build_report(directory))
+        seconds = time.perf_counter() - began
+    gigabytes = size / 2**30
+    print(f"(d) report on {size / 2**20:,.0f} MB of records ({text.count(chr(10)) + 1} lines of output): "
+          f"{seconds:.1f} s, {size / 2**20 / seconds:.0f} MB/s -> {seconds / gigabytes:.1f} s per GB "
+          f"(target < {REPORT_SECONDS_PER_GB:.0f} s per GB)")
+    return seconds / gigabytes
+
+
+def generate_trace(path: Path, megabytes: int) -> None:
+    """A torch-like Chrome trace: steps, nested CPU ops with args, one event per line."""
+    rng = random.Random(0)
+    names = [f"aten::op_{i}" for i in range(300)]
+    with open(path, "w") as out:
+        out.write('{"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 2}, '
+                  '"traceEvents": [\n')
+        ts, step, first = 0, 0, True
+        while out.tell() < megabytes * 2**20:
+            events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": ts, "dur": 50_000.0}]
+            for _ in range(2000):
+                events.append({"ph": "X", "cat": "cpu_op", "name": rng.choice(names), "pid": 1, "tid": 1,
+                               "ts": ts + rng.randint(0, 50_000), "dur": rng.uniform(1, 500),
+                               "args": {"External id": rng.randint(1, 10**6), "Record function id": 0,
+                                        "Ev Idx": rng.randint(1, 10**6), "Input Dims": [[8, 128], [128, 128]]}})
+            out.write(("" if first else ",\n") + ",\n".join(json.dumps(e) for e in events))
+            first, ts, step = False, ts + 50_000, step + 1
+        out.write('\n], "traceName": "bench"}\n')
+
+
+def timed_and_peak(fn: Callable[[], Any]) -> Dict[str, float]:
+    began = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - began
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {"seconds": seconds, "peak_mb": peak / 2**20}
+
+
+def bench_trace_summary(megabytes: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace_rank_0.json"
+        generate_trace(path, megabytes)
+        size = path.stat().st_size / 2**20
+        ours = timed_and_peak(lambda: summarize_trace(path))
+        whole = timed_and_peak(lambda: json.loads(path.read_text()))
+    print(f"(e) trace summary of a {size:.0f} MB trace: {ours['seconds']:.2f} s, peak {ours['peak_mb']:.1f} MB; "
+          f"json.load alone: {whole['seconds']:.2f} s, peak {whole['peak_mb']:.0f} MB "
+          f"({whole['seconds'] / ours['seconds']:.1f}x our time, {whole['peak_mb'] / ours['peak_mb']:.0f}x our memory)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--memory-events", type=int, default=200_000)
+    parser.add_argument("--step-pairs", type=int, default=300, help="(c) interleaved on/off training steps")
+    parser.add_argument("--skip-train", action="store_true", help="skip (c), the launcher run")
+    parser.add_argument("--report-mb", type=int, default=1024, help="(d) size of the generated records")
+    parser.add_argument("--trace-mb", type=int, default=56, help="(e) size of the generated trace")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        worker(args.worker, args.step_pairs)
+        return
+    bench_hot_path(args.pairs, args.repeats)
+    bench_memory(args.memory_events)
+    if not args.skip_train:
+        bench_training_step(args.step_pairs)
+    bench_report(args.report_mb)
+    bench_trace_summary(args.trace_mb)
+
+
+if __name__ == "__main__":
+    main()

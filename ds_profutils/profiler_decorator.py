@@ -1,0 +1,115 @@
+"""``@profiler(...)``: torch.profiler (and Nsight capture ranges) around a training function.
+
+Usage::
+
+    @profiler(config="ds_config.json")          # the "profiler" section of the job's config
+    def train(...):
+        for batch in loader:
+            ...
+            step_profiler()                      # once per training step
+
+    with profiler(active=5, with_flops=True):    # the same, as a block
+        ...
+
+Settings follow the package-wide order: ``DS_PROFUTILS_PROFILER_*`` environment > keyword arguments >
+the config's ``"profiler"`` section > off.  A config without a ``"profiler"`` section switches it off;
+with no config at all the section's defaults apply, since decorating is itself the request.
+
+Whether this rank profiles is decided once, here: a profiler that is off, or for another rank,
+returns the decorated function itself, so it costs nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from types import TracebackType
+from typing import Any, Callable, List, Optional, Type, TypeVar
+
+from .config import ConfigSource, ProfilerConfig, check_ranks, load_config, resolve_section
+from .dist_env import global_rank, world_size
+from .profiler_run import profiled_run, step_profiler
+
+__all__ = ["Profiler", "profiler", "step_profiler"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Profiler:
+    """Resolved profiler settings, used as a decorator or as a ``with`` block.
+
+    Each decorated call (or block) is one profiled run; a run started while another is active in the
+    process (nested, or in another thread) runs unprofiled with one warning.
+    """
+
+    def __init__(self, settings: ProfilerConfig, enabled: bool) -> None:
+        self.settings = settings
+        self.enabled = enabled
+        self._blocks: List[contextlib.AbstractContextManager] = []
+
+    def __call__(self, func: F) -> F:
+        if not self.enabled:
+            return func
+        settings = self.settings
+
+        @functools.wraps(func)
+        def profiled(*args: Any, **kwargs: Any) -> Any:
+            with profiled_run(settings):
+                return func(*args, **kwargs)
+
+        return profiled  # type: ignore[return-value]
+
+    def __enter__(self) -> "Profiler":
+        if self.enabled:
+            block = profiled_run(self.settings)
+            block.__enter__()
+            self._blocks.append(block)
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 traceback: Optional[TracebackType]) -> Optional[bool]:
+        if not self.enabled:
+            return None
+        return self._blocks.pop().__exit__(exc_type, exc, traceback)
+
+
+def profiler(config: ConfigSource = None,
+             *,
+             enabled: Optional[bool] = None,
+             output_dir: Optional[str] = None,
+             skip_first: Optional[int] = None,
+             wait: Optional[int] = None,
+             warmup: Optional[int] = None,
+             active: Optional[int] = None,
+             repeat: Optional[int] = None,
+             with_stack: Optional[bool] = None,
+             with_flops: Optional[bool] = None,
+             with_modules: Optional[bool] = None,
+             record_shapes: Optional[bool] = None,
+             profile_memory: Optional[bool] = None,
+             nsight_enabled: Optional[bool] = None,
+             nsight_output: Optional[str] = None,
+             ranks: Optional[Any] = None,
+             summary_ranks: Optional[Any] = None,
+             summary_sort_by: Optional[str] = None,
+             summary_row_limit: Optional[int] = None) -> Profiler:
+    """A profiler configured from ``config`` (a ds_config path or dict, an engine, launcher ``args``)
+    and the keyword arguments, which override the config's ``"profiler"`` section.
+
+    The keywords are the section's keys (see docs/profiler.md); None leaves a setting to the config.
+    ``ranks="all"`` profiles every rank.  Raises ConfigError for a bad value or a rank outside the
+    world size, before any training runs.
+    """
+    options = dict(enabled=enabled, output_dir=output_dir, skip_first=skip_first, wait=wait, warmup=warmup,
+                   active=active, repeat=repeat, with_stack=with_stack, with_flops=with_flops,
+                   with_modules=with_modules, record_shapes=record_shapes, profile_memory=profile_memory,
+                   nsight_enabled=nsight_enabled, nsight_output=nsight_output, ranks=ranks,
+                   summary_ranks=summary_ranks, summary_sort_by=summary_sort_by,
+                   summary_row_limit=summary_row_limit)
+    section = ProfilerConfig() if config is None else load_config(config).profiler
+    settings = resolve_section(section, options)
+    if not settings.enabled:
+        return Profiler(settings, enabled=False)
+    size = world_size()
+    check_ranks("profiler.ranks", settings.ranks, size)
+    check_ranks("profiler.summary_ranks", settings.summary_ranks, size)
+    return Profiler(settings, enabled=settings.profiles_rank(global_rank()))

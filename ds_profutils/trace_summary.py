@@ -1,0 +1,134 @@
+"""Step times and top operations of a Chrome trace, read as a stream.
+
+A torch trace of a few steps is tens of MB; loading it whole (``json.load``, or a trace-analysis
+library's DataFrame) costs seconds and several times the file size in memory.  This reader decodes
+one event of ``traceEvents`` at a time with the C JSON scanner and keeps only running totals, so
+memory stays flat whatever the trace's size.  Top-level keys (``distributedInfo``) are read too.
+"""
+from __future__ import annotations
+
+import json
+import re
+from statistics import median
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Tuple
+
+__all__ = ["TraceFormatError", "iter_trace", "summarize_trace"]
+
+_CHUNK = 1 << 20
+_EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
+_SKIP = re.compile(r"[\s,]*")
+_STEP_PREFIX = "ProfilerStep#"
+# Categories whose events are operations worth ranking (torch's names for them).
+_OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "user_annotation", "gpu_user_annotation"})
+_US_PER_MS = 1e3
+
+
+class TraceFormatError(ValueError):
+    """The file is not a Chrome trace with a ``traceEvents`` array (or it ends early)."""
+
+
+def iter_trace(path: Path) -> Iterator[Tuple[str, Any]]:
+    """Yield ``("event", event)`` for each trace event, then ``("header", dict)`` of the other top-level keys."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as source:
+        buffer = source.read(_CHUNK)
+        match = _EVENTS_KEY.search(buffer)
+        while match is None:
+            more = source.read(_CHUNK)
+            if not more:
+                raise TraceFormatError(f"{path}: no \"traceEvents\" array")
+            buffer += more
+            match = _EVENTS_KEY.search(buffer)
+        head, position = buffer[:match.start()], match.end()
+        while True:
+            position = _SKIP.match(buffer, position).end()
+            if position < len(buffer) and buffer[position] == "]":
+                break
+            try:
+                event, position = decoder.raw_decode(buffer, position)
+            except json.JSONDecodeError:
+                more = source.read(_CHUNK)
+                if not more:
+                    raise TraceFormatError(f"{path}: the trace ends inside \"traceEvents\" (truncated?)") from None
+                buffer = buffer[position:] + more
+                position = 0
+                continue
+            yield "event", event
+        tail = buffer[position + 1:] + source.read()
+    yield "header", _header(head, tail)
+
+
+def _header(head: str, tail: str) -> Dict[str, Any]:
+    """The top-level keys around ``traceEvents``; malformed surroundings just give fewer keys."""
+    header: Dict[str, Any] = {}
+    head = head.rstrip().rstrip(",")
+    if head.lstrip().startswith("{") and head.strip() != "{":
+        try:
+            header.update(json.loads(head + "}"))
+        except json.JSONDecodeError:
+            pass
+    tail = tail.strip().lstrip(",")
+    if tail.rstrip().endswith("}") and tail.strip() != "}":
+        try:
+            header.update(json.loads("{" + tail))
+        except json.JSONDecodeError:
+            pass
+    return header
+
+
+def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
+    """Profiler steps (``ProfilerStep#N`` durations) and the ``top`` operations by total time.
+
+    Times are inclusive (an op's children count in it), in ms.  ``rank`` comes from the trace's
+    ``distributedInfo`` when present.
+    """
+    steps: List[Dict[str, Any]] = []
+    ops: Dict[Tuple[str, str], List[float]] = {}
+    events = 0
+    header: Dict[str, Any] = {}
+    for kind, item in iter_trace(path):
+        if kind == "header":
+            header = item
+            continue
+        events += 1
+        if item.get("ph") != "X":
+            continue
+        name = item.get("name", "")
+        duration = float(item.get("dur", 0.0))
+        if name.startswith(_STEP_PREFIX):
+            steps.append({"step": _step_number(name), "ms": duration / _US_PER_MS})
+            continue
+        category = item.get("cat", "")
+        if category in _OP_CATEGORIES:
+            totals = ops.get((category, name))
+            if totals is None:
+                ops[(category, name)] = [1, duration]
+            else:
+                totals[0] += 1
+                totals[1] += duration
+    ranked = sorted(ops.items(), key=lambda item: item[1][1], reverse=True)[:top]
+    step_ms = [step["ms"] for step in steps]
+    return {
+        "file": str(path),
+        "rank": (header.get("distributedInfo") or {}).get("rank"),
+        "events": events,
+        "steps": sorted(steps, key=lambda step: step["step"]),
+        "step_ms": {
+            "median": median(step_ms),
+            "max": max(step_ms)
+        } if step_ms else None,
+        "top_ops": [{
+            "name": name,
+            "cat": category,
+            "count": count,
+            "total_ms": total / _US_PER_MS
+        } for (category, name), (count, total) in ranked],
+    }
+
+
+def _step_number(name: str) -> int:
+    try:
+        return int(name[len(_STEP_PREFIX):])
+    except ValueError:
+        return -1

@@ -1,0 +1,138 @@
+"""Run under the deepspeed launcher (2 ranks): ``ds_profutils.attach`` on a real ZeRO-3 engine.
+
+Trains a small model with ``stage3_param_persistence_threshold: 0`` and fetch records switched on in
+the ds_config, while counting independently what the coordinator really does: calls of its
+``fetch_sub_module`` and, beneath it, every ``all_gather_coalesced`` with the numel it gathers.
+Between train steps it runs an eval forward, and ends with one more (written at exit).  A ZeRO-1
+engine must be refused.  Findings go to ``{out}/expected_rank_{rank}.json``; records to
+``{out}/records``.
+"""
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import deepspeed
+import torch
+
+import ds_profutils
+from ds_profutils.zero_attach import AttachError
+
+TRAIN_STEPS = 4
+EVAL_AFTER_STEP = 2  # an eval forward between train steps 2 and 3 (0-based), written at the next forward
+
+
+class Net(torch.nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Linear(16, 32)
+        self.hidden = torch.nn.Linear(32, 32)
+        self.head = torch.nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.hidden(torch.relu(self.encoder(x)))))
+
+
+def ds_config(stage: int, records: Path) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_optimization": {
+            "stage": stage,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_prefetch_bucket_size": 600,  # some fetches become prefetches
+        },
+        "partitioned_param_profiler": {"enabled": True, "output_dir": str(records), "log_interval": 1},
+    }
+
+
+class FetchCounter:
+    """Counts per record what the coordinator does, without going through any profiler."""
+
+    def __init__(self, engine):
+        self.current = None
+        self.by_record = {}
+        coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
+        fetch = coordinator.fetch_sub_module
+
+        def counted_fetch(module, forward):
+            self.current["forward_fetches" if forward else "backward_fetches"] += 1
+            return fetch(module, forward)
+
+        coordinator.fetch_sub_module = counted_fetch
+        for param in engine.module.parameters():
+            param.all_gather_coalesced = self._counted_gather(param.all_gather_coalesced)
+
+    def _counted_gather(self, gather):
+
+        def counted(params, **kwargs):
+            phase = "backward" if self.current["in_backward"] else "forward"
+            self.current[f"{phase}_all_gather_count"] += 1
+            self.current[f"{phase}_all_gather_numel"] += sum(p.ds_numel for p in params)
+            return gather(params, **kwargs)
+
+        return counted
+
+    def open(self, engine, mode):
+        key = f"{engine.micro_steps}/{mode}"
+        self.current = self.by_record.setdefault(key, Counter())
+        self.current["in_backward"] = 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--local_rank", type=int, default=-1)
+    args = parser.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = torch.distributed.get_rank()
+    records = args.out / "records"
+    findings = {}
+
+    zero1 = Net()
+    engine1, *_ = deepspeed.initialize(model=zero1, model_parameters=zero1.parameters(), config=ds_config(1, records))
+    try:
+        ds_profutils.attach(engine1)
+        findings["zero1_refusal"] = None
+    except AttachError as exc:
+        findings["zero1_refusal"] = str(exc)
+    findings["zero1_untouched"] = "step" not in vars(engine1)
+
+    records.mkdir(parents=True, exist_ok=True)
+    (records / f"zero_fetch_rank_{rank}.jsonl").write_text("stale line of an earlier run\n")
+    torch.manual_seed(0)
+    model = Net()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(3, records))
+    recorder = ds_profutils.attach(engine)
+    findings["second_attach_same"] = ds_profutils.attach(engine) is recorder
+    findings["total_numel"] = sum(p.ds_numel for p in engine.module.parameters())
+    counter = FetchCounter(engine)
+
+    generator = torch.Generator().manual_seed(rank)
+    for step in range(TRAIN_STEPS):
+        x = torch.randn(4, 16, generator=generator)
+        counter.open(engine, "train")
+        loss = engine(x).pow(2).mean()
+        counter.current["in_backward"] = 1
+        engine.backward(loss)
+        counter.current["in_backward"] = 0
+        engine.step()
+        if step == EVAL_AFTER_STEP:
+            engine.eval()
+            counter.open(engine, "eval")
+            with torch.no_grad():
+                engine(x)
+            engine.train()
+    engine.eval()
+    counter.open(engine, "eval")
+    with torch.no_grad():
+        engine(torch.randn(4, 16, generator=generator))  # written by the recorder at exit
+
+    findings["counted"] = {key: dict(counts) for key, counts in counter.by_record.items()}
+    (args.out / f"expected_rank_{rank}.json").write_text(json.dumps(findings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""@profiler / step_profiler: schedule, step numbering, outputs, settings, the disabled case."""
+import functools
+import json
+import re
+
+import pytest
+import torch
+
+import ds_profutils
+from ds_profutils import profiler, profiler_run, step_profiler
+from ds_profutils.config import ConfigError
+from ds_profutils.nvtx import instrument_w_nvtx, ranges_active
+from ds_profutils.profiler_decorator import Profiler
+from profiler_testing import clean_env, profiler_steps, read_trace, train_step  # noqa: F401
+
+# TensorBoard's profiler plugin: worker name, optional span stamp, fixed suffix.
+TENSORBOARD_FILE = re.compile(r"^(?P<worker>.*?)(\.\d+)?\.pt\.trace\.json$")
+
+
+def _train(steps: int) -> None:
+    for _ in range(steps):
+        train_step()
+        step_profiler()
+
+
+def test_trace_holds_exactly_the_active_steps_under_their_training_numbers(tmp_path):
+    prof = profiler(output_dir=str(tmp_path), skip_first=2, wait=1, warmup=1, active=2, repeat=2)
+    prof(_train)(20)
+
+    merged = read_trace(tmp_path / "trace_rank_0.json")
+    # cycle 0: skip 0-1, wait 2, warmup 3, active 4-5; cycle 1: wait 6, warmup 7, active 8-9
+    assert profiler_steps(merged) == [4, 5, 8, 9]
+    cycle_files = sorted((tmp_path / "rank_0").iterdir())
+    assert [profiler_steps(read_trace(path)) for path in cycle_files] == [[4, 5], [8, 9]]
+    assert {TENSORBOARD_FILE.match(path.name)["worker"] for path in cycle_files} == {"rank_0"}
+    assert [c["steps"] for c in merged["ds_profutils"]["cycles"]] == [[4, 5], [8, 9]]
+
+
+def test_torch_profiler_starts_only_at_the_warmup_step(tmp_path, monkeypatch):
+    started_at = []
+
+    class SpyProfile(torch.profiler.profile):
+
+        def prepare_trace(self):
+            started_at.append(profiler_run._current.step)
+            super().prepare_trace()
+
+    monkeypatch.setattr(torch.profiler, "profile", SpyProfile)
+    profiler(output_dir=str(tmp_path), skip_first=3, wait=2, warmup=1, active=1, repeat=3)(_train)(30)
+    assert started_at == [5, 9, 13]
+
+
+def test_warmup_zero_and_endless_repeat(tmp_path):
+    profiler(output_dir=str(tmp_path), skip_first=0, wait=1, warmup=0, active=1, repeat=0)(_train)(6)
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [1, 3, 5]
+
+
+def test_outputs_carry_the_global_rank_and_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # repeats across nodes: never used for names
+    profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=1, active=1, summary_ranks=[3])(_train)(3)
+
+    trace = read_trace(tmp_path / "trace_rank_3.json")
+    assert trace["distributedInfo"] == {"rank": 3, "world_size": 4}
+    assert trace["ds_profutils"]["host"]
+    assert (tmp_path / "rank_3").is_dir() and (tmp_path / "summary_rank_3.txt").is_file()
+    assert not any(p.name.startswith(".") for p in tmp_path.rglob("*")), "temporary files left behind"
+
+
+def test_summary_has_flops_column_on_summary_ranks_only(tmp_path, monkeypatch):
+    profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=1, active=2, with_flops=True)(_train)(4)
+    summary = (tmp_path / "summary_rank_0.txt").read_text()
+    assert "FLOPs" in summary and "aten::addmm" in summary
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=1, active=1)(_train)(3)
+    assert (tmp_path / "trace_rank_1.json").is_file() and not (tmp_path / "summary_rank_1.txt").exists()
+
+
+def test_merged_trace_keeps_each_cycles_flow_arrows_apart(tmp_path):
+    profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=1, active=1, repeat=2)(_train)(5)
+    per_cycle = [read_trace(p) for p in sorted((tmp_path / "rank_0").iterdir())]
+    merged = read_trace(tmp_path / "trace_rank_0.json")
+
+    def flow_ids(trace):
+        return {e["id"] for e in trace["traceEvents"] if e.get("ph") == "s"}
+
+    assert all(flow_ids(trace) for trace in per_cycle)
+    assert len(flow_ids(merged)) == sum(len(flow_ids(trace)) for trace in per_cycle)
+    assert len(merged["traceEvents"]) < sum(len(t["traceEvents"]) for t in per_cycle)  # names once
+
+
+def test_instrumented_calls_appear_in_the_trace_only_while_recording(tmp_path):
+
+    @instrument_w_nvtx
+    def fetch_batch():
+        return torch.ones(2)
+
+    def loop():
+        for _ in range(6):
+            fetch_batch()
+            step_profiler()
+
+    profiler(output_dir=str(tmp_path), skip_first=0, wait=2, warmup=1, active=2)(loop)()
+    names = [e["name"] for e in read_trace(tmp_path / "trace_rank_0.json")["traceEvents"]]
+    assert names.count(fetch_batch.__qualname__) == 2
+    assert not ranges_active()
+
+
+def test_context_manager_form(tmp_path):
+    with profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=1, active=1) as prof:
+        assert isinstance(prof, Profiler)
+        _train(3)
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [1]
+
+
+def test_follows_engine_optimizer_steps(tmp_path):
+
+    class FakeEngine:
+        """Gradient accumulation over 2 micro-steps, as DeepSpeed counts it."""
+        global_steps = 0
+        micro_steps = 0
+
+        def step(self):
+            self.micro_steps += 1
+            if self.micro_steps % 2 == 0:
+                self.global_steps += 1
+
+        def was_step_applied(self):
+            return self.micro_steps % 2 == 0
+
+    engine = FakeEngine()
+
+    def loop():
+        for _ in range(12):
+            train_step()
+            engine.step()
+            step_profiler(engine)
+
+    profiler(output_dir=str(tmp_path), skip_first=1, wait=0, warmup=1, active=2)(loop)()
+    trace = read_trace(tmp_path / "trace_rank_0.json")
+    assert profiler_steps(trace) == [2, 3]
+    step_2 = next(e for e in trace["traceEvents"] if e["name"] == "ProfilerStep#2")
+    backwards = [e for e in trace["traceEvents"] if e["name"] == "autograd::engine::evaluate_function: AddmmBackward0"
+                 and step_2["ts"] <= e["ts"] <= step_2["ts"] + step_2["dur"]]
+    assert len(backwards) == 2  # both micro-steps inside one profiler step
+
+
+def test_settings_come_from_config_then_keywords(tmp_path):
+    config = {"train_batch_size": 1, "profiler": {"output_dir": str(tmp_path), "active": 2, "skip_first": 0,
+                                                   "wait": 0, "warmup": 0}}
+    assert profiler(config=config).settings.active == 2
+    assert profiler(config=config, active=5).settings.active == 5
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    profiler(config=str(path), active=1)(_train)(3)
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [0]
+    with pytest.raises(ConfigError, match=r"profiler\.active"):
+        profiler(active=0)
+
+
+def _plain(x):
+    """Docs kept."""
+    return x + 1
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: profiler(enabled=False), id="enabled=False"),
+    pytest.param(lambda: profiler(config={"train_batch_size": 1}), id="config-without-section"),
+    pytest.param(lambda: profiler(ranks=[1]), id="other-rank"),
+])
+def test_disabled_profiler_returns_the_function_itself(make, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert make()(_plain) is _plain
+
+
+def test_environment_switches_it_off_over_keywords(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ENABLED", "0")
+    assert profiler(enabled=True)(_plain) is _plain
+
+
+def test_rank_outside_world_size_is_refused_at_decoration(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"profiler\.ranks: ranks \[2\] are outside the world size 2"):
+        profiler(ranks=[0, 2])
+
+
+def test_decorator_keeps_name_doc_and_wrapped(tmp_path):
+    decorated = profiler(output_dir=str(tmp_path))(_plain)
+    assert decorated is not _plain and decorated.__wrapped__ is _plain
+    assert (decorated.__name__, decorated.__doc__) == ("_plain", "Docs kept.")
+    assert decorated(1) == 2
+    stacked = functools.lru_cache(None)(decorated)
+    assert stacked(2) == 3
+
+
+def test_step_profiler_is_idle_again_after_a_run(tmp_path):
+    idle_code = step_profiler.__code__
+    profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=0, active=1)(_train)(2)
+    assert step_profiler.__code__ is idle_code and profiler_run._current is None
+    assert ds_profutils.step_profiler is step_profiler
+    step_profiler()  # no run: nothing happens

@@ -1,0 +1,202 @@
+"""The profiler under failure: exceptions, signals, nesting, threads, bad output dirs, export errors."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+from ds_profutils import profiler, profiler_run, step_profiler
+from ds_profutils.config import ConfigError
+from profiler_testing import clean_env, ds_caplog, profiler_steps, read_trace, train_step  # noqa: F401
+
+SCHEDULE = dict(skip_first=0, wait=2, warmup=1, active=3)  # active steps 3, 4, 5
+
+
+def _assert_idle():
+    assert profiler_run._current is None
+    assert step_profiler.__code__ is profiler_run._IDLE_STEP_CODE
+
+
+def test_exception_writes_a_complete_trace_and_reraises(tmp_path):
+    handlers = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+
+    @profiler(output_dir=str(tmp_path), **SCHEDULE)
+    def fails_in_step_4():
+        for step in range(10):
+            train_step()
+            if step == 4:
+                raise ValueError("boom")
+            step_profiler()
+
+    with pytest.raises(ValueError, match="boom"):
+        fails_in_step_4()
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4]
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
+    _assert_idle()
+
+
+def test_exception_before_any_active_step_records_nothing(tmp_path, ds_caplog):
+
+    @profiler(output_dir=str(tmp_path), **SCHEDULE)
+    def fails_in_warmup():
+        for step in range(2):  # ends steps 0 and 1: raises in step 2, the warmup step
+            step_profiler()
+        raise KeyError("early")
+
+    with pytest.raises(KeyError):
+        fails_in_warmup()
+    assert not (tmp_path / "trace_rank_0.json").exists()
+    assert "before any active step" in ds_caplog.text
+    _assert_idle()
+
+
+_SIGNALLED_JOB = textwrap.dedent("""
+    import sys, time, torch
+    from ds_profutils import profiler, step_profiler
+
+    @profiler(output_dir=sys.argv[1], skip_first=0, wait=0, warmup=1, active=1000)
+    def train():
+        model = torch.nn.Linear(8, 8)
+        for step in range(100000):
+            model(torch.randn(2, 8)).sum().backward()
+            if step == 3:
+                print("recording", flush=True)
+            step_profiler()
+            time.sleep(0.001)
+
+    train()
+""")
+
+
+def test_sigterm_while_recording_leaves_complete_files(tmp_path):
+    job = subprocess.Popen([sys.executable, "-c", _SIGNALLED_JOB, str(tmp_path)],
+                           stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        for line in job.stdout:  # DeepSpeed logs to stdout too
+            if line.strip() == "recording":
+                break
+        job.send_signal(signal.SIGTERM)  # what the launcher sends, 30 s before SIGKILL
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 128 + signal.SIGTERM, stderr
+    steps = profiler_steps(read_trace(tmp_path / "trace_rank_0.json"))
+    assert steps[0] == 1 and steps == list(range(1, steps[-1] + 1)) and len(steps) >= 3
+    assert not [p for p in tmp_path.rglob(".*")], "temporary files left behind"
+
+
+def test_sigint_keeps_pythons_handler_and_still_writes(tmp_path):
+    before = signal.getsignal(signal.SIGINT)
+
+    @profiler(output_dir=str(tmp_path), **SCHEDULE)
+    def interrupted_in_step_4():
+        for step in range(10):
+            train_step()
+            if step == 4:
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+            step_profiler()
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted_in_step_4()
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_nested_call_runs_unprofiled_and_leaves_the_outer_run_alone(tmp_path, ds_caplog):
+    inner_dir = tmp_path / "inner"
+
+    @profiler(output_dir=str(inner_dir), skip_first=0, wait=0, warmup=0, active=1)
+    def evaluate():
+        for _ in range(7):
+            step_profiler()  # must not advance the outer run
+
+    @profiler(output_dir=str(tmp_path), **SCHEDULE)
+    def train():
+        for step in range(8):
+            train_step()
+            if step in (1, 4):
+                evaluate()
+            step_profiler()
+
+    train()
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 5]
+    assert not inner_dir.exists()
+    assert ds_caplog.text.count("runs unprofiled") == 1
+    _assert_idle()
+
+
+def test_concurrent_call_in_another_thread_runs_unprofiled(tmp_path, ds_caplog):
+    other_dir = tmp_path / "other"
+    other_steps = []
+
+    @profiler(output_dir=str(other_dir), skip_first=0, wait=0, warmup=0, active=1)
+    def other_job():
+        for _ in range(9):
+            step_profiler()
+            other_steps.append(1)
+
+    @profiler(output_dir=str(tmp_path), **SCHEDULE)
+    def train():
+        for step in range(8):
+            train_step()
+            if step == 4:
+                thread = threading.Thread(target=other_job)
+                thread.start()
+                thread.join()
+            step_profiler()
+
+    train()
+    assert len(other_steps) == 9 and not other_dir.exists()
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 5]
+    assert "runs unprofiled" in ds_caplog.text
+
+
+def test_unwritable_output_dir_fails_before_the_function_runs(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    ran = []
+    decorated = profiler(output_dir=str(blocker / "logs"))(lambda: ran.append(1))
+    with pytest.raises(ConfigError, match=r"profiler\.output_dir: .*a_file/logs.* cannot be written"):
+        decorated()
+    assert ran == []
+    _assert_idle()
+
+
+def test_export_errors_are_logged_not_raised(tmp_path, monkeypatch, ds_caplog):
+
+    def disk_full(self, path, use_python_export=False):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", disk_full)
+    result = profiler(output_dir=str(tmp_path), **SCHEDULE)(lambda: [step_profiler() for _ in range(8)] and "done")()
+    assert result == "done"
+    assert "writing the trace of cycle 0 failed; training goes on" in ds_caplog.text
+    assert "No space left on device" in ds_caplog.text
+    assert not list((tmp_path / "rank_0").iterdir())
+    _assert_idle()
+
+
+def test_profiler_that_cannot_start_stops_profiling_not_training(tmp_path, monkeypatch, ds_caplog):
+
+    def broken(self):
+        raise RuntimeError("profiler already running")
+
+    monkeypatch.setattr(torch.profiler.profile, "start_trace", broken)
+    steps = []
+
+    @profiler(output_dir=str(tmp_path), **SCHEDULE)
+    def train():
+        for step in range(8):
+            steps.append(step)
+            step_profiler()
+
+    train()
+    assert steps == list(range(8))
+    assert "profiling stops for this run" in ds_caplog.text
+    _assert_idle()

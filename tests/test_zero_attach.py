@@ -1,0 +1,320 @@
+"""``ds_profutils.attach``: step boundaries and records on a stand-in engine, refusals, and one real 2-rank run.
+
+The stand-in engine behaves as DeepSpeed's does where the recorder depends on it: a forward pre-hook
+that logs and resets the coordinator's profiler (DeepSpeed's ``reset_step``), fetches that go through
+the coordinator's ``__profiler``, and ``step()`` advancing ``micro_steps``/``global_steps``.
+"""
+import json
+import types
+
+import deepspeed
+import pytest
+import torch
+from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParameterProfiler as DeepSpeedProfiler
+
+import ds_profutils
+from ds_profutils import nvtx
+from ds_profutils.config import PartitionedParamProfilerConfig
+from ds_profutils.fetch_report import build_report
+from ds_profutils.partitioned_param_profiler import _RangedProfiler
+from ds_profutils.zero_attach import AttachError, ZeroFetchRecorder
+from launcher import DIST_SCRIPTS, run_deepspeed
+
+PROFILER_ATTR = "_PartitionedParameterCoordinator__profiler"
+
+
+class Coordinator:
+    """Holds its profiler where DeepSpeed's coordinator does, and fetches through it."""
+
+    def __init__(self):
+        self._PartitionedParameterCoordinator__profiler = DeepSpeedProfiler(None)
+
+    def fetch(self, name, numel):
+        profiler = self._PartitionedParameterCoordinator__profiler
+        profiler.start_event(name)
+        profiler.stop_event(name, numel)
+
+    def reset_step(self, module, args):
+        profiler = self._PartitionedParameterCoordinator__profiler
+        profiler.log_events()
+        profiler.reset_events()
+
+
+class Model(torch.nn.Module):
+
+    def __init__(self, coordinator):
+        super().__init__()
+        self.coordinator = coordinator
+
+    def forward(self, x):
+        self.coordinator.fetch("forward_fetch_wait", 5)
+        self.coordinator.fetch("forward_all_gather", 10)
+        return x * 2
+
+
+class Engine:
+
+    def __init__(self, config=None, stage=3):
+        self.coordinator = Coordinator()
+        self.module = Model(self.coordinator)
+        self.module.register_forward_pre_hook(self.coordinator.reset_step)  # DeepSpeed's, registered first
+        self.global_steps = self.micro_steps = 0
+        self.timers = object()
+        self.config = config or {}
+        self.stage = stage
+        self.optimizer = object()
+        self.is_compiled = False
+
+    def zero_optimization_stage(self):
+        return self.stage
+
+    def forward(self, x=torch.ones(1)):
+        return self.module(x)
+
+    def backward(self):
+        self.coordinator.fetch("backward_fetch_wait", 5)
+
+    def step(self):
+        self.micro_steps += 1
+        self.global_steps += 1
+
+    def train_step(self):
+        self.module.train()
+        self.forward()
+        self.backward()
+        self.step()
+
+    def eval_forward(self):
+        self.module.eval()
+        self.forward()
+        self.module.train()
+
+
+def recorder_for(engine, tmp_path, **settings):
+    settings = PartitionedParamProfilerConfig(enabled=True, output_dir=str(tmp_path), **settings)
+    return ZeroFetchRecorder(engine, [engine.coordinator],
+                             settings,
+                             rank=3,
+                             world_size=4,
+                             host="node-a",
+                             dtype=torch.float16)
+
+
+def read_records(tmp_path, rank=3):
+    return [json.loads(line) for line in (tmp_path / f"zero_fetch_rank_{rank}.jsonl").read_text().splitlines()]
+
+
+def test_one_record_per_step_with_the_step_read_at_forward_start(tmp_path):
+    (tmp_path / "zero_fetch_rank_3.jsonl").write_text("an earlier run\n")
+    engine = Engine()
+    with recorder_for(engine, tmp_path):
+        for _ in range(3):
+            engine.train_step()
+            # flushed at step(), before close: a killed job keeps every finished step
+            assert len(read_records(tmp_path)) == engine.micro_steps
+    records = read_records(tmp_path)
+    assert [(r["step"], r["global_step"], r["mode"]) for r in records] == [(0, 0, "train"), (1, 1, "train"),
+                                                                            (2, 2, "train")]
+    first = records[0]
+    assert {k: first[k] for k in ("rank", "world_size", "host", "dtype")} == {
+        "rank": 3, "world_size": 4, "host": "node-a", "dtype": "float16"
+    }
+    # DeepSpeed's own reset at the next forward start did not eat the backward's events.
+    assert {name: (e["count"], e["numel"], e["numel_unit"], e["bytes"])
+            for name, e in first["events"].items()} == {
+                "forward_fetch_wait": (1, 5, "shard", 10),
+                "forward_all_gather": (1, 10, "full", 20),
+                "backward_fetch_wait": (1, 5, "shard", 10),
+            }
+    assert first["step_time_ms"] >= first["events"]["forward_fetch_wait"]["time_ms"]
+
+
+def test_eval_forwards_are_labelled_and_written_at_next_forward_or_close(tmp_path):
+    engine = Engine()
+    recorder = recorder_for(engine, tmp_path)
+    engine.train_step()
+    engine.eval_forward()
+    engine.train_step()
+    engine.eval_forward()
+    assert [r["mode"] for r in read_records(tmp_path)] == ["train", "eval", "train"]
+    recorder.close()  # what runs at exit
+    records = read_records(tmp_path)
+    assert [(r["step"], r["mode"]) for r in records] == [(0, "train"), (1, "eval"), (1, "train"), (2, "eval")]
+    assert "backward_fetch_wait" not in records[-1]["events"]
+
+
+def test_no_empty_record_without_a_forward(tmp_path):
+    engine = Engine()
+    recorder = recorder_for(engine, tmp_path)
+    engine.step()
+    recorder.close()
+    assert read_records(tmp_path) == []
+
+
+def test_log_interval_skips_steps_with_a_disabled_profiler(tmp_path):
+    engine = Engine()
+    with recorder_for(engine, tmp_path, log_interval=2):
+        installed = []
+        for _ in range(5):
+            engine.forward()
+            installed.append(getattr(engine.coordinator, PROFILER_ATTR).enabled)
+            engine.backward()
+            engine.step()
+    assert [r["global_step"] for r in read_records(tmp_path)] == [0, 2, 4]
+    assert installed == [True, False, True, False, True]
+
+
+def test_a_failing_write_is_logged_not_raised_into_training(tmp_path, monkeypatch):
+    warnings = []
+    monkeypatch.setattr(ds_profutils.zero_attach, "warning_once", warnings.append)
+    engine = Engine()
+    with recorder_for(engine, tmp_path) as recorder:
+        recorder._file.close()
+        monkeypatch.setattr(recorder, "_file", open("/dev/full", "w"))
+        engine.train_step()
+        engine.train_step()
+    assert len(warnings) >= 2 and all("cannot write ZeRO-3 fetch records" in warning for warning in warnings)
+    assert recorder.closed and "step" not in vars(engine)
+
+
+def test_close_gives_the_engine_back(tmp_path):
+    engine = Engine()
+    original = getattr(engine.coordinator, PROFILER_ATTR)
+    recorder = recorder_for(engine, tmp_path)
+    assert "step" in vars(engine)
+    engine.train_step()
+    recorder.close()
+    recorder.close()  # twice is fine
+    assert getattr(engine.coordinator, PROFILER_ATTR) is original
+    assert "step" not in vars(engine) and not hasattr(engine, "_ds_profutils_fetch_recorder")
+    engine.train_step()
+    assert len(read_records(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("trace_ranges", [True, False])
+def test_trace_ranges_follow_the_torch_profiler_at_forward_start(tmp_path, trace_ranges):
+    engine = Engine()
+    with recorder_for(engine, tmp_path, trace_ranges=trace_ranges) as recorder:
+        engine.forward()
+        assert not isinstance(recorder.profiler, _RangedProfiler)
+        nvtx.set_torch_profiler_recording(True)
+        try:
+            engine.forward()
+            assert isinstance(recorder.profiler, _RangedProfiler) is trace_ranges
+        finally:
+            nvtx.set_torch_profiler_recording(False)
+        engine.forward()
+        assert not isinstance(recorder.profiler, _RangedProfiler)
+
+
+def fetch_config(**section):
+    return {"zero_optimization": {"stage": 3}, "partitioned_param_profiler": {"enabled": True, **section}}
+
+
+def assert_untouched(engine):
+    assert "step" not in vars(engine)
+    assert not hasattr(engine, "_ds_profutils_fetch_recorder")
+    assert isinstance(getattr(engine.coordinator, PROFILER_ATTR), DeepSpeedProfiler)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda engine, mp: setattr(engine, "stage", 2), "ZeRO stage 2 does not partition parameters"),
+        (lambda engine, mp: setattr(engine, "is_compiled", True), "torch.compile"),
+        (lambda engine, mp: mp.setattr(deepspeed, "__version__", "0.20.1"), "DeepSpeed 0.20.1 is not a version"),
+        (lambda engine, mp: None, "no ZeRO-3 parameter coordinator found behind the engine's object"),
+    ],
+    ids=["zero2", "compiled", "unknown-deepspeed", "no-coordinator"],
+)
+def test_attach_refuses_what_it_does_not_know(tmp_path, monkeypatch, change, message):
+    engine = Engine(fetch_config(output_dir=str(tmp_path)))
+    change(engine, monkeypatch)
+    with pytest.raises(AttachError, match=message) as refused:
+        ds_profutils.attach(engine)
+    assert "the engine was left untouched" in str(refused.value)
+    assert_untouched(engine)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "config, kwargs, env",
+    [
+        ({}, {}, None),  # no section: off, whatever the engine
+        (fetch_config(), {"enabled": False}, None),  # keyword over config
+        (fetch_config(), {"enabled": True}, "0"),  # environment over keyword
+    ],
+    ids=["no-section", "keyword-off", "env-off"],
+)
+def test_attach_off_returns_none_and_checks_nothing(monkeypatch, config, kwargs, env):
+    if env is not None:
+        monkeypatch.setenv("DS_PROFUTILS_PARTITIONED_PARAM_PROFILER_ENABLED", env)
+    engine = Engine(config, stage=1)
+    assert ds_profutils.attach(engine, **kwargs) is None
+    assert_untouched(engine)
+
+
+# --------------------------------------------------------------------------------------------------
+# A real ZeRO-3 engine, 2 ranks under the deepspeed launcher
+# --------------------------------------------------------------------------------------------------
+
+RANKS = (0, 1)
+
+
+@pytest.fixture(scope="module")
+def zero3_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zero_fetch")
+    run_deepspeed(DIST_SCRIPTS / "zero_fetch_records.py", ["--out", str(out)])
+    expected = {rank: json.loads((out / f"expected_rank_{rank}.json").read_text()) for rank in RANKS}
+    records = {rank: read_records(out / "records", rank) for rank in RANKS}
+    return types.SimpleNamespace(out=out, expected=expected, records=records)
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_real_engine_records_match_the_coordinators_fetches(zero3_run, rank):
+    expected, records = zero3_run.expected[rank], zero3_run.records[rank]
+    counted = expected["counted"]
+    assert [f"{r['step']}/{r['mode']}" for r in records] == list(counted)  # fresh file, no empty record
+    assert [r["mode"] for r in records].count("eval") == 2  # the last one written at exit
+    for record in records:
+        events, count = record["events"], counted[f"{record['step']}/{record['mode']}"]
+        assert record["rank"] == rank and record["world_size"] == 2 and record["host"]
+        for direction in ("forward", "backward"):
+            assert events.get(f"{direction}_fetch_wait", {}).get("count", 0) == count.get(f"{direction}_fetches", 0)
+            gather = events.get(f"{direction}_all_gather", {"count": 0, "numel": 0})
+            assert (gather["count"], gather["numel"]) == (count.get(f"{direction}_all_gather_count", 0),
+                                                          count.get(f"{direction}_all_gather_numel", 0))
+        for name, event in events.items():
+            assert event["bytes"] == 4 * event["numel"]
+            assert event["numel_unit"] == ("full" if "all_gather" in name or "prefetch" in name else "shard")
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_real_engine_every_train_forward_gathers_the_whole_model(zero3_run, rank):
+    records = zero3_run.records[rank]
+    total = zero3_run.expected[rank]["total_numel"]
+    # DeepSpeed leaves the parameters gathered after a no_grad eval forward, so the train forward
+    # right after one has nothing to fetch; every other train forward gathers each parameter once.
+    after_eval = {r["step"] for r in records if r["mode"] == "eval"}
+    train = [r for r in records if r["mode"] == "train" and r["step"] not in after_eval]
+    assert len(train) == 3
+    for record in train:
+        assert record["events"]["forward_all_gather"]["numel"] == total
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_real_engine_attach_is_idempotent_and_refuses_zero1(zero3_run, rank):
+    expected = zero3_run.expected[rank]
+    assert expected["second_attach_same"]
+    assert "ZeRO stage 1 does not partition parameters" in expected["zero1_refusal"]
+    assert expected["zero1_untouched"]
+
+
+def test_real_engine_report(zero3_run):
+    report = build_report(zero3_run.out / "records")
+    assert report["ranks"] == [0, 1] and report["missing_ranks"] == [] and report["problems"] == {}
+    assert [row["step"] for row in report["steps"]] == [0, 1, 2, 3]
+    assert set(report["events"]) == {"train", "eval"}
+    gather = report["events"]["train"]["forward_all_gather"]
+    assert gather["per_rank"][0]["numel"] == sum(r["events"].get("forward_all_gather", {}).get("numel", 0)
+                                                 for r in zero3_run.records[0] if r["mode"] == "train")
