@@ -5,7 +5,10 @@ Run it under the launcher (2 ranks, gloo), as the README shows:
     deepspeed --num_gpus 2 --master_port 29611 examples/train.py --deepspeed_config ds_configs/zero3_all_profiling.json
 
 It trains a toy regression model, reads the fp32 master weights and gradients through the
-``safe_get_*`` accessors, and logs progress with ``log_dist`` on rank 0.
+``safe_get_*`` accessors, logs progress with ``log_dist`` on rank 0, and profiles as the ds_config
+says: the ``"profiler"`` section drives ``@profiler``/``step_profiler()``, the
+``"partitioned_param_profiler"`` section drives ``attach(engine)``.  At the end rank 0 says where the
+outputs are and prints the merged fetch report.
 """
 import argparse
 import logging
@@ -14,10 +17,11 @@ from typing import Optional
 import deepspeed
 import torch
 
-from ds_profutils import RepeatingLoader, attach, log_dist, safe_get_full_fp32_param, safe_get_full_grad
+from ds_profutils import (RepeatingLoader, attach, log_dist, profiler, safe_get_full_fp32_param, safe_get_full_grad,
+                          step_profiler)
+from ds_profutils.config import load_config
 from ds_profutils.fetch_report import build_report, render_text
 from ds_profutils.zero_attach import ZeroFetchRecorder
-from ds_profutils import profiler, step_profiler
 
 
 class ToyModel(torch.nn.Module):
@@ -71,15 +75,28 @@ def train(args: argparse.Namespace) -> Optional[ZeroFetchRecorder]:
     return recorder
 
 
-def print_fetch_report(recorder: Optional[ZeroFetchRecorder]) -> None:
-    """Once every rank has written its records and traces, rank 0 prints the merged report."""
+def report_outputs(args: argparse.Namespace, recorder: Optional[ZeroFetchRecorder]) -> None:
+    """Once every rank has written its records and traces, rank 0 says where they are."""
     if recorder is not None:
         recorder.close()
     torch.distributed.barrier()
-    if recorder is not None and recorder.rank == 0:
+    if torch.distributed.get_rank() != 0:
+        return
+    settings = load_config(args)
+    if settings.profiler.enabled:
+        out = settings.profiler.output_dir
+        print(f"\ntorch profiler outputs in {out}/:\n"
+              f"  trace_rank_<r>.json  Chrome/Perfetto trace per rank: open in https://ui.perfetto.dev or chrome://tracing\n"
+              f"  rank_<r>/            one trace per active cycle: tensorboard --logdir {out} (torch-tb-profiler plugin)\n"
+              f"  summary_rank_0.txt   top operations with FLOPs",
+              flush=True)
+    if recorder is not None:
+        print(f"\nZeRO-3 fetch records in {recorder.path.parent}/zero_fetch_rank_<r>.jsonl; "
+              f"the same report later: ds-profutils report {recorder.path.parent}\n",
+              flush=True)
         print(render_text(build_report(recorder.path.parent)), flush=True)
 
 
 if __name__ == "__main__":
-    args = parse_args()
-    print_fetch_report(profiler(config=args)(train)(args))  # the ds_config's "profiler" section: off when absent
+    arguments = parse_args()
+    report_outputs(arguments, profiler(config=arguments)(train)(arguments))
