@@ -11,6 +11,8 @@ from ``deepspeed.utils.comms_logging``:
   DeepSpeed prints a message and calls ``exit(0)``, ending the job with a success status.  It also
   knows ``all_gather_object`` and ``monitored_barrier``, which ``deepspeed.comm`` times too.
 * The per-size summary is computed in one place for ``log_all`` and ``get_operation_summary``.
+* ``print_rank_0`` prints on every process before ``deepspeed.comm`` is initialized, where
+  DeepSpeed's fails an assertion.
 """
 from __future__ import annotations
 
@@ -18,11 +20,15 @@ import sys
 from datetime import datetime
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+# Imported once here, not per recorded call: ``append`` runs on every timed collective.  (Free:
+# .logging imports it too.)
+from deepspeed import comm as dist
+
 from .exceptions import InvalidArgumentError
 from .logging import log_dist
 from .timer import trim_mean
 
-__all__ = ["CommsLogger", "calc_bw_log", "convert_size", "get_caller_func"]
+__all__ = ["CommsLogger", "calc_bw_log", "convert_size", "get_caller_func", "print_rank_0"]
 
 _SIZE_UNITS = ("B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB")
 _TRIM = 0.1  # share of outliers trimmed from each end of the averages, as in DeepSpeed
@@ -36,6 +42,12 @@ def get_caller_func(frame: int = 3) -> str:
     labels debug log records.
     """
     return sys._getframe(frame).f_code.co_name
+
+
+def print_rank_0(message: Any) -> None:
+    """Print ``message`` on global rank 0; before ``deepspeed.comm`` is initialized, on every process."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message)
 
 
 def convert_size(size_bytes: float) -> str:
@@ -110,8 +122,6 @@ def calc_bw_log(comm_op: str, size: float, duration: float) -> Tuple[float, floa
                                    f"known ops: {', '.join(sorted(_BANDWIDTH))}")
     if not duration > 0:
         raise InvalidArgumentError(f"calc_bw_log: duration of {comm_op!r} must be > 0 ms, got {duration!r}")
-    import deepspeed.comm as dist  # imports deepspeed.utils, so not at module level
-
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     algbw, busbw = bandwidth(size, duration, world_size)
     # bytes/ms -> Gbit/s: x 8 bits, x 1000 ms/s, / 1e9.
@@ -230,8 +240,6 @@ class CommsLogger:
         ``summary``, ``straggler_analysis`` (None unless asked for) and ``metadata`` (world_size, rank,
         ISO timestamp), as in DeepSpeed.
         """
-        import deepspeed.comm as dist
-
         # A snapshot: other threads may record collectives while this runs.
         snapshot = self.comms_dict.copy()
         result: Optional[Dict[str, Any]] = None
@@ -283,7 +291,6 @@ def _straggler_analysis(snapshot: Dict[str, Dict[int, list]],
                         print_log: bool) -> Dict[str, Dict[int, Dict[str, Any]]]:
     """Per record: the fastest rank's latency (MIN across ranks) and each rank's wait beyond it."""
     import torch
-    import deepspeed.comm as dist
     from deepspeed.accelerator import get_accelerator
     from deepspeed.comm.reduce_op import ReduceOp
 

@@ -7,7 +7,9 @@ mode (``-p``), or to a whole fake-NUMA group.  What differs:
 * The topology comes from ``numactl --hardware`` where it runs, else from sysfs
   (``/sys/devices/system/node/node*/cpulist``): a launcher host without numactl, or a container
   where it cannot query NUMA, still gets a topology (DeepSpeed gets none and binds no memory).
-  Index i is NUMA node i; node ids the system lacks are empty lists.
+  Index i is NUMA node i, as in DeepSpeed, also when node ids have gaps (DeepSpeed then loses or
+  misnumbers nodes): the missing ids hold empty lists, and the list's ``node_ids`` says which
+  nodes exist, so that only a real node without cores counts as memory-only (HBM).
 * Impossible input fails with ``InvalidArgumentError`` saying what is wrong: bad syntax, reversed
   ranges, cores listed twice or out of order, fewer cores than ranks, a local rank out of range.
   Core ids are not checked against this machine: DeepSpeed's MPI runner builds commands for remote
@@ -29,6 +31,7 @@ from .exceptions import InvalidArgumentError
 from .logging import logger
 
 __all__ = [
+    "NumaCores",
     "check_for_numactl_pkg",
     "get_numa_cores",
     "get_numactl_cmd",
@@ -79,24 +82,37 @@ def parse_range_list(range_str: str) -> List[int]:
     return cores
 
 
-def _by_node_id(cores_by_node: Dict[int, List[int]]) -> List[List[int]]:
-    """Index i holds node i's cores; node ids the system does not have get an empty list."""
-    if not cores_by_node:
-        return []
-    return [cores_by_node.get(node, []) for node in range(max(cores_by_node) + 1)]
+class NumaCores(list):
+    """The cores of each NUMA node, index i for node i, and ``node_ids``: the nodes that exist.
+
+    A list, as DeepSpeed's ``get_numa_cores`` returns.  Node ids can have gaps (nodes 0 and 3 only):
+    a missing id holds an empty list, as a node without cores (HBM) does, and is told apart from one
+    by not being in ``node_ids``.
+    """
+
+    def __init__(self, cores_by_node: Optional[Dict[int, List[int]]] = None) -> None:
+        cores_by_node = cores_by_node or {}
+        super().__init__(cores_by_node.get(node, []) for node in range(max(cores_by_node, default=-1) + 1))
+        self.node_ids = frozenset(cores_by_node)
 
 
-def parse_numactl_hardware(text: str) -> List[List[int]]:
+def _node_ids(numa_cores: Sequence[List[int]]) -> List[int]:
+    """The nodes that exist, ascending: ``node_ids`` of a ``NumaCores``, every index of a plain list."""
+    node_ids = getattr(numa_cores, "node_ids", None)
+    return list(range(len(numa_cores))) if node_ids is None else sorted(node_ids)
+
+
+def parse_numactl_hardware(text: str) -> NumaCores:
     """The cores of each NUMA node, from the output of ``numactl --hardware``."""
     cores_by_node = {}
     for line in text.splitlines():
         match = _NUMACTL_NODE_CPUS.fullmatch(line.strip())
         if match is not None:
             cores_by_node[int(match[1])] = [int(core) for core in match[2].split()]
-    return _by_node_id(cores_by_node)
+    return NumaCores(cores_by_node)
 
 
-def read_sysfs_numa_cores(node_dir: Path = SYSFS_NODE_DIR) -> List[List[int]]:
+def read_sysfs_numa_cores(node_dir: Path = SYSFS_NODE_DIR) -> NumaCores:
     """The cores of each NUMA node, from ``node_dir/node<N>/cpulist`` (empty if there is no such dir)."""
     cores_by_node = {}
     for path in Path(node_dir).glob("node*"):
@@ -104,11 +120,11 @@ def read_sysfs_numa_cores(node_dir: Path = SYSFS_NODE_DIR) -> List[List[int]]:
         if match is not None:
             cpulist = (path / "cpulist").read_text().strip()
             cores_by_node[int(match[1])] = parse_range_list(cpulist) if cpulist else []
-    return _by_node_id(cores_by_node)
+    return NumaCores(cores_by_node)
 
 
-def get_numa_cores() -> List[List[int]]:
-    """This machine's cores per NUMA node (``[]`` if unknown); nodes without cores (HBM) are empty."""
+def get_numa_cores() -> NumaCores:
+    """This machine's cores per NUMA node (empty if unknown); nodes without cores (HBM) are empty lists."""
     numactl = shutil.which("numactl")
     if numactl is not None:
         try:
@@ -130,10 +146,10 @@ def check_for_numactl_pkg() -> bool:
     return False
 
 
-def _fake_numa_groups(numa_cores: Sequence[List[int]]) -> List[List[int]]:
+def _fake_numa_groups(numa_cores: Sequence[List[int]], node_ids: Sequence[int]) -> List[List[int]]:
     """Runs of adjacent nodes with the same non-empty cores: one physical node split into fake nodes."""
     groups = []
-    for cores, run in itertools.groupby(range(len(numa_cores)), key=lambda node: numa_cores[node]):
+    for cores, run in itertools.groupby(node_ids, key=lambda node: numa_cores[node]):
         nodes = list(run)
         if cores and len(nodes) > 1:
             groups.append(nodes)
@@ -150,13 +166,15 @@ def _memory_binding(numa_cores: Sequence[List[int]], rank_cores: Sequence[int]) 
     A rank whose cores span nodes gets no memory binding.
     """
     wanted = set(rank_cores)
-    homes = [node for node, cores in enumerate(numa_cores) if wanted <= set(cores)]
-    with_cores = [node for node, cores in enumerate(numa_cores) if cores]
-    without_cores = [node for node, cores in enumerate(numa_cores) if not cores]
+    node_ids = _node_ids(numa_cores)
+    homes = [node for node in node_ids if wanted <= set(numa_cores[node])]
+    with_cores = [node for node in node_ids if numa_cores[node]]
+    # Existing nodes only: an id the system lacks is no memory-only node to bind memory to.
+    without_cores = [node for node in node_ids if not numa_cores[node]]
     if without_cores and len(without_cores) == len(with_cores):
         hbm_of = dict(zip(with_cores, without_cores))
         return ["-p", str(hbm_of[homes[0]])] if homes else []
-    groups = _fake_numa_groups(numa_cores)
+    groups = _fake_numa_groups(numa_cores, node_ids)
     if groups:
         return next((["-m", ",".join(map(str, group))] for group in groups if group[0] in homes), [])
     return ["-m", str(homes[0])] if homes else []

@@ -11,7 +11,7 @@ What differs from DeepSpeed's timers, and why:
   (more than an autotuning run records) and is a close estimate beyond that.
 * On an accelerator without host timers, events are recorded at start/stop and resolved only when a
   time is read (or, to bound memory, once ``_FOLD_EVERY`` pairs are pending, oldest first), so timing
-  does not synchronize the device on every stop.
+  does not synchronize the device on every stop, and a read waits for the newest end event only.
 * Misuse (stop without start, start twice, a normalizer <= 0) raises ``InvalidArgumentError`` instead
   of an ``assert`` that vanishes under ``python -O``.
 """
@@ -21,9 +21,12 @@ import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from deepspeed.accelerator import get_accelerator
+# DeepSpeed's own objects, for code that imports them from here; neither holds any of our state.
+# (Free: importing any deepspeed submodule runs deepspeed/__init__.py, which loads deepspeed.utils.timer.)
+from deepspeed.utils.timer import PSUTILS_INSTALLED, CudaEventTimer
 
 from .exceptions import InvalidArgumentError
-from .logging import log_dist, logger
+from .logging import logger, print_dist
 
 __all__ = [
     "BACKWARD_GLOBAL_TIMER",
@@ -37,6 +40,8 @@ __all__ = [
     "STEP_GLOBAL_TIMER",
     "STEP_MICRO_TIMER",
     "TIME_EPSILON",
+    "PSUTILS_INSTALLED",
+    "CudaEventTimer",
     "NoopTimer",
     "SynchronizedWallClockTimer",
     "ThroughputTimer",
@@ -159,6 +164,10 @@ class _Timer:
             cls = _HostTimer if get_accelerator().use_host_timers() else _EventTimer
         return super().__new__(cls)
 
+    def __getnewargs__(self) -> tuple:
+        # pickle and copy.deepcopy rebuild the object with ``cls.__new__(cls, *these)``: __new__ needs the name.
+        return (self.name_, )
+
     def __init__(self, name: str) -> None:
         self.name_ = name
         self._start: Any = None  # the start stamp while running, else None
@@ -232,6 +241,7 @@ class _HostTimer(_Timer):
             self._fold()
 
     def _fold(self) -> None:
+        """Move every pending duration into ``_durations``."""
         if self._pending:
             self._durations.add(self._pending)
             self._pending = []
@@ -262,30 +272,45 @@ class _EventTimer(_Timer):
         self._start = None
         self._pending.append((start, end))
         if len(self._pending) >= _FOLD_EVERY:
-            self._fold_finished()
+            self._fold(everything=False)
 
-    def _fold_finished(self) -> None:
-        """Resolve the pairs the device has finished, oldest first, without waiting on newer work.
+    def _fold(self, everything: bool = True) -> None:
+        """Move resolved pairs into ``_durations``, oldest first.
 
-        If even the oldest is unfinished, wait for that one only: the host is then ``_FOLD_EVERY``
-        intervals ahead of the device, and the buffer must not grow.
+        ``everything`` (a time is being read): every pending pair, waiting on the newest end event
+        only, since events recorded on one stream complete in order.  Otherwise (the buffer is full,
+        from ``stop()``): the pairs the device has finished, without waiting on newer work; if even
+        the oldest is unfinished, wait for that one only: the host is then ``_FOLD_EVERY`` intervals
+        ahead of the device, and the buffer must not grow.
         """
         pairs = self._pending
-        done = 0
-        while done < len(pairs) and pairs[done][1].query():
-            done += 1
-        if done == 0:
-            pairs[0][1].synchronize()
-            done = 1
-        self._durations.add([start.elapsed_time(end) * _NS_PER_MS for start, end in pairs[:done]])
+        if not pairs:
+            return
+        if everything:
+            pairs[-1][1].synchronize()
+            done = len(pairs)
+        else:
+            done = 0
+            while done < len(pairs) and pairs[done][1].query():
+                done += 1
+            if done == 0:
+                pairs[0][1].synchronize()
+                done = 1
+        self._durations.add([_elapsed_ns(start, end) for start, end in pairs[:done]])
         del pairs[:done]
 
-    def _fold(self) -> None:
-        if self._pending:
-            for _, end in self._pending:
-                end.synchronize()
-            self._durations.add([start.elapsed_time(end) * _NS_PER_MS for start, end in self._pending])
-            self._pending = []
+
+def _elapsed_ns(start: Any, end: Any) -> float:
+    """Nanoseconds between two recorded events."""
+    try:
+        elapsed_ms = start.elapsed_time(end)
+    except RuntimeError:
+        # An event recorded on another stream, not finished yet (the device reports "not ready"):
+        # waiting on the newest event of the current stream does not cover it, so wait for this pair.
+        start.synchronize()
+        end.synchronize()
+        elapsed_ms = start.elapsed_time(end)
+    return elapsed_ms * _NS_PER_MS
 
 
 class SynchronizedWallClockTimer(dict):
@@ -341,18 +366,18 @@ class SynchronizedWallClockTimer(dict):
             reset: bool = True,
             memory_breakdown: bool = False,
             ranks: Optional[List[int]] = None) -> None:
-        """Log ``time (ms) | name: ms | ...`` for the named timers that exist, on ``ranks`` (default [0]).
+        """Print ``[Rank N] time (ms) | name: ms | ...`` for the named timers that exist.
 
-        Goes through ``ds_profutils.logging.log_dist`` at INFO, so the record carries the caller's file
-        and line; ``memory_breakdown`` appends ``memory_usage()`` (DeepSpeed 0.19 ignores it).
+        On ``ranks`` (default [0]), with ``ds_profutils.logging.print_dist`` as DeepSpeed does: to stdout
+        whatever the log level (timers are only logged when wall-clock breakdown is asked for), not as a
+        log record, so there is no record or caller file/line to go with it.
         """
+        # memory_breakdown is accepted and ignored: DeepSpeed 0.19.8 ignores it, and its engine passes
+        # it with every timer log, so honouring it would change the engine's log lines.
         _check_normalizer("SynchronizedWallClockTimer.log", normalizer)
         fields = ["time (ms)"]
         fields += [f"{name}: {self[name].elapsed(reset=reset) / normalizer:.2f}" for name in names if name in self]
-        message = " | ".join(fields)
-        if memory_breakdown:
-            message += self.memory_usage()
-        log_dist(message, ranks=ranks or [0])
+        print_dist(" | ".join(fields), ranks=ranks or [0])
 
     def get_mean(self, names: Iterable[str], normalizer: float = 1.0, reset: bool = True) -> Dict[str, float]:
         """``{name: mean() * 1000 / normalizer}`` for the named timers that exist.
@@ -408,9 +433,9 @@ class NoopTimer:
             ranks: Optional[List[int]] = None) -> None:
         """Log nothing."""
 
-    def get_mean(self, names: Iterable[str], normalizer: float = 1.0, reset: bool = True) -> Dict[str, float]:
-        """No means (an empty dict, where DeepSpeed returns None, so callers can index it safely)."""
-        return {}
+    def get_mean(self, names: Iterable[str], normalizer: float = 1.0, reset: bool = True) -> None:
+        """No means: None, as DeepSpeed returns."""
+        return None
 
 
 class ThroughputTimer:

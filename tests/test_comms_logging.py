@@ -1,4 +1,5 @@
 """ds_profutils.comms_logging: DeepSpeed's numbers and output, ``enabled: false`` honoured, clear errors."""
+import builtins
 import inspect
 import random
 import re
@@ -64,9 +65,26 @@ def test_public_surface_matches_deepspeed():
         theirs_sig = inspect.signature(getattr(ds_comms.CommsLogger, name))
         assert [(p.name, p.default) for p in ours_sig.parameters.values()] == \
             [(p.name, p.default) for p in theirs_sig.parameters.values()], name
-    for function in ("get_caller_func", "convert_size", "calc_bw_log"):
+    for function in ("get_caller_func", "convert_size", "calc_bw_log", "print_rank_0"):
+        assert function in comms.__all__
         assert list(inspect.signature(getattr(comms, function)).parameters) == \
             list(inspect.signature(getattr(ds_comms, function)).parameters)
+
+
+def test_print_rank_0_prints_on_rank_0_as_deepspeeds_does(monkeypatch, capsys):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    for rank, expected in ((0, "hello\n"), (1, "")):
+        monkeypatch.setattr(dist, "get_rank", lambda group=None, rank=rank: rank)
+        comms.print_rank_0("hello")
+        ours = capsys.readouterr().out
+        ds_comms.print_rank_0("hello")
+        assert ours == capsys.readouterr().out == expected
+
+
+def test_print_rank_0_prints_before_deepspeed_comm_is_initialized(monkeypatch, capsys):
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    comms.print_rank_0("hello")  # DeepSpeed's: AssertionError, no backend to ask for the rank
+    assert capsys.readouterr().out == "hello\n"
 
 
 @pytest.mark.parametrize("op", DEEPSPEED_OPS)
@@ -133,6 +151,24 @@ def test_append_and_queries_equal_deepspeeds(world):
         assert_close(ours.get_operation_summary(name), theirs.get_operation_summary(name))
     ours.reset_data()
     assert not ours.has_data() and ours.get_total_operations() == 0
+
+
+def test_append_imports_nothing(world, monkeypatch):
+    # append() runs on every timed collective; deepspeed.comm is imported once, with the module.
+    imported = []
+    real_import = builtins.__import__
+
+    def recording_import(name, *args, **kwargs):
+        imported.append(name)
+        return real_import(name, *args, **kwargs)
+
+    logger = CommsLogger()
+    monkeypatch.setattr(builtins, "__import__", recording_import)
+    for _ in range(3):
+        logger.append("all_reduce", "all_reduce", 2.0, 1024)
+    monkeypatch.undo()
+    assert imported == []
+    assert logger.get_total_operations() == 3
 
 
 def strip_timestamp(result):

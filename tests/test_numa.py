@@ -41,6 +41,15 @@ node 3 cpus:
 node 3 size: 16384 MB
 """
 
+# Node ids with a gap: nodes 0 and 3 only, both with cores (no memory-only node).
+NUMACTL_GAP = """\
+available: 2 nodes (0,3)
+node 0 cpus: 0 1 2 3
+node 0 size: 64350 MB
+node 3 cpus: 4 5 6 7
+node 3 size: 64485 MB
+"""
+
 # One socket split in fake NUMA nodes: nodes 0-1 and 2-3 repeat the same cores.
 NUMACTL_FAKE = """\
 available: 4 nodes (0-3)
@@ -118,6 +127,32 @@ def test_parse_numactl_hardware(text, expected):
     assert parse_numactl_hardware(text) == expected
 
 
+def test_node_ids_are_the_nodes_the_system_has():
+    assert parse_numactl_hardware(NUMACTL_GAP).node_ids == {0, 3}
+    assert parse_numactl_hardware(NUMACTL_FLAT_HBM).node_ids == {0, 1, 2, 3}  # 2 and 3: memory-only
+    assert parse_numactl_hardware("No NUMA available on this system\n").node_ids == set()
+
+
+def test_missing_node_ids_are_not_taken_for_memory_only_nodes(monkeypatch):
+    topology = parse_numactl_hardware(NUMACTL_GAP)
+    assert topology == [[0, 1, 2, 3], [], [], [4, 5, 6, 7]]
+    monkeypatch.setattr(numa, "get_numa_cores", lambda: topology)
+    monkeypatch.setattr(numa, "check_for_numactl_pkg", lambda: True)
+    monkeypatch.delenv("KMP_AFFINITY", raising=False)
+    # Not flat HBM (-p 1, -p 2: nodes that do not exist): each rank's memory on its own node.
+    assert get_numactl_cmd("0-7", 2, 0) == (4, ["numactl", "-m", "0", "-C", "0-3"])
+    assert get_numactl_cmd("0-7", 2, 1) == (4, ["numactl", "-m", "3", "-C", "4-7"])
+
+
+def test_flat_hbm_with_a_gap_in_node_ids_pairs_the_real_nodes(monkeypatch):
+    text = "node 0 cpus: 0 1 2 3\nnode 1 cpus: 4 5 6 7\nnode 4 cpus:\nnode 5 cpus:\n"
+    monkeypatch.setattr(numa, "get_numa_cores", lambda: parse_numactl_hardware(text))
+    monkeypatch.setattr(numa, "check_for_numactl_pkg", lambda: True)
+    monkeypatch.delenv("KMP_AFFINITY", raising=False)
+    assert get_numactl_cmd("0-7", 2, 0)[1][1:3] == ["-p", "4"]
+    assert get_numactl_cmd("0-7", 2, 1)[1][1:3] == ["-p", "5"]
+
+
 def test_parse_numactl_hardware_reads_what_deepspeed_reads(monkeypatch):
     for text in (NUMACTL_TWO_NODES, NUMACTL_FAKE):
         fake = types.SimpleNamespace(check_output=lambda cmd, text=text: text.encode(),
@@ -137,8 +172,9 @@ def make_sysfs(root, cpulists):
 
 def test_read_sysfs_numa_cores(tmp_path):
     root = make_sysfs(tmp_path, {"node0": "0-3,8-11", "node1": "4-7,12-15", "node2": "", "node10": "16"})
-    assert read_sysfs_numa_cores(root) == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15], []] + \
-        [[]] * 7 + [[16]]
+    topology = read_sysfs_numa_cores(root)
+    assert topology == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15], []] + [[]] * 7 + [[16]]
+    assert topology.node_ids == {0, 1, 2, 10}  # node 2 exists, without cores; 3 to 9 do not
     assert read_sysfs_numa_cores(tmp_path / "missing") == []
 
 

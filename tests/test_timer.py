@@ -1,10 +1,15 @@
 """ds_profutils.timer: DeepSpeed's numbers and API, bounded memory, lazy events, real errors."""
+import copy
 import inspect
+import logging
+import pickle
 import random
 import types
 
+import deepspeed.comm as dist
 import deepspeed.utils.timer as ds_timer
 import pytest
+from deepspeed.utils.logging import logger as ds_logger
 
 import ds_profutils.timer as timer
 from ds_profutils.exceptions import InvalidArgumentError
@@ -62,6 +67,12 @@ def test_public_names_and_signatures_match_deepspeed():
                 [(p.name, p.kind, p.default) for p in theirs_params], f"{ours.__name__}.{method}"
     for constant in ("FORWARD_GLOBAL_TIMER", "BACKWARD_REDUCE_MICRO_TIMER", "STEP_GLOBAL_TIMER", "TIME_EPSILON"):
         assert getattr(timer, constant) == getattr(ds_timer, constant)
+
+
+def test_module_names_deepspeed_code_uses_are_deepspeeds_own():
+    assert {"CudaEventTimer", "PSUTILS_INSTALLED"} <= set(timer.__all__)
+    assert timer.CudaEventTimer is ds_timer.CudaEventTimer
+    assert timer.PSUTILS_INSTALLED is ds_timer.PSUTILS_INSTALLED
 
 
 def test_elapsed_and_mean_equal_deepspeeds_for_the_same_sequence(monkeypatch):
@@ -142,33 +153,80 @@ def test_reset_discards_a_running_interval_as_deepspeed_does(monkeypatch):
     assert ours("x").elapsed() == pytest.approx(theirs("x").elapsed(), rel=1e-9)
 
 
-def test_log_message_equals_deepspeeds_and_goes_through_log_dist(monkeypatch):
+@pytest.fixture
+def deepspeed_logger_at_warning(caplog):
+    """The DeepSpeed logger at WARNING, as in a run that asked for no INFO logging."""
+    caplog.set_level(logging.WARNING, logger=ds_logger.name)
+
+
+def test_log_prints_what_deepspeed_prints_whatever_the_log_level(monkeypatch, capsys, deepspeed_logger_at_warning):
     ours, theirs = both_timers(monkeypatch, [3_000_000, 1_250_000, 8_000_000, 2_000_000])
     run_pairs([ours, theirs], "fwd", 1)
     run_pairs([ours, theirs], "bwd", 1)
-    logged, printed = [], []
-    monkeypatch.setattr(timer, "log_dist", lambda message, ranks=None: logged.append((message, ranks)))
-    monkeypatch.setattr(ds_timer, "print_dist", lambda message, ranks=None: printed.append((message, ranks)))
-    ours.log(["fwd", "bwd", "missing"], normalizer=2.0, reset=False)
-    theirs.log(["fwd", "bwd", "missing"], normalizer=2.0, reset=False)
-    ours.log(["fwd"], ranks=[1, 2])
-    theirs.log(["fwd"], ranks=[1, 2])
-    assert logged == printed
-    assert logged[0] == ("time (ms) | fwd: 1.50 | bwd: 0.62", [0])
+    outputs = []
+    for group in (ours, theirs):
+        group.log(["fwd", "bwd", "missing"], normalizer=2.0, reset=False)
+        group.log(["fwd"], ranks=[1, 2])
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1]
+    # Before deepspeed.comm is initialized every process prints, as rank -1.
+    assert outputs[0] == "[Rank -1] time (ms) | fwd: 1.50 | bwd: 0.62\n[Rank -1] time (ms) | fwd: 3.00\n"
 
 
-def test_log_memory_breakdown_and_bad_normalizer(monkeypatch):
-    group = SynchronizedWallClockTimer()
-    logged = []
-    monkeypatch.setattr(timer, "log_dist", lambda message, ranks=None: logged.append(message))
+def test_log_prints_on_the_given_ranks_only(monkeypatch, capsys, deepspeed_logger_at_warning):
+    ours, theirs = both_timers(monkeypatch, [3_000_000, 3_000_000])
+    run_pairs([ours, theirs], "fwd", 1)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    outputs = []
+    for group in (ours, theirs):
+        group.log(["fwd"], reset=False)  # default ranks [0]: not this rank
+        group.log(["fwd"], reset=False, ranks=[1, 2])
+        group.log(["fwd"], reset=False, ranks=[-1])
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] == "[Rank 1] time (ms) | fwd: 3.00\n" * 2
+
+
+def test_log_ignores_memory_breakdown_as_deepspeed_does(monkeypatch, capsys, deepspeed_logger_at_warning):
+    # DeepSpeed's engine passes memory_breakdown with every timer log; its timers ignore it.
+    ours, theirs = both_timers(monkeypatch, [1_000_000, 1_000_000])
+    run_pairs([ours, theirs], "fwd", 1)
     monkeypatch.setattr(timer, "get_accelerator", lambda: FakeAccelerator(host_timers=True))
-    group.log([], memory_breakdown=True)
-    assert logged == ["time (ms) | mem_allocated: 1.0000 GB | max_mem_allocated: 2.0000 GB | "
-                      "cache_allocated: 3.0000 GB | max_cache_allocated: 4.0000 GB"]
+    outputs = []
+    for group in (ours, theirs):
+        group.log(["fwd"], memory_breakdown=True)
+        group.log([], memory_breakdown=True)
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] == "[Rank -1] time (ms) | fwd: 1.00\n[Rank -1] time (ms)\n"
+    # memory_usage() itself stays, with DeepSpeed's format.
+    assert SynchronizedWallClockTimer.memory_usage() == (
+        " | mem_allocated: 1.0000 GB | max_mem_allocated: 2.0000 GB | "
+        "cache_allocated: 3.0000 GB | max_cache_allocated: 4.0000 GB")
+
+
+def test_log_and_get_mean_reject_a_bad_normalizer():
+    group = SynchronizedWallClockTimer()
     with pytest.raises(InvalidArgumentError, match=r"log: normalizer must be > 0, got 0"):
         group.log(["fwd"], normalizer=0)
     with pytest.raises(InvalidArgumentError, match=r"get_mean: normalizer must be > 0, got -1"):
         group.get_mean(["fwd"], normalizer=-1)
+
+
+def test_group_deep_copies_and_pickles_as_deepspeeds_does(monkeypatch):
+    ours, theirs = both_timers(monkeypatch, [2_000_000, 3_000_000, 4_000_000])
+    run_pairs([ours, theirs], "fwd", 2)
+    ours("bwd").start()
+    theirs("bwd").start()
+    theirs_copy = copy.deepcopy(theirs)
+    assert theirs_copy("fwd").elapsed(reset=False) == pytest.approx(5.0)
+    for ours_copy in (copy.deepcopy(ours), pickle.loads(pickle.dumps(ours))):
+        assert type(ours_copy) is SynchronizedWallClockTimer and ours_copy is not ours
+        assert list(ours_copy.timers) == ["fwd", "bwd"]
+        assert type(ours_copy("fwd")) is type(ours("fwd")) and ours_copy("fwd").name_ == "fwd"
+        assert ours_copy("fwd").mean() == pytest.approx(float(theirs_copy("fwd").mean()), rel=1e-9)
+        assert ours_copy("bwd").started_ and theirs_copy("bwd").started_
+        ours_copy("fwd").reset()  # the copy is independent of the original
+        assert ours_copy("fwd").elapsed() == 0 and ours("fwd").elapsed(reset=False) == pytest.approx(5.0)
 
 
 def test_group_behaves_as_deepspeeds_object_not_as_a_mapping():
@@ -195,8 +253,9 @@ def test_noop_timer_accepts_every_call_and_measures_nothing():
     handle.stop(reset=True, record=True)
     handle.reset()
     assert handle.elapsed(reset=False) == 0 and handle.mean() == 0
-    assert noop.get_timers() == {} and noop.get_mean(["fwd"]) == {}
-    assert noop.log(["fwd"]) is None
+    assert noop.get_timers() == {}
+    assert noop.get_mean(["fwd"]) is None and ds_timer.NoopTimer().get_mean(["fwd"]) is None
+    assert noop.log(["fwd"], memory_breakdown=True) is None
 
 
 def test_trim_mean_matches_deepspeeds_and_keeps_input_order():
@@ -220,25 +279,34 @@ class FakeEvent:
         assert enable_timing
         self.accelerator = accelerator
         self.time_ms = None
+        self.synchronized = False
 
     def record(self):
         self.accelerator.calls.append("record")
         self.time_ms = self.accelerator.device_time_ms
         self.accelerator.device_time_ms += 2.0
         self.index = len(self.accelerator.recorded)
+        self.stream = self.accelerator.stream
         self.accelerator.recorded.append(self)
+
+    def done(self):
+        # Events on the main stream complete in order; one on a side stream only when waited for.
+        return self.synchronized if self.stream == "side" else self.index < self.accelerator.finished
 
     def query(self):
         self.accelerator.calls.append("query")
-        return self.index < self.accelerator.finished
+        return self.done()
 
     def synchronize(self):
         self.accelerator.calls.append("synchronize")
-        self.accelerator.finished = max(self.accelerator.finished, self.index + 1)
+        self.synchronized = True
+        if self.stream == "main":
+            self.accelerator.finished = max(self.accelerator.finished, self.index + 1)
 
     def elapsed_time(self, end):
         self.accelerator.calls.append("elapsed_time")
-        assert end.index < self.accelerator.finished, "read before the end event completed"
+        if not (self.done() and end.done()):
+            raise RuntimeError("CUDA error: device not ready")  # what torch raises
         return end.time_ms - self.time_ms
 
 
@@ -249,7 +317,8 @@ class FakeAccelerator:
         self.host_timers = host_timers
         self.calls, self.recorded = [], []
         self.device_time_ms = 0.0
-        self.finished = 0  # events with index below this have completed on the device
+        self.finished = 0  # main-stream events with index below this have completed on the device
+        self.stream = "main"  # the stream events are recorded on
 
     def use_host_timers(self):
         return self.host_timers
@@ -289,10 +358,21 @@ def test_events_are_recorded_at_start_stop_and_resolved_only_when_read(device):
         t.stop()
     assert device.calls == ["record"] * 6  # no query, no synchronize, no elapsed_time on the hot path
     assert t.elapsed(reset=False) == pytest.approx(3 * 2.0)
-    assert device.calls.count("elapsed_time") == 3 and "synchronize" in device.calls
+    # One wait, on the newest end event: the older ones, on the same stream, completed before it.
+    assert device.calls[6:] == ["synchronize"] + ["elapsed_time"] * 3
     assert t.mean() == pytest.approx(2.0)
     with pytest.raises(InvalidArgumentError, match="is not started"):
         t.stop()
+
+
+def test_events_recorded_on_another_stream_are_waited_for_when_read(device):
+    t = SynchronizedWallClockTimer()("fwd")
+    for stream in ("main", "side", "main"):
+        device.stream = stream
+        t.start()
+        t.stop()
+    assert t.elapsed() == pytest.approx(3 * 2.0)
+    assert device.calls.count("synchronize") == 3  # the newest end, then the side pair's two events
 
 
 def test_events_fold_finished_pairs_without_waiting_for_newer_work(device):
