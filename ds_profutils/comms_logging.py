@@ -28,7 +28,7 @@ from .exceptions import InvalidArgumentError
 from .logging import log_dist
 from .timer import trim_mean
 
-__all__ = ["CommsLogger", "calc_bw_log", "convert_size", "get_caller_func", "print_rank_0"]
+__all__ = ["CommsLogger", "calc_bw_log", "convert_size", "get_caller_func", "install_comms_logger", "print_rank_0"]
 
 _SIZE_UNITS = ("B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB")
 _TRIM = 0.1  # share of outliers trimmed from each end of the averages, as in DeepSpeed
@@ -326,3 +326,20 @@ def _straggler_analysis(snapshot: Dict[str, Dict[int, list]],
                     row["total_comm_lat_ms"], row["total_straggler_ms"], row["avg_comm_lat_ms"], row["avg_straggler_ms"]
                 ]))
     return analysis
+
+
+def install_comms_logger(settings: Any) -> CommsLogger:
+    """Make this module's ``CommsLogger`` the one ``deepspeed.comm`` times collectives with.
+
+    ``deepspeed.comm`` looks its logger up by module global on every collective, so replacing that
+    global is enough; ``settings`` (the ``comms_logger`` section) is applied with ``enabled`` meaning
+    what it says, where DeepSpeed's own logger switches on whenever the section exists.  Installing
+    twice reconfigures the logger already installed, keeping what it has recorded.
+    """
+    from deepspeed.comm import comm as ds_comm
+
+    current = ds_comm.comms_logger
+    logger = current if isinstance(current, CommsLogger) else CommsLogger()
+    logger.configure(settings)
+    ds_comm.comms_logger = logger
+    return logger

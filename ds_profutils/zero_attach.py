@@ -24,6 +24,7 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from .comms_logging import install_comms_logger
 from .config import PartitionedParamProfilerConfig, check_ranks, load_config, resolve_section
 from .dist_env import global_rank, hostname, world_size
 from .fetch_report import RECORD_FILE
@@ -210,8 +211,8 @@ def attach(engine: Any,
            trace_ranges: Optional[bool] = None) -> Optional[ZeroFetchRecorder]:
     """Switch on what the engine's ds_config asks of ds_profutils; return the fetch recorder, if any.
 
-    Reads the ``"nvtx"`` and ``"partitioned_param_profiler"`` sections of the config the engine was
-    built with; keyword arguments override the section, ``DS_PROFUTILS_*`` variables override both.
+    Reads the ``"nvtx"``, ``"comms_logger"`` and ``"partitioned_param_profiler"`` sections of the
+    config the engine was built with (the comms logger is ds_profutils', so ``"enabled": false`` is off); keyword arguments override the section, ``DS_PROFUTILS_*`` variables override both.
     Returns None when fetch records are off, or this rank is not in ``ranks``.  Raises AttachError
     (and changes nothing) on an engine it does not know how to profile.  Calling it again on the same
     engine returns the recorder it already has.
@@ -230,6 +231,7 @@ def attach(engine: Any,
         check_ranks("partitioned_param_profiler.ranks", settings.ranks, world_size())
     if config.nvtx is not None:
         configure_nvtx(config.nvtx.enabled, config.nvtx.domain)
+    install_comms_logger(config.comms_logger)
     rank = global_rank()
     if not (settings.enabled and settings.profiles_rank(rank)):
         return None

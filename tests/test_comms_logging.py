@@ -289,3 +289,28 @@ def test_deepspeed_comm_runs_on_our_logger_and_timers():
     assert run.returncode == 0, run.stderr[-3000:]
     assert "COUNTS {'all_reduce': 3, 'broadcast': 1, 'log_summary_barrier': 1}" in run.stdout
     assert "Avg Latency(ms)" in run.stdout
+
+
+def test_install_comms_logger_honours_enabled_where_deepspeed_switches_on_by_key_presence():
+    from deepspeed.comm import comm as ds_comm
+    from deepspeed.comm.config import DeepSpeedCommsConfig
+
+    from ds_profutils.comms_logging import CommsLogger, install_comms_logger
+    from ds_profutils.config import CommsLoggerSettings
+
+    saved = ds_comm.comms_logger
+    try:
+        section = {"comms_logger": {"enabled": False, "verbose": True}}
+        theirs = type(saved)()
+        theirs.configure(DeepSpeedCommsConfig(section))
+        assert theirs.enabled  # DeepSpeed: on because the section exists
+
+        installed = install_comms_logger(CommsLoggerSettings(**section["comms_logger"]))
+        assert isinstance(ds_comm.comms_logger, CommsLogger) and ds_comm.comms_logger is installed
+        assert not installed.enabled and installed.verbose
+        # deepspeed.initialize configures the logger it finds; ours keeps "enabled": false meaning off.
+        ds_comm.comms_logger.configure(DeepSpeedCommsConfig(section))
+        assert not ds_comm.comms_logger.enabled
+        assert install_comms_logger(CommsLoggerSettings(enabled=True)) is installed and installed.enabled
+    finally:
+        ds_comm.comms_logger = saved

@@ -62,10 +62,17 @@ def test_shared_objects_are_deepspeeds():
 @pytest.mark.parametrize("module", MIRRORED_MODULES)
 def test_submodule_mirrors_deepspeed_file(module):
     ours = importlib.import_module(f"ds_profutils.{module}")
-    importlib.import_module(f"deepspeed.utils.{module}")
+    theirs = importlib.import_module(f"deepspeed.utils.{module}")
     assert isinstance(ours.__all__, list) and ours.__all__
     for name in ours.__all__:
         assert hasattr(ours, name), f"ds_profutils.{module}.__all__ names missing {name}"
+    # Every public function and class DeepSpeed defines in that file is reachable from ours.
+    defined = [
+        name for name, value in vars(theirs).items() if not name.startswith("_") and (
+            inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == theirs.__name__
+    ]
+    assert defined or module == "exceptions"
+    assert [name for name in defined if not hasattr(ours, name)] == []
 
 
 def test_nvtx_module_names_deepspeed_code_touches():
