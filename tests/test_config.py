@@ -19,14 +19,6 @@ REPO = Path(__file__).resolve().parent.parent
 DS_CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
 
 
-@pytest.fixture(autouse=True)
-def no_overrides(monkeypatch):
-    """Each test starts without DS_PROFUTILS_* settings, whatever the developer's shell has set."""
-    for name in list(os.environ):
-        if name.startswith("DS_PROFUTILS_") and name != "DS_PROFUTILS_TOX_DIR":
-            monkeypatch.delenv(name)
-
-
 def problem_lines(excinfo) -> list:
     return [str(problem) for problem in excinfo.value.problems]
 

@@ -7,15 +7,6 @@ import ds_profutils
 from ds_profutils import logging as ds_logging
 
 
-@pytest.fixture
-def ds_caplog(caplog):
-    """Capture the DeepSpeed logger's records (it does not propagate to root, so attach directly)."""
-    ds_profutils.logger.addHandler(caplog.handler)
-    caplog.set_level(logging.DEBUG, logger="DeepSpeed")
-    yield caplog
-    ds_profutils.logger.removeHandler(caplog.handler)
-
-
 def test_before_dist_init_every_process_logs_as_rank_minus_one(ds_caplog):
     ds_profutils.log_dist("hello", ranks=[0], level=logging.WARNING)
     assert [r.getMessage() for r in ds_caplog.records] == ["[Rank -1] hello"]

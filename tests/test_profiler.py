@@ -11,7 +11,7 @@ from ds_profutils import profiler, profiler_run, step_profiler
 from ds_profutils.config import ConfigError
 from ds_profutils.nvtx import instrument_w_nvtx, ranges_active
 from ds_profutils.profiler_decorator import Profiler
-from profiler_testing import clean_env, profiler_steps, read_trace, train_step  # noqa: F401
+from profiler_testing import profiler_steps, read_trace, train_step
 
 # TensorBoard's profiler plugin: worker name, optional span stamp, fixed suffix.
 TENSORBOARD_FILE = re.compile(r"^(?P<worker>.*?)(\.\d+)?\.pt\.trace\.json$")

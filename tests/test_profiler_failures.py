@@ -11,7 +11,7 @@ import torch
 
 from ds_profutils import profiler, profiler_run, step_profiler
 from ds_profutils.config import ConfigError
-from profiler_testing import clean_env, ds_caplog, profiler_steps, read_trace, train_step  # noqa: F401
+from profiler_testing import profiler_steps, read_trace, train_step
 
 SCHEDULE = dict(skip_first=0, wait=2, warmup=1, active=3)  # active steps 3, 4, 5
 

@@ -5,7 +5,7 @@ import torch
 
 from ds_profutils import nsight, profiler, step_profiler
 from ds_profutils.logging import warning_once
-from profiler_testing import clean_env, ds_caplog, profiler_steps, read_trace  # noqa: F401
+from profiler_testing import profiler_steps, read_trace
 
 
 class RecordingCudaAccelerator:
