@@ -4,11 +4,11 @@ What differs from DeepSpeed's timers, and why:
 
 * Host time comes from ``time.perf_counter_ns()``: monotonic, integer nanoseconds, so an NTP step
   cannot produce a negative duration and sums do not lose precision.
-* A timer keeps running statistics (count, total, and the few shortest and longest durations that
-  ``mean()``'s trimmed mean needs), not one record per start/stop, so memory stays bounded however
-  long a run goes between ``log()`` calls.  ``elapsed()`` is exact; ``mean()`` equals DeepSpeed's
-  trimmed mean while at most ``10 * _KEPT_EXTREMES + 4`` durations were recorded since the last reset
-  (more than an autotuning run records) and is a close estimate beyond that.
+* A timer keeps running statistics (count, total, and a bounded sample of durations for
+  ``mean()``'s trimmed mean), not one record per start/stop, so memory stays bounded however long a
+  run goes between ``log()`` calls.  ``elapsed()`` is exact; ``mean()`` equals DeepSpeed's trimmed
+  mean while at most ``_SAMPLE_SIZE`` durations were recorded since the last reset (more than an
+  autotuning run records) and is the trimmed mean of a uniform random sample beyond that.
 * On an accelerator without host timers, events are recorded at start/stop and resolved only when a
   time is read (or, to bound memory, once ``_FOLD_EVERY`` pairs are pending, oldest first), so timing
   does not synchronize the device on every stop, and a read waits for the newest end event only.
@@ -17,6 +17,8 @@ What differs from DeepSpeed's timers, and why:
 """
 from __future__ import annotations
 
+import math
+import random
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
@@ -63,8 +65,9 @@ TIME_EPSILON = 1e-6
 
 # Share of durations trimmed from each end by ``Timer.mean()``, as in DeepSpeed.
 _MEAN_TRIM = 0.1
-# Shortest and longest durations kept per timer: ``mean()`` is exact while it trims at most this many.
-_KEPT_EXTREMES = 32
+# Durations kept per timer for ``mean()``: exact up to this many since the last reset, sampled beyond.
+_SAMPLE_SIZE = 1024
+_SAMPLE_SEED = 0
 # Durations (or event pairs) buffered before they are folded into the statistics.  Folding in batches
 # keeps ``stop()`` to a list append; this bounds the buffer.
 _FOLD_EVERY = 256
@@ -103,53 +106,55 @@ def _check_normalizer(function: str, normalizer: float) -> None:
 
 
 class _Durations:
-    """Count, total and extremes of a stream of durations (nanoseconds), in bounded memory."""
+    """Count, total and a bounded uniform sample of a stream of durations (nanoseconds).
 
-    __slots__ = ("count", "total", "extremes")
+    The sample holds every duration while there are at most ``_SAMPLE_SIZE``, so ``mean()`` is then
+    exactly DeepSpeed's trimmed mean.  Past that it is a reservoir sample (Vitter's Algorithm L: the
+    gaps between kept durations are drawn, so a batch costs one slice test, not a random number per
+    duration), and the trimmed mean of the sample estimates the whole stream's.  Random rather than
+    every n-th duration: a timer around gradient-accumulation micro steps sees a period, and a strided
+    sample would keep only the slow (or only the fast) ones.  Seeded, so a run repeats exactly.
+    """
+
+    __slots__ = ("count", "total", "sample", "_next_kept", "_weight", "_random")
 
     def __init__(self) -> None:
         self.count = 0
         self.total = 0
-        # Sorted; every duration while count <= 2 * _KEPT_EXTREMES, else the shortest and longest ones.
-        self.extremes: List[float] = []
+        self.sample: List[float] = []
+        self._next_kept = _SAMPLE_SIZE  # index (from 0) of the next duration to put in the full sample
+        self._weight = 1.0
+        self._random: Optional[random.Random] = None  # made when the sample first fills
 
     def add(self, durations: List[float]) -> None:
-        """Fold a batch in: the k shortest overall are among the k shortest kept and the batch.
-
-        Once the extremes are full, only durations beyond the innermost kept ones can change them, and
-        there are few of those: one filtering pass (cheaper than ``min`` plus ``max``, or a sort)
-        finds them, and only they are sorted in.  This is what keeps a long run without resets cheap.
-        """
-        self.count += len(durations)
+        """Fold a batch in."""
+        first, self.count = self.count, self.count + len(durations)
         self.total += sum(durations)
-        extremes = self.extremes
-        if len(extremes) == 2 * _KEPT_EXTREMES:
-            low, high = extremes[_KEPT_EXTREMES - 1], extremes[_KEPT_EXTREMES]
-            durations = [d for d in durations if d < low or d > high]
-            if not durations:
+        sample = self.sample
+        if len(sample) < _SAMPLE_SIZE:
+            room = _SAMPLE_SIZE - len(sample)
+            sample.extend(durations[:room])
+            if len(sample) < _SAMPLE_SIZE:
                 return
-        merged = sorted(extremes + durations)
-        if len(merged) > 2 * _KEPT_EXTREMES:
-            merged = merged[:_KEPT_EXTREMES] + merged[-_KEPT_EXTREMES:]
-        self.extremes = merged
+            self._random = random.Random(_SAMPLE_SEED)
+            self._weight = self._draw_weight()
+            self._next_kept = _SAMPLE_SIZE + self._draw_gap()
+        draw = self._random
+        while self._next_kept < self.count:
+            sample[draw.randrange(_SAMPLE_SIZE)] = durations[self._next_kept - first]
+            self._weight *= self._draw_weight()
+            self._next_kept += self._draw_gap() + 1
+
+    def _draw_weight(self) -> float:
+        return math.exp(math.log(1.0 - self._random.random()) / _SAMPLE_SIZE)
+
+    def _draw_gap(self) -> int:
+        """How many durations to pass over before the next one kept (Algorithm L)."""
+        return int(math.log(1.0 - self._random.random()) / math.log1p(-self._weight))
 
     def trimmed_mean(self) -> float:
-        """DeepSpeed's ``trim_mean(records, 0.1)``, from the totals and the kept extremes.
-
-        Beyond ``_KEPT_EXTREMES`` trimmed values per end, the unseen ones are taken as equal to the
-        innermost kept extreme, the nearest bound we know.
-        """
-        n = self.count
-        if n == 0:
-            return 0.0
-        k = _trim_count(n, _MEAN_TRIM)
-        known = min(k, _KEPT_EXTREMES)
-        lows = self.extremes[:known]
-        highs = self.extremes[len(self.extremes) - known:]
-        trimmed = sum(lows) + sum(highs)
-        if k > known:
-            trimmed += (k - known) * (lows[-1] + highs[0])
-        return (self.total - trimmed) / (n - 2 * k)
+        """DeepSpeed's ``trim_mean(records, 0.1)``: exact while every duration is in the sample."""
+        return trim_mean(self.sample, _MEAN_TRIM) if self.sample else 0.0
 
 
 class _Timer:
