@@ -4,9 +4,10 @@ Same contract as ``deepspeed.utils.numa``: ``get_numactl_cmd`` returns ``(cores_
 binds memory to the NUMA node holding the rank's cores (``-m``), to the paired HBM node in flat
 mode (``-p``), or to a whole fake-NUMA group.  What differs:
 
-* The topology comes from ``numactl --hardware`` where it runs, else from sysfs
-  (``/sys/devices/system/node/node*/cpulist``): a launcher host without numactl, or a container
-  where it cannot query NUMA, still gets a topology (DeepSpeed gets none and binds no memory).
+* The topology comes from ``numactl --hardware``; on a launcher host without numactl, from sysfs
+  (``/sys/devices/system/node/node*/cpulist``), where DeepSpeed gets none and binds no memory.
+  Where numactl runs but cannot use NUMA ("No NUMA available", as in many containers), no memory
+  is bound, as in DeepSpeed: ``-m`` would fail there for the same reason.
   Index i is NUMA node i, as in DeepSpeed, also when node ids have gaps (DeepSpeed then loses or
   misnumbers nodes): the missing ids hold empty lists, and the list's ``node_ids`` says which
   nodes exist, so that only a real node without cores counts as memory-only (HBM).
@@ -43,7 +44,8 @@ __all__ = [
 
 SYSFS_NODE_DIR = Path("/sys/devices/system/node")
 
-_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+# Spaces around ids are allowed, as DeepSpeed's int() allows them: "0-3, 8-11" is a valid list.
+_RANGE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?")
 _NUMACTL_NODE_CPUS = re.compile(r"node ([0-9]+) cpus:(.*)")
 _SYSFS_NODE = re.compile(r"node([0-9]+)")
 
@@ -53,7 +55,7 @@ def parse_range(rng: str) -> range:
     match = _RANGE.fullmatch(rng)
     if match is None:
         raise InvalidArgumentError(f"bad core range {rng!r}: expected a core id such as '4' or an inclusive "
-                                   f"range such as '0-3' (non-negative integers, no spaces)")
+                                   f"range such as '0-3' (non-negative integers)")
     start = int(match[1])
     end = start if match[2] is None else int(match[2])
     if end < start:
@@ -124,17 +126,21 @@ def read_sysfs_numa_cores(node_dir: Path = SYSFS_NODE_DIR) -> NumaCores:
 
 
 def get_numa_cores() -> NumaCores:
-    """This machine's cores per NUMA node (empty if unknown); nodes without cores (HBM) are empty lists."""
+    """This machine's cores per NUMA node (empty if unknown); nodes without cores (HBM) are empty lists.
+
+    Empty when numactl is here but fails: the commands it is asked for could not bind memory either.
+    """
     numactl = shutil.which("numactl")
-    if numactl is not None:
-        try:
-            output = subprocess.run([numactl, "--hardware"], capture_output=True, text=True, check=True,
-                                    timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            pass  # e.g. "No NUMA available" in a container: sysfs may still know
-        else:
-            return parse_numactl_hardware(output)
-    return read_sysfs_numa_cores(SYSFS_NODE_DIR)
+    if numactl is None:
+        return read_sysfs_numa_cores(SYSFS_NODE_DIR)
+    try:
+        output = subprocess.run([numactl, "--hardware"], capture_output=True, text=True, check=True,
+                                timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("numactl --hardware failed (%s); cores are bound without a NUMA memory binding",
+                       getattr(exc, "stderr", None) or exc)
+        return NumaCores()
+    return parse_numactl_hardware(output)
 
 
 def check_for_numactl_pkg() -> bool:
