@@ -331,15 +331,16 @@ def _straggler_analysis(snapshot: Dict[str, Dict[int, list]],
 def install_comms_logger(settings: Any) -> CommsLogger:
     """Make this module's ``CommsLogger`` the one ``deepspeed.comm`` times collectives with.
 
-    ``deepspeed.comm`` looks its logger up by module global on every collective, so replacing that
-    global is enough; ``settings`` (the ``comms_logger`` section) is applied with ``enabled`` meaning
+    ``deepspeed.comm.comm`` looks its logger up by module global on every collective, so replacing that
+    global is enough (``deepspeed.comm.comms_logger``, the star-imported alias, is replaced too); ``settings`` (the ``comms_logger`` section) is applied with ``enabled`` meaning
     what it says, where DeepSpeed's own logger switches on whenever the section exists.  Installing
     twice reconfigures the logger already installed, keeping what it has recorded.
     """
+    import deepspeed.comm
     from deepspeed.comm import comm as ds_comm
 
     current = ds_comm.comms_logger
     logger = current if isinstance(current, CommsLogger) else CommsLogger()
     logger.configure(settings)
-    ds_comm.comms_logger = logger
+    ds_comm.comms_logger = deepspeed.comm.comms_logger = logger
     return logger

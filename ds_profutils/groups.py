@@ -5,9 +5,10 @@ The groups live in ``deepspeed.utils.groups`` (the engine writes ``groups.mpu`` 
 forwarded both ways, the getters are DeepSpeed's own functions, and the setters validate their
 argument before handing it to DeepSpeed.
 """
+import numbers
 import sys
 import types
-from typing import Any
+from typing import Any, Optional
 
 from deepspeed.utils import groups as _ds_groups
 from deepspeed.utils.groups import (get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
@@ -16,7 +17,6 @@ from deepspeed.utils.groups import (get_data_parallel_group, get_data_parallel_r
                                     get_tensor_model_parallel_src_rank, get_tensor_model_parallel_world_size,
                                     initialize)
 
-from ._validate import require_type
 from .bwc import bwc_pipeline_parallel_world_size, bwc_tensor_model_parallel_world_size
 from .exceptions import DeprecatedException, InvalidArgumentError
 
@@ -40,20 +40,27 @@ __all__ = [
 ]
 
 
-def set_tensor_model_parallel_world_size(world_size: int) -> None:
-    """Set the tensor-model-parallel world size DeepSpeed reports (a positive int)."""
-    require_type("set_tensor_model_parallel_world_size", "world_size", world_size, int)
-    if world_size < 1:
-        raise InvalidArgumentError(f"set_tensor_model_parallel_world_size: world_size must be >= 1, got {world_size}")
-    _ds_groups.set_tensor_model_parallel_world_size(world_size)
+def _checked_override(function: str, argument: str, value: Optional[int], lowest: int) -> Optional[int]:
+    """``value`` as a plain int (numpy integers included), or None, which clears DeepSpeed's override."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidArgumentError(f"{function}: {argument} must be int or NoneType, got {type(value).__name__} "
+                                   f"({value!r:.80})")
+    if value < lowest:
+        raise InvalidArgumentError(f"{function}: {argument} must be >= {lowest} (or None), got {value}")
+    return int(value)
 
 
-def set_tensor_model_parallel_rank(rank: int) -> None:
-    """Set this process's tensor-model-parallel rank DeepSpeed reports (an int >= 0)."""
-    require_type("set_tensor_model_parallel_rank", "rank", rank, int)
-    if rank < 0:
-        raise InvalidArgumentError(f"set_tensor_model_parallel_rank: rank must be >= 0, got {rank}")
-    _ds_groups.set_tensor_model_parallel_rank(rank)
+def set_tensor_model_parallel_world_size(world_size: Optional[int]) -> None:
+    """Set the tensor-model-parallel world size DeepSpeed reports; None goes back to the process group's."""
+    _ds_groups.set_tensor_model_parallel_world_size(
+        _checked_override("set_tensor_model_parallel_world_size", "world_size", world_size, 1))
+
+
+def set_tensor_model_parallel_rank(rank: Optional[int]) -> None:
+    """Set this process's tensor-model-parallel rank DeepSpeed reports; None goes back to the process group's."""
+    _ds_groups.set_tensor_model_parallel_rank(_checked_override("set_tensor_model_parallel_rank", "rank", rank, 0))
 
 
 class _SharedStateModule(types.ModuleType):

@@ -21,17 +21,18 @@ class OnDevice(_DeepSpeedOnDevice):
     """
 
     def __init__(self, dtype: torch.dtype, device: Union[str, int, torch.device] = "meta", enabled: bool = True) -> None:
+        if enabled:  # a disabled OnDevice patches nothing and may be given anything, as in DeepSpeed
+            self._check_arguments(dtype, device)
+        super().__init__(dtype, device=device, enabled=enabled)
+
+    @staticmethod
+    def _check_arguments(dtype: torch.dtype, device: Union[str, int, torch.device]) -> None:
         require_type("OnDevice", "dtype", dtype, torch.dtype)
         require_type("OnDevice", "device", device, (str, int, torch.device))
         if isinstance(device, int):  # an accelerator index, as get_accelerator().current_device() gives
             if device < 0:
                 raise InvalidArgumentError(f"OnDevice: device index must be >= 0, got {device}")
-        else:
-            self._check_device_name(device)
-        super().__init__(dtype, device=device, enabled=enabled)
-
-    @staticmethod
-    def _check_device_name(device: Union[str, torch.device]) -> None:
+            return
         try:
             torch.device(device)
         except RuntimeError as error:

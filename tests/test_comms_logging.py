@@ -298,6 +298,8 @@ def test_install_comms_logger_honours_enabled_where_deepspeed_switches_on_by_key
     from ds_profutils.comms_logging import CommsLogger, install_comms_logger
     from ds_profutils.config import CommsLoggerSettings
 
+    import deepspeed.comm
+
     saved = ds_comm.comms_logger
     try:
         section = {"comms_logger": {"enabled": False, "verbose": True}}
@@ -307,10 +309,11 @@ def test_install_comms_logger_honours_enabled_where_deepspeed_switches_on_by_key
 
         installed = install_comms_logger(CommsLoggerSettings(**section["comms_logger"]))
         assert isinstance(ds_comm.comms_logger, CommsLogger) and ds_comm.comms_logger is installed
+        assert deepspeed.comm.comms_logger is installed  # the alias users read (dist.comms_logger.get_raw_data())
         assert not installed.enabled and installed.verbose
         # deepspeed.initialize configures the logger it finds; ours keeps "enabled": false meaning off.
         ds_comm.comms_logger.configure(DeepSpeedCommsConfig(section))
         assert not ds_comm.comms_logger.enabled
         assert install_comms_logger(CommsLoggerSettings(enabled=True)) is installed and installed.enabled
     finally:
-        ds_comm.comms_logger = saved
+        ds_comm.comms_logger = deepspeed.comm.comms_logger = saved

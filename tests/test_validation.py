@@ -1,4 +1,5 @@
 """Bad input to the delegating modules fails with a clear InvalidArgumentError, never silently."""
+import numpy
 import pytest
 import torch
 
@@ -103,6 +104,7 @@ def test_on_device_validates_then_builds_on_meta():
     with pytest.raises(InvalidArgumentError, match="not a torch device"):
         ds_profutils.OnDevice(dtype=torch.float16, device="gpu-ish")
     ds_profutils.OnDevice(dtype=torch.float16, device=0)  # an accelerator index, as current_device() gives
+    ds_profutils.OnDevice(dtype=None, enabled=False)  # disabled: nothing is patched, nothing to check (as DeepSpeed)
     with ds_profutils.OnDevice(dtype=torch.float16, device="meta"):
         layer = torch.nn.Linear(4, 4)
     assert layer.weight.device.type == "meta" and layer.weight.dtype == torch.float16
@@ -122,16 +124,21 @@ def test_group_setters_validate_and_reach_deepspeed():
     from deepspeed.utils import groups as ds_groups
     with pytest.raises(InvalidArgumentError, match="world_size must be >= 1"):
         ds_profutils.set_tensor_model_parallel_world_size(0)
-    with pytest.raises(InvalidArgumentError, match="rank must be int"):
+    with pytest.raises(InvalidArgumentError, match="rank must be int or NoneType"):
         ds_profutils.set_tensor_model_parallel_rank("0")
+    with pytest.raises(InvalidArgumentError, match="rank must be int or NoneType"):
+        ds_profutils.set_tensor_model_parallel_rank(True)
     ds_profutils.set_tensor_model_parallel_world_size(4)
-    ds_profutils.set_tensor_model_parallel_rank(3)
+    ds_profutils.set_tensor_model_parallel_rank(numpy.int64(3))
     try:
         assert ds_groups.get_tensor_model_parallel_world_size() == 4
         assert ds_profutils.get_tensor_model_parallel_rank() == 3
+        assert type(ds_groups._MPU_TENSOR_MODEL_PARALLEL_RANK) is int
     finally:
-        ds_groups._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE = None
-        ds_groups._MPU_TENSOR_MODEL_PARALLEL_RANK = None
+        # None clears the override, as in DeepSpeed (the getters then ask the process group).
+        ds_profutils.set_tensor_model_parallel_world_size(None)
+        ds_profutils.set_tensor_model_parallel_rank(None)
+    assert ds_groups._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE is None and ds_groups._MPU_TENSOR_MODEL_PARALLEL_RANK is None
 
 
 def test_groups_initialize_is_deprecated_like_deepspeed():
