@@ -78,8 +78,12 @@ def _refresh() -> None:
 
 
 def ranges_active() -> bool:
-    """Whether a decorated call records a range now (for tests and diagnostics)."""
-    return _RANGES_ON
+    """Whether a decorated call records a range now.
+
+    Asked afresh, not read from the hot-path flag: DeepSpeed code may have cleared its own
+    ``enable_nvtx`` since (``engine.compile()`` does), which ``nvtx_range`` checks on entry.
+    """
+    return _torch_recording or _nvtx_ranges_on()
 
 
 def configure_nvtx(enabled: bool = True, domain: str = "DeepSpeed") -> None:

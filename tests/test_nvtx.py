@@ -80,6 +80,19 @@ def test_assigning_enable_nvtx_switches_ranges_off_and_on(tool_attached):
     assert len(tool_attached.calls) == 2
 
 
+def test_deepspeeds_own_switch_counts_when_deepspeed_clears_it(tool_attached, monkeypatch):
+    """engine.compile() sets deepspeed.utils.nvtx.enable_nvtx = False: our ranges stop as DeepSpeed's do."""
+    import deepspeed.utils.nvtx as ds_nvtx
+
+    wrapped = ds_profutils.instrument_w_nvtx(step)
+    monkeypatch.setattr(ds_nvtx, "enable_nvtx", False)
+    wrapped(1)
+    assert tool_attached.calls == [] and not nvtx.ranges_active()
+    monkeypatch.setattr(ds_nvtx, "enable_nvtx", True)
+    wrapped(1)
+    assert len(tool_attached.calls) == 2 and nvtx.ranges_active()
+
+
 def test_config_disables_and_renames_domain(tool_attached):
     wrapped = ds_profutils.instrument_w_nvtx(step)
     try:
