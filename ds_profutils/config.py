@@ -172,6 +172,12 @@ class NvtxConfig(_Section):
     enabled: bool = True
     domain: str = Field("DeepSpeed", min_length=1)
 
+    def apply(self) -> None:
+        """Switch ``instrument_w_nvtx`` ranges (process-wide) as this section says."""
+        from .nvtx import configure_nvtx
+
+        configure_nvtx(self.enabled, self.domain)
+
 
 class PartitionedParamProfilerConfig(_Section):
     """The ``"partitioned_param_profiler"`` section: ZeRO-3 parameter-fetch records."""

@@ -96,6 +96,7 @@ def profiler(config: ConfigSource = None,
     and the keyword arguments, which override the config's ``"profiler"`` section.
 
     The keywords are the section's keys (see docs/profiler.md); None leaves a setting to the config.
+    The config's ``"nvtx"`` section, if any, is applied too.
     ``ranks="all"`` profiles every rank.  Raises ConfigError for a bad value or a rank outside the
     world size, before any training runs.
     """
@@ -105,7 +106,10 @@ def profiler(config: ConfigSource = None,
                    nsight_enabled=nsight_enabled, nsight_output=nsight_output, ranks=ranks,
                    summary_ranks=summary_ranks, summary_sort_by=summary_sort_by,
                    summary_row_limit=summary_row_limit)
-    section = ProfilerConfig() if config is None else load_config(config).profiler
+    loaded = load_config(config)  # None: no file, only DS_PROFUTILS_* variables
+    if loaded.nvtx is not None:  # the job's "nvtx" section holds also when only the profiler reads the config
+        loaded.nvtx.apply()
+    section = ProfilerConfig() if config is None else loaded.profiler
     settings = resolve_section(section, options)
     if not settings.enabled:
         return Profiler(settings, enabled=False)

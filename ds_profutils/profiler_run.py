@@ -39,11 +39,14 @@ from .nvtx import set_torch_profiler_recording
 from .profiler_schedule import ProfilerSchedule, Window
 from .profiler_signals import ExitOnSignal
 from .profiler_summary import OperatorSummary
-from .trace_export import TraceFiles, atomic_path, merge_traces, probe_writable
+from .trace_export import TraceFiles, atomic_path, merge_traces, probe_writable, rename_trace_events
 
-__all__ = ["ProfilerRun", "profiled_run", "step_profiler"]
+__all__ = ["TAIL_RANGE", "ProfilerRun", "profiled_run", "step_profiler"]
 
 _NEVER = -1  # a boundary no step number reaches
+TAIL_RANGE = "ds_profutils: after the last step_profiler()"
+"""What the step range open when the profiled call returns is renamed to in its trace: no step_profiler()
+ended it, so it holds whatever ran after the last training step, not a step."""
 _ALL_RANKS = [-1]  # log_dist: every rank logs
 
 
@@ -104,6 +107,7 @@ class ProfilerRun:
         self._recorded = False
         self._engine_steps: Optional[int] = None
         self._warned_nested = False
+        self._returned = False  # set by end(): the profiled call returned (rather than raised)
 
     # ---- driven by profiled_run and step_profiler ------------------------------------------------
 
@@ -132,9 +136,16 @@ class ProfilerRun:
         while self.step == self.next_boundary:
             self._fire(self._next_event)
 
-    def end(self) -> None:
-        """Stop recording and write every output; called once when the profiled call finishes."""
-        self._fire(_Event.RUN_ENDS)
+    def end(self, returned: bool) -> None:
+        """Stop recording and write every output; called once when the profiled call returned or raised.
+
+        The signal handlers are put back whatever happens, also when a second signal cuts the export short.
+        """
+        self._returned = returned
+        try:
+            self._fire(_Event.RUN_ENDS)
+        finally:
+            self._signals.restore()
 
     @contextlib.contextmanager
     def unprofiled_call(self) -> Iterator[None]:
@@ -243,12 +254,18 @@ class ProfilerRun:
         if profile is None:  # stopped already: a signal cut short the transition that did it
             return
         window, self._window = self._window, self.schedule.window(self._window.cycle + 1)
-        last_step = min(self.step, window.stop - 1)  # the run may end inside the window
+        # A run that raised inside the window ends in the step that raised, which keeps its name; one
+        # that returned ends in the tail after its last step_profiler(), which is not a step.
+        tail = self._returned and self.step < window.stop
+        last_step = self.step - 1 if tail else min(self.step, window.stop - 1)
         with _errors_logged(f"writing the trace of cycle {window.cycle}"):
             path = self._files.new_cycle_trace()
             with atomic_path(path) as temporary:
                 profile.export_chrome_trace(str(temporary))
-            self._cycles.append({"cycle": window.cycle, "steps": [window.active_start, last_step], "trace": str(path)})
+                if tail:
+                    rename_trace_events(temporary, f"ProfilerStep#{self.step}", TAIL_RANGE)
+            steps = [window.active_start, last_step] if last_step >= window.active_start else []
+            self._cycles.append({"cycle": window.cycle, "steps": steps, "trace": str(path)})
         if self._summary is not None:
             with _errors_logged(f"summarising cycle {window.cycle}"):
                 self._summary.add_cycle(profile)
@@ -426,10 +443,12 @@ def profiled_run(settings: ProfilerConfig) -> Iterator[Optional[ProfilerRun]]:
     except BaseException:
         _release(run)
         raise
+    returned = False
     try:
         yield run
+        returned = True
     finally:
         try:
-            run.end()
+            run.end(returned)
         finally:
             _release(run)

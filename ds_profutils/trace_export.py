@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping, Sequence, TextIO
 
-__all__ = ["TraceFiles", "atomic_path", "merge_traces", "probe_writable"]
+__all__ = ["TraceFiles", "atomic_path", "merge_traces", "probe_writable", "rename_trace_events"]
 
 # Integers that link events to each other inside one cycle's trace.  Every cycle numbers them from the
 # start again, so the merged trace shifts each cycle's values past the previous cycles' to keep an
@@ -68,6 +68,17 @@ def probe_writable(directory: Path) -> None:
     probe = directory / f".write_probe.{os.getpid()}"
     probe.write_bytes(b"")
     probe.unlink()
+
+
+def rename_trace_events(path: Path, old: str, new: str) -> None:
+    """Rename every event called ``old`` in the Chrome trace at ``path`` (rewritten in place)."""
+    with open(path) as source:
+        trace = json.load(source)
+    for event in trace.get("traceEvents", []):
+        if event.get("name") == old:
+            event["name"] = new
+    with open(path, "w") as out:
+        json.dump(trace, out)
 
 
 def _shift_links(event: Dict[str, Any], offset: int) -> int:

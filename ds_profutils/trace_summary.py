@@ -21,6 +21,7 @@ _SKIP = re.compile(r"[\s,]*")
 _STEP_PREFIX = "ProfilerStep#"
 # Categories whose events are operations worth ranking (torch's names for them).
 _OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "user_annotation", "gpu_user_annotation"})
+_DEVICE_STEP_CATEGORY = "gpu_user_annotation"
 _US_PER_MS = 1e3
 
 
@@ -96,10 +97,13 @@ def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
             continue
         name = item.get("name", "")
         duration = float(item.get("dur", 0.0))
-        if name.startswith(_STEP_PREFIX):
-            steps.append({"step": _step_number(name), "ms": duration / _US_PER_MS})
-            continue
         category = item.get("cat", "")
+        if name.startswith(_STEP_PREFIX):
+            # On a GPU, torch also draws each step on the device timeline (gpu_user_annotation): the
+            # host range is the step.
+            if category != _DEVICE_STEP_CATEGORY:
+                steps.append({"step": _step_number(name), "ms": duration / _US_PER_MS})
+            continue
         if category in _OP_CATEGORIES:
             totals = ops.get((category, name))
             if totals is None:

@@ -29,7 +29,7 @@ from .config import PartitionedParamProfilerConfig, check_ranks, load_config, re
 from .dist_env import global_rank, hostname, world_size
 from .fetch_report import RECORD_FILE
 from .logging import log_dist, warning_once
-from .nvtx import configure_nvtx, ranges_active
+from .nvtx import ranges_active
 from .partitioned_param_profiler import PartitionedParameterProfiler
 
 __all__ = ["AttachError", "SUPPORTED_DEEPSPEED", "ZeroFetchRecorder", "attach"]
@@ -230,7 +230,7 @@ def attach(engine: Any,
         coordinators = _coordinators(engine)
         check_ranks("partitioned_param_profiler.ranks", settings.ranks, world_size())
     if config.nvtx is not None:
-        configure_nvtx(config.nvtx.enabled, config.nvtx.domain)
+        config.nvtx.apply()
     install_comms_logger(config.comms_logger)
     rank = global_rank()
     if not (settings.enabled and settings.profiles_rank(rank)):

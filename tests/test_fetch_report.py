@@ -143,6 +143,9 @@ def write_trace(path, steps=3, header_first=True):
     for step in range(steps):
         events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step + 5}", "ts": step * 100,
                        "dur": 1000.0 * (step + 1)})
+        # On a GPU torch draws the step on the device timeline too; it is not another step.
+        events.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{step + 5}",
+                       "ts": step * 100 + 10, "dur": 7.0})
         events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": step * 100, "dur": 250.0})
         events.append({"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": step * 100, "dur": 50.0})
         events.append({"ph": "i", "name": "instant", "ts": step})
@@ -156,7 +159,7 @@ def test_trace_summary_streams_events_across_chunks(tmp_path, monkeypatch, heade
     monkeypatch.setattr(trace_summary, "_CHUNK", 64)  # every event straddles a chunk boundary
     write_trace(tmp_path / "trace_rank_1.json", header_first=header_first)
     summary = trace_summary.summarize_trace(tmp_path / "trace_rank_1.json")
-    assert summary["rank"] == 1 and summary["events"] == 12
+    assert summary["rank"] == 1 and summary["events"] == 15
     assert summary["steps"] == [{"step": 5, "ms": 1.0}, {"step": 6, "ms": 2.0}, {"step": 7, "ms": 3.0}]
     assert summary["step_ms"] == {"median": 2.0, "max": 3.0}
     assert summary["top_ops"][0] == {"name": "aten::mm", "cat": "cpu_op", "count": 3, "total_ms": 0.75}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ds_profutils
-from ds_profutils import profiler, profiler_run, step_profiler
+from ds_profutils import nvtx, profiler, profiler_run, step_profiler
 from ds_profutils.config import ConfigError
 from ds_profutils.nvtx import instrument_w_nvtx, ranges_active
 from ds_profutils.profiler_decorator import Profiler
@@ -17,10 +17,20 @@ from profiler_testing import profiler_steps, read_trace, train_step
 TENSORBOARD_FILE = re.compile(r"^(?P<worker>.*?)(\.\d+)?\.pt\.trace\.json$")
 
 
+WORK = "work#"
+
+
 def _train(steps: int) -> None:
-    for _ in range(steps):
-        train_step()
+    """``steps`` training steps, each marked ``work#N`` in any trace that records it."""
+    for step in range(steps):
+        with torch.profiler.record_function(f"{WORK}{step}"):
+            train_step()
         step_profiler()
+
+
+def work_marks(trace):
+    """The N of every ``work#N`` range in a trace: which training steps' work it recorded."""
+    return sorted(int(e["name"][len(WORK):]) for e in trace["traceEvents"] if e.get("name", "").startswith(WORK))
 
 
 def test_trace_holds_exactly_the_active_steps_under_their_training_numbers(tmp_path):
@@ -30,6 +40,10 @@ def test_trace_holds_exactly_the_active_steps_under_their_training_numbers(tmp_p
     merged = read_trace(tmp_path / "trace_rank_0.json")
     # cycle 0: skip 0-1, wait 2, warmup 3, active 4-5; cycle 1: wait 6, warmup 7, active 8-9
     assert profiler_steps(merged) == [4, 5, 8, 9]
+    assert work_marks(merged) == [4, 5, 8, 9]  # the work of those steps, none of the warmup's or wait's
+    for mark in (e for e in merged["traceEvents"] if e.get("name", "").startswith(WORK)):
+        step = next(e for e in merged["traceEvents"] if e.get("name") == f"ProfilerStep#{mark['name'][len(WORK):]}")
+        assert step["ts"] <= mark["ts"] and mark["ts"] + mark["dur"] <= step["ts"] + step["dur"]
     cycle_files = sorted((tmp_path / "rank_0").iterdir())
     assert [profiler_steps(read_trace(path)) for path in cycle_files] == [[4, 5], [8, 9]]
     assert {TENSORBOARD_FILE.match(path.name)["worker"] for path in cycle_files} == {"rank_0"}
@@ -107,6 +121,26 @@ def test_instrumented_calls_appear_in_the_trace_only_while_recording(tmp_path):
     names = [e["name"] for e in read_trace(tmp_path / "trace_rank_0.json")["traceEvents"]]
     assert names.count(fetch_batch.__qualname__) == 2
     assert not ranges_active()
+
+
+@pytest.mark.parametrize("steps, recorded", [(5, [1, 2, 3, 4]), (1, [])])
+def test_returning_inside_a_window_leaves_no_step_that_never_ran(tmp_path, steps, recorded):
+    """Steps 0..steps-1 run; the range opened by the last step_profiler() is the function's tail, not a step."""
+    profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=1, active=10)(_train)(steps)
+    merged = read_trace(tmp_path / "trace_rank_0.json")
+    assert profiler_steps(merged) == work_marks(merged) == recorded
+    assert [e["name"] for e in merged["traceEvents"] if e.get("name") == profiler_run.TAIL_RANGE] == \
+        [profiler_run.TAIL_RANGE]
+    assert [c["steps"] for c in merged["ds_profutils"]["cycles"]] == [[1, steps - 1] if recorded else []]
+    assert profiler_steps(read_trace(next((tmp_path / "rank_0").iterdir()))) == recorded
+
+
+def test_config_nvtx_section_applies_with_the_profiler_alone(tmp_path):
+    try:
+        profiler(config={"profiler": {"output_dir": str(tmp_path)}, "nvtx": {"enabled": False, "domain": "Job"}})
+        assert (nvtx._config_enabled, nvtx.DEEPSPEED_NVTX_DOMAIN) == (False, "Job")
+    finally:
+        nvtx.configure_nvtx()
 
 
 def test_context_manager_form(tmp_path):
