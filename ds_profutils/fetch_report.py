@@ -73,6 +73,7 @@ class _RankRecords:
     rank: int
     hosts: Set[str] = field(default_factory=set)
     world_size: int = 0
+    recording_ranks: Optional[Tuple[int, ...]] = None  # the run's "ranks" setting; None: every rank
     modes: Dict[str, int] = field(default_factory=dict)
     events: Dict[Tuple[str, str], _EventTotals] = field(default_factory=dict)
     steps: array = field(default_factory=lambda: array("q"))
@@ -83,8 +84,8 @@ class _RankRecords:
     problems: List[str] = field(default_factory=list)
     problem_count: int = 0
 
-    def _step_columns(self) -> Tuple[array, ...]:
-        return self.steps, self.global_steps, self.step_ms, self.fetch_wait_ms, self.all_gather_ms
+    def _time_columns(self) -> Tuple[array, ...]:
+        return self.step_ms, self.fetch_wait_ms, self.all_gather_ms
 
     def problem(self, message: str) -> None:
         self.problem_count += 1
@@ -100,11 +101,21 @@ class _RankRecords:
                    float(entry["time_ms"]), float(entry["min_ms"]), float(entry["max_ms"]), entry.get("numel_unit"))
                   for name, entry in events.items()]
         world_size = int(record.get("world_size", 0))
+        recording_ranks = record.get("recording_ranks")
+        recording_ranks = None if recording_ranks is None else tuple(int(rank) for rank in recording_ranks)
         if mode == "train":
-            step = (int(record["step"]), int(record["global_step"]), float(record["step_time_ms"]),
-                    _time_of(events, FETCH_WAIT_EVENTS), _time_of(events, ALL_GATHER_EVENTS))
-            for column, value in zip(self._step_columns(), step):
-                column.append(value)
+            step, global_step = int(record["step"]), int(record["global_step"])
+            times = (float(record["step_time_ms"]), _time_of(events, FETCH_WAIT_EVENTS),
+                     _time_of(events, ALL_GATHER_EVENTS))
+            if self.steps and self.steps[-1] == step:  # another forward before step(): the same step
+                for column, value in zip(self._time_columns(), times):
+                    column[-1] += value
+            else:
+                self.steps.append(step)
+                self.global_steps.append(global_step)
+                for column, value in zip(self._time_columns(), times):
+                    column.append(value)
+        self.recording_ranks = recording_ranks
         self.modes[mode] = self.modes.get(mode, 0) + 1
         self.hosts.add(str(record.get("host", "?")))
         self.world_size = max(self.world_size, world_size)
@@ -233,6 +244,7 @@ def _rank_table(ranks: Sequence[_RankRecords]) -> Dict[int, Dict[str, Any]]:
         table[records.rank] = {
             "hosts": sorted(records.hosts),
             "records": dict(records.modes),
+            "steps": steps,
             "fetch_wait_ms_median": median(records.fetch_wait_ms) if steps else None,
             "step_ms_median": median(records.step_ms) if steps else None,
             "fetch_wait_share": sum(records.fetch_wait_ms) / total_step_ms if total_step_ms > 0 else None,
@@ -290,6 +302,9 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     ranks = _read_all(record_files)
     with_records = [records for records in ranks if records.modes]
     world = max([records.world_size for records in ranks] + [max(record_files, default=-1) + 1])
+    # Ranks left out by the run's "ranks" setting are not missing; without it, every rank records.
+    recording = next((records.recording_ranks for records in with_records if records.recording_ranks is not None),
+                     range(world))
     problems = {records.rank: {"count": records.problem_count, "first": records.problems} for records in ranks
                 if records.problem_count}
     traces: Dict[int, Any] = {}
@@ -304,7 +319,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
         "directory": str(directory),
         "world_size": world if record_files else None,
         "ranks": [records.rank for records in with_records],
-        "missing_ranks": sorted(set(range(world)) - {records.rank for records in with_records}) if record_files else [],
+        "missing_ranks": sorted(set(recording) - {records.rank for records in with_records}) if record_files else [],
         "problems": problems,
         "events": _event_tables(with_records),
         "ranks_summary": _rank_table(with_records),
@@ -377,7 +392,7 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20) -> str:
     if report["steps"]:
         lines += ["", "Ranks (train steps; share = time waiting for fetches / step time; 0% = fully overlapped):"]
         lines += _table(("rank", "hosts", "steps", "fetch-wait ms/step (median)", "step ms (median)", "share", ""),
-                        [(rank, ",".join(row["hosts"]), row["records"].get("train", 0), row["fetch_wait_ms_median"],
+                        [(rank, ",".join(row["hosts"]), row["steps"], row["fetch_wait_ms_median"],
                           row["step_ms_median"], _percent(row["fetch_wait_share"]),
                           f"STRAGGLER (>{STRAGGLER_FACTOR}x the median of all ranks)" if row["straggler"] else "")
                          for rank, row in summary.items()])

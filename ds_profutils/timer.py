@@ -47,6 +47,7 @@ __all__ = [
     "NoopTimer",
     "SynchronizedWallClockTimer",
     "ThroughputTimer",
+    "install_timers",
     "trim_mean",
 ]
 
@@ -392,6 +393,50 @@ class SynchronizedWallClockTimer(dict):
         """
         _check_normalizer("SynchronizedWallClockTimer.get_mean", normalizer)
         return {name: self[name].mean() * 1000.0 / normalizer for name in names if name in self}
+
+
+_TIMER_HOLDER_DEPTH = 3  # engine -> optimizer -> parameter_offload / optimizer_swapper -> async swapper
+
+
+def install_timers(engine: Any) -> SynchronizedWallClockTimer:
+    """Put this module's timer group in place of DeepSpeed's in a live engine; return it.
+
+    DeepSpeed's engine makes one ``SynchronizedWallClockTimer`` and hands it to its optimizer, the
+    ZeRO-3 parameter offload and the swappers, which keep it as ``.timers``.  Every such holder
+    reachable from the engine through instance attributes gets ours instead, so all of them keep
+    timing into one group, now in constant memory.  Call it before training: timers running in
+    DeepSpeed's group would be lost (refused with ``InvalidArgumentError``).  Twice is harmless.
+    """
+    theirs = engine.timers
+    if isinstance(theirs, SynchronizedWallClockTimer):
+        return theirs
+    running = [name for name, timer in theirs.get_timers().items() if timer.started_]
+    if running:
+        raise InvalidArgumentError(f"install_timers: DeepSpeed's timers {running} are running; install before "
+                                   f"training starts")
+    ours = SynchronizedWallClockTimer()
+    for holder in _holders_of(engine, theirs):
+        holder.timers = ours
+    return ours
+
+
+def _holders_of(root: Any, timers: Any) -> List[Any]:
+    """Objects reachable from ``root`` through instance attributes whose ``timers`` is ``timers``."""
+    holders, seen, level = [], {id(root)}, [root]
+    for _ in range(_TIMER_HOLDER_DEPTH + 1):
+        following = []
+        for obj in level:
+            attributes = getattr(obj, "__dict__", None)
+            if attributes is None:
+                continue
+            if attributes.get("timers") is timers:
+                holders.append(obj)
+            for value in attributes.values():
+                if id(value) not in seen and hasattr(value, "__dict__") and not isinstance(value, type):
+                    seen.add(id(value))
+                    following.append(value)
+        level = following
+    return holders
 
 
 class _NoopTimerHandle:

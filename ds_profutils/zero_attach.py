@@ -31,6 +31,7 @@ from .fetch_report import RECORD_FILE
 from .logging import log_dist, warning_once
 from .nvtx import ranges_active
 from .partitioned_param_profiler import PartitionedParameterProfiler
+from .timer import install_timers
 
 __all__ = ["AttachError", "SUPPORTED_DEEPSPEED", "ZeroFetchRecorder", "attach"]
 
@@ -101,7 +102,8 @@ class ZeroFetchRecorder:
         self.profiler = PartitionedParameterProfiler(engine.timers,
                                                      element_size=torch.empty((), dtype=dtype).element_size())
         self._idle = PartitionedParameterProfiler(None)
-        self._identity = {"rank": rank, "world_size": world_size, "host": host, "dtype": str(dtype)[len("torch."):]}
+        self._identity = {"rank": rank, "world_size": world_size, "host": host, "dtype": str(dtype)[len("torch."):],
+                          "recording_ranks": settings.ranks}
         self._engine = engine
         self._originals = [(coordinator, vars(coordinator)[_PROFILER_ATTR]) for coordinator in coordinators]
         self._pending: Optional[Dict[str, Any]] = None
@@ -202,6 +204,19 @@ class ZeroFetchRecorder:
         self.close()
 
 
+def _remove_stale_records(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        warning_once(f"ds_profutils: cannot remove {path} of an earlier run ({exc.strerror}); "
+                     "a report of this output_dir would include it")
+        return
+    log_dist(f"ds_profutils: removed {path}, written by an earlier run: this rank records no fetches now",
+             ranks=[-1])
+
+
 def attach(engine: Any,
            *,
            enabled: Optional[bool] = None,
@@ -211,8 +226,11 @@ def attach(engine: Any,
            trace_ranges: Optional[bool] = None) -> Optional[ZeroFetchRecorder]:
     """Switch on what the engine's ds_config asks of ds_profutils; return the fetch recorder, if any.
 
-    Reads the ``"nvtx"``, ``"comms_logger"`` and ``"partitioned_param_profiler"`` sections of the
-    config the engine was built with (the comms logger is ds_profutils', so ``"enabled": false`` is off); keyword arguments override the section, ``DS_PROFUTILS_*`` variables override both.
+    Reads the ``"nvtx"``, ``"comms_logger"`` and ``"partitioned_param_profiler"`` sections and
+    ``wall_clock_breakdown`` of the config the engine was built with: the comms logger becomes
+    ds_profutils' (so ``"enabled": false`` is off), and with ``wall_clock_breakdown`` the engine's
+    timers become ds_profutils' (constant memory; see ``timer.install_timers``).  Keyword arguments
+    override the fetch-record section, ``DS_PROFUTILS_*`` variables override both.
     Returns None when fetch records are off, or this rank is not in ``ranks``.  Raises AttachError
     (and changes nothing) on an engine it does not know how to profile.  Calling it again on the same
     engine returns the recorder it already has.
@@ -232,8 +250,12 @@ def attach(engine: Any,
     if config.nvtx is not None:
         config.nvtx.apply()
     install_comms_logger(config.comms_logger)
+    if config.wall_clock_breakdown:
+        install_timers(engine)
     rank = global_rank()
     if not (settings.enabled and settings.profiles_rank(rank)):
+        if settings.enabled:  # this rank's file from an earlier run would pass for this run's in a report
+            _remove_stale_records(Path(settings.output_dir) / RECORD_FILE.format(rank=rank))
         return None
     recorder = ZeroFetchRecorder(engine,
                                  coordinators,

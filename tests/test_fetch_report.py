@@ -104,6 +104,28 @@ def test_missing_ranks_from_the_world_size_in_the_records(tmp_path):
     assert "MISSING ranks (no file or no complete record): 1, 3" in render_text(report)
 
 
+def test_ranks_left_out_by_the_runs_ranks_setting_are_not_missing(tmp_path):
+    records = [dict(record(0, step, 1.0, world_size=4), recording_ranks=[0, 2]) for step in range(2)]
+    write_rank(tmp_path, 0, records)
+    report = build_report(tmp_path)
+    assert report["missing_ranks"] == [2] and "MISSING ranks (no file or no complete record): 2" in render_text(report)
+    write_rank(tmp_path, 2, [dict(record(2, 0, 1.0, world_size=4), recording_ranks=[0, 2])])
+    assert build_report(tmp_path)["missing_ranks"] == []
+
+
+def test_two_forwards_before_one_step_make_one_step(tmp_path):
+    """A model called twice per step writes two records with the same step; the report adds them up."""
+    write_rank(tmp_path, 0, [record(0, 0, 1.0), record(0, 0, 9.0, step_ms=5.0), record(0, 1, 2.0)])
+    write_rank(tmp_path, 1, [record(1, 0, 3.0), record(1, 1, 2.0)])
+    report = build_report(tmp_path)
+    assert [row["step"] for row in report["steps"]] == [0, 1]
+    assert report["steps"][0]["fetch_wait_ms"] == {0: 10.0, 1: 3.0}
+    assert report["steps"][0]["step_ms"] == {0: 15.0, 1: 10.0}
+    summary = report["ranks_summary"][0]
+    assert summary["steps"] == 2 and summary["records"] == {"train": 3}
+    assert summary["fetch_wait_ms_median"] == 6.0  # median of the steps' 10.0 and 2.0
+
+
 def test_empty_or_absent_directory_is_a_clear_message(tmp_path, capsys):
     with pytest.raises(ReportError, match="no ZeRO-3 fetch records"):
         build_report(tmp_path)

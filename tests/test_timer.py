@@ -48,7 +48,7 @@ def run_pairs(groups, name, count):
 
 
 def test_public_names_and_signatures_match_deepspeed():
-    for name in timer.__all__:
+    for name in set(timer.__all__) - {"install_timers"}:  # ours: puts this module's timers into an engine
         assert hasattr(ds_timer, name), name
     pairs = [
         (SynchronizedWallClockTimer, ds_timer.SynchronizedWallClockTimer,
@@ -469,3 +469,24 @@ def test_throughput_timer_synchronizes_the_device_when_asked(monkeypatch, device
     tput.stop(global_step=True)
     assert device.calls == ["device_synchronize"] * 2
     assert tput.total_elapsed_time == 0.25 and tput.avg_samples_per_sec() == 4.0
+
+
+def test_install_timers_replaces_deepspeeds_group_wherever_the_engine_shares_it():
+    theirs = ds_timer.SynchronizedWallClockTimer()
+    offload = types.SimpleNamespace(timers=theirs)
+    optimizer = types.SimpleNamespace(timers=theirs, parameter_offload=offload, other=types.SimpleNamespace())
+    engine = types.SimpleNamespace(timers=theirs, optimizer=optimizer, eval_timers=ds_timer.NoopTimer())
+    ours = timer.install_timers(engine)
+    assert isinstance(ours, SynchronizedWallClockTimer)
+    assert engine.timers is optimizer.timers is offload.timers is ours
+    assert isinstance(engine.eval_timers, ds_timer.NoopTimer)  # only holders of the engine's group change
+    assert timer.install_timers(engine) is ours  # twice: nothing more happens
+
+
+def test_install_timers_refuses_while_deepspeeds_timers_run():
+    theirs = ds_timer.SynchronizedWallClockTimer()
+    theirs("fwd").start()
+    engine = types.SimpleNamespace(timers=theirs)
+    with pytest.raises(InvalidArgumentError, match=r"DeepSpeed's timers \['fwd'\] are running"):
+        timer.install_timers(engine)
+    assert engine.timers is theirs

@@ -318,3 +318,24 @@ def test_real_engine_report(zero3_run):
     gather = report["events"]["train"]["forward_all_gather"]
     assert gather["per_rank"][0]["numel"] == sum(r["events"].get("forward_all_gather", {}).get("numel", 0)
                                                  for r in zero3_run.records[0] if r["mode"] == "train")
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_real_engine_rank_subset_and_our_timers(zero3_run, rank):
+    found = zero3_run.expected[rank]["rank0_only"]
+    assert found["recorder"] is (rank == 0)
+    # The earlier run's file: replaced on the recording rank, removed on the other.
+    assert not found["stale_file_left"]
+    assert (zero3_run.out / "rank0_only" / f"zero_fetch_rank_{rank}.jsonl").exists() is (rank == 0)
+    # wall_clock_breakdown: one group of ours, shared by the engine, its ZeRO-3 optimizer and offload,
+    # in which the engine and the optimizer created their timers by using them (DeepSpeed's own group
+    # saw nothing after attach).
+    assert found["timers_ours"] and found["optimizer_and_offload_share_them"]
+    assert found["deepspeeds_timers_untouched_since"]
+    assert {"fwd", "bwd", "step", "optimizer_step"} <= set(found["timer_names"])
+
+
+def test_real_engine_report_of_a_rank_subset(zero3_run):
+    report = build_report(zero3_run.out / "rank0_only")
+    assert report["ranks"] == [0] and report["missing_ranks"] == [] and report["problems"] == {}
+    assert len(report["steps"]) == 2

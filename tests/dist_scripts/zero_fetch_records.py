@@ -4,8 +4,10 @@ Trains a small model with ``stage3_param_persistence_threshold: 0`` and fetch re
 the ds_config, while counting independently what the coordinator really does: calls of its
 ``fetch_sub_module`` and, beneath it, every ``all_gather_coalesced`` with the numel it gathers.
 Between train steps it runs an eval forward, and ends with one more (written at exit).  A ZeRO-1
-engine must be refused.  Findings go to ``{out}/expected_rank_{rank}.json``; records to
-``{out}/records``.
+engine must be refused.  A second ZeRO-3 engine records on rank 0 only (``ranks: [0]``, into
+``{out}/rank0_only`` where both ranks have a file of an earlier run) with ``wall_clock_breakdown``,
+so ds_profutils' timers replace DeepSpeed's.  Findings go to ``{out}/expected_rank_{rank}.json``;
+records to ``{out}/records``.
 """
 import argparse
 import json
@@ -16,6 +18,7 @@ import deepspeed
 import torch
 
 import ds_profutils
+from ds_profutils.timer import SynchronizedWallClockTimer
 from ds_profutils.zero_attach import AttachError
 
 TRAIN_STEPS = 4
@@ -34,7 +37,7 @@ class Net(torch.nn.Module):
         return self.head(torch.relu(self.hidden(torch.relu(self.encoder(x)))))
 
 
-def ds_config(stage: int, records: Path) -> dict:
+def ds_config(stage: int, records: Path, **extra) -> dict:
     return {
         "train_micro_batch_size_per_gpu": 4,
         "steps_per_print": 10**6,
@@ -45,6 +48,7 @@ def ds_config(stage: int, records: Path) -> dict:
             "stage3_prefetch_bucket_size": 600,  # some fetches become prefetches
         },
         "partitioned_param_profiler": {"enabled": True, "output_dir": str(records), "log_interval": 1},
+        **extra,
     }
 
 
@@ -131,7 +135,35 @@ def main() -> None:
         engine(torch.randn(4, 16, generator=generator))  # written by the recorder at exit
 
     findings["counted"] = {key: dict(counts) for key, counts in counter.by_record.items()}
+    findings["rank0_only"] = rank0_only_with_our_timers(args.out / "rank0_only", rank)
     (args.out / f"expected_rank_{rank}.json").write_text(json.dumps(findings))
+
+
+def rank0_only_with_our_timers(records: Path, rank: int) -> dict:
+    """A ZeRO-3 engine recording on rank 0 only, with wall_clock_breakdown: what attach did on this rank."""
+    records.mkdir(parents=True, exist_ok=True)
+    stale = records / f"zero_fetch_rank_{rank}.jsonl"
+    stale.write_text("{}\n")  # an earlier run's, on every rank
+    model = Net()
+    config = ds_config(3, records, wall_clock_breakdown=True)
+    config["partitioned_param_profiler"]["ranks"] = [0]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    deepspeeds_timers = engine.timers
+    recorder = ds_profutils.attach(engine)
+    timers = engine.timers
+    offload = engine.optimizer.parameter_offload
+    for _ in range(2):
+        engine.backward(engine(torch.randn(4, 16)).pow(2).mean())
+        engine.step()
+    return {
+        "recorder": recorder is not None,
+        "stale_file_left": stale.exists() and stale.read_text().startswith("{}"),
+        "timers_ours": isinstance(timers, SynchronizedWallClockTimer),
+        "optimizer_and_offload_share_them": engine.optimizer.timers is timers and offload.timers is timers,
+        "deepspeeds_timers_untouched_since": not any(t.started_ for t in deepspeeds_timers.get_timers().values())
+                                             and not any(t.elapsed_records for t in deepspeeds_timers.get_timers().values()),
+        "timer_names": sorted(timers),
+    }
 
 
 if __name__ == "__main__":
