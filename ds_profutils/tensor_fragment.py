@@ -163,10 +163,18 @@ def safe_get_full_grad(param: torch.nn.Parameter) -> Optional[torch.Tensor]:
 def safe_set_full_grad(param: torch.nn.Parameter, value: torch.Tensor) -> None:
     """Overwrite the gradient of ``param`` (its partition under ZeRO) from the full ``value``."""
     _check_param("safe_set_full_grad", param)
-    _check_full_value("safe_set_full_grad", param, value)
-    if param.grad is not None:
+    if param.grad is not None:  # copied as torch copies: a value that broadcasts to the gradient will do
+        require_type("safe_set_full_grad", "value", value, torch.Tensor)
+        try:
+            broadcasts = torch.broadcast_shapes(value.shape, param.grad.shape) == param.grad.shape
+        except RuntimeError:
+            broadcasts = False
+        if not broadcasts:
+            raise InvalidArgumentError(f"safe_set_full_grad: value of shape {tuple(value.shape)} does not broadcast "
+                                       f"to the gradient's shape {tuple(param.grad.shape)}")
         param.grad.copy_(value)
         return
+    _check_full_value("safe_set_full_grad", param, value)
     _check_managed("safe_set_full_grad", param)
     if _is_zero3(param):
         param._z3_optimizer.set_fp32_grad_for_param(value, param)

@@ -96,6 +96,10 @@ def test_safe_set_full_grad_on_local_grad_copies():
     param.grad = torch.zeros(3)
     ds_profutils.safe_set_full_grad(param, torch.full((3, ), 2.0))
     assert torch.equal(param.grad, torch.full((3, ), 2.0))
+    ds_profutils.safe_set_full_grad(param, torch.tensor(5.0))  # broadcast, as DeepSpeed's copy_ does
+    assert torch.equal(param.grad, torch.full((3, ), 5.0))
+    with pytest.raises(InvalidArgumentError, match=r"value of shape \(2,\) does not broadcast to the gradient's"):
+        ds_profutils.safe_set_full_grad(param, torch.ones(2))
 
 
 def test_on_device_validates_then_builds_on_meta():
