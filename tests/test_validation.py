@@ -14,9 +14,19 @@ class Block(torch.nn.Module):
         self.inner = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
 
 
-def test_warning_once_accepts_stacklevel_like_deepspeed():
+def test_warning_once_warns_once_at_the_callers_line_and_takes_stacklevel(ds_caplog):
     from ds_profutils.logging import warning_once
-    warning_once("ds_profutils test: stacklevel passed through", stacklevel=2)
+
+    def helper(message):
+        warning_once(message, stacklevel=3)  # as DeepSpeed code passes it: point at helper's caller
+
+    for _ in range(2):
+        warning_once("ds_profutils test: once")
+    helper("ds_profutils test: stacklevel")
+    records = [r for r in ds_caplog.records if r.getMessage().startswith("ds_profutils test:")]
+    assert [r.getMessage() for r in records] == ["ds_profutils test: once", "ds_profutils test: stacklevel"]
+    assert all(r.pathname == __file__ for r in records)
+    assert records[0].funcName == records[1].funcName == "test_warning_once_warns_once_at_the_callers_line_and_takes_stacklevel"
 
 
 def test_error_class_is_value_and_assertion_error():
