@@ -331,9 +331,10 @@ def _straggler_analysis(snapshot: Dict[str, Dict[int, list]],
 def install_comms_logger(settings: Any) -> CommsLogger:
     """Make this module's ``CommsLogger`` the one ``deepspeed.comm`` times collectives with.
 
-    ``deepspeed.comm.comm`` looks its logger up by module global on every collective, so replacing that
-    global is enough (``deepspeed.comm.comms_logger``, the star-imported alias, is replaced too); ``settings`` (the ``comms_logger`` section) is applied with ``enabled`` meaning
-    what it says, where DeepSpeed's own logger switches on whenever the section exists.  Installing
+    ``deepspeed.comm.comm`` looks its logger up by module global on every collective, so replacing
+    that global is enough (``deepspeed.comm.comms_logger``, the star-imported alias, is replaced too).
+    ``settings`` (the ``comms_logger`` section) is applied with ``enabled`` meaning what it says,
+    where DeepSpeed's own logger switches on whenever the section exists.  Installing
     twice reconfigures the logger already installed, keeping what it has recorded.
     """
     import deepspeed.comm

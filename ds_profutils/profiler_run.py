@@ -262,8 +262,9 @@ class ProfilerRun:
             path = self._files.new_cycle_trace()
             with atomic_path(path) as temporary:
                 profile.export_chrome_trace(str(temporary))
-                if tail:
-                    rename_trace_events(temporary, f"ProfilerStep#{self.step}", TAIL_RANGE)
+                if tail:  # cosmetic: a failure keeps the exported trace as it is
+                    with _errors_logged(f"renaming the unfinished step of cycle {window.cycle}"):
+                        rename_trace_events(temporary, f"ProfilerStep#{self.step}", TAIL_RANGE)
             steps = [window.active_start, last_step] if last_step >= window.active_start else []
             self._cycles.append({"cycle": window.cycle, "steps": steps, "trace": str(path)})
         if self._summary is not None:

@@ -72,12 +72,12 @@ def probe_writable(directory: Path) -> None:
 
 def rename_trace_events(path: Path, old: str, new: str) -> None:
     """Rename every event called ``old`` in the Chrome trace at ``path`` (rewritten in place)."""
-    with open(path) as source:
+    with open(path, encoding="utf-8") as source:
         trace = json.load(source)
     for event in trace.get("traceEvents", []):
         if event.get("name") == old:
             event["name"] = new
-    with open(path, "w") as out:
+    with open(path, "w", encoding="utf-8") as out:
         json.dump(trace, out)
 
 

@@ -247,11 +247,11 @@ def attach(engine: Any,
     if settings.enabled:
         coordinators = _coordinators(engine)
         check_ranks("partitioned_param_profiler.ranks", settings.ranks, world_size())
+    if config.wall_clock_breakdown:  # first: it may refuse (running timers) before anything else changes
+        install_timers(engine)
     if config.nvtx is not None:
         config.nvtx.apply()
     install_comms_logger(config.comms_logger)
-    if config.wall_clock_breakdown:
-        install_timers(engine)
     rank = global_rank()
     if not (settings.enabled and settings.profiles_rank(rank)):
         if settings.enabled:  # this rank's file from an earlier run would pass for this run's in a report

@@ -303,7 +303,9 @@ def test_install_comms_logger_honours_enabled_where_deepspeed_switches_on_by_key
     saved = ds_comm.comms_logger
     try:
         section = {"comms_logger": {"enabled": False, "verbose": True}}
-        theirs = type(saved)()
+        from deepspeed.utils.comms_logging import CommsLogger as DeepSpeedCommsLogger
+
+        theirs = DeepSpeedCommsLogger()  # not type(saved): an earlier attach() may have installed ours
         theirs.configure(DeepSpeedCommsConfig(section))
         assert theirs.enabled  # DeepSpeed: on because the section exists
 

@@ -26,7 +26,8 @@ def test_warning_once_warns_once_at_the_callers_line_and_takes_stacklevel(ds_cap
     records = [r for r in ds_caplog.records if r.getMessage().startswith("ds_profutils test:")]
     assert [r.getMessage() for r in records] == ["ds_profutils test: once", "ds_profutils test: stacklevel"]
     assert all(r.pathname == __file__ for r in records)
-    assert records[0].funcName == records[1].funcName == "test_warning_once_warns_once_at_the_callers_line_and_takes_stacklevel"
+    test_name = "test_warning_once_warns_once_at_the_callers_line_and_takes_stacklevel"
+    assert records[0].funcName == records[1].funcName == test_name
 
 
 def test_error_class_is_value_and_assertion_error():

@@ -160,8 +160,9 @@ def rank0_only_with_our_timers(records: Path, rank: int) -> dict:
         "stale_file_left": stale.exists() and stale.read_text().startswith("{}"),
         "timers_ours": isinstance(timers, SynchronizedWallClockTimer),
         "optimizer_and_offload_share_them": engine.optimizer.timers is timers and offload.timers is timers,
-        "deepspeeds_timers_untouched_since": not any(t.started_ for t in deepspeeds_timers.get_timers().values())
-                                             and not any(t.elapsed_records for t in deepspeeds_timers.get_timers().values()),
+        # DeepSpeed's Timer.stop() appends to event_timers: empty means nobody timed into its group.
+        "deepspeeds_timers_untouched_since": not any(t.started_ or t.event_timers
+                                                     for t in deepspeeds_timers.get_timers().values()),
         "timer_names": sorted(timers),
     }
 
