@@ -25,6 +25,7 @@ setup(
         "deepspeed>=0.19,<0.20",
         "torch>=2.1",
         "nvtx>=0.2",
+        "numpy",  # the timer's reservoir sample (already a DeepSpeed dependency)
         "packaging>=20.0",
         "pydantic>=2.0",
         "hjson",
