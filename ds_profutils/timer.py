@@ -155,8 +155,8 @@ class _Durations:
         slow steps (gradient accumulation) is not at the mercy of the sample's mix of them.
         """
         sample, n = self.sample, self.count
-        if n <= len(sample):
-            return trim_mean(list(sample), _MEAN_TRIM) if n else 0.0
+        if n <= len(sample):  # still a list holding every duration (0.0 when there is none)
+            return float(trim_mean(sample, _MEAN_TRIM))
         ordered = numpy.sort(sample)
         k, tail = _trim_count(n, _MEAN_TRIM), _trim_count(len(ordered), _MEAN_TRIM)
         low, high = ordered[:tail], ordered[len(ordered) - tail:]
