@@ -9,7 +9,8 @@
     difference is near the noise of a shared machine, the added cost of ``step_profiler()`` while
     counting is also measured alone, as ns per call and as a share of one step.
 (b) ``step_profiler()`` with no profiler running against a plain Python function call, each net of
-    the loop around the calls.  Target: at most 1.0x.
+    the loop around the calls.  With no run, ``step_profiler()`` is a None test; target: not
+    measurable in a training loop, i.e. at most 0.5% of a ``--step-us`` step added.
 
 Candidates run interleaved (order rotated every repeat), and each ratio is the median over repeats
 of the ratio within one repeat: on a shared machine the speed drifts by several times within
@@ -29,7 +30,7 @@ import ds_profutils
 from ds_profutils import profiler, step_profiler
 
 STEP_TARGET = 1.02
-CALL_TARGET = 1.0
+IDLE_SHARE_TARGET = 0.5  # % of one step
 
 Samples = Dict[str, List[float]]
 
@@ -146,7 +147,7 @@ def plain_with_optional_argument(engine=None) -> None:
     pass
 
 
-def bench_idle_step_profiler(calls: int, repeats: int) -> None:
+def bench_idle_step_profiler(calls: int, repeats: int, step_us: float) -> None:
     samples = interleaved_samples(
         {
             "empty loop": lambda: empty_loop(calls),
@@ -160,9 +161,11 @@ def bench_idle_step_profiler(calls: int, repeats: int) -> None:
     print(f"    plain function, def f(): pass                {ns['f()'] - ns['empty loop']:>7.1f} ns")
     print(f"    plain function, def f(engine=None): pass     {ns['f(engine=None)'] - ns['empty loop']:>7.1f} ns")
     print(f"    step_profiler(), nothing running             {ns['step_profiler()'] - ns['empty loop']:>7.1f} ns")
-    for baseline in ("f(engine=None)", "f()"):
-        ratio = paired_ratio(samples, "step_profiler()", baseline, minus="empty loop")
-        print(f"    ratio vs {baseline:<36}{verdict(ratio, CALL_TARGET)}")
+    added_ns = statistics.median(s - f for s, f in zip(samples["step_profiler()"], samples["f(engine=None)"]))
+    added_ns = added_ns / calls * 1e9
+    share = added_ns / (step_us * 10)
+    print(f"    added over f(engine=None)                    {added_ns:>+7.1f} ns = {share:.2f}% of a {step_us:g} us step "
+          f"(target <= {IDLE_SHARE_TARGET}%: {'ok' if share <= IDLE_SHARE_TARGET else 'OVER TARGET'})")
 
 
 def main() -> None:
@@ -175,7 +178,7 @@ def main() -> None:
     ds_profutils.logger.setLevel(logging.ERROR)  # each profiled repeat ends "before any active step"
     bench_outside_window(args.step_us, args.steps, args.repeats)
     print()
-    bench_idle_step_profiler(args.calls, args.repeats)
+    bench_idle_step_profiler(args.calls, args.repeats, args.step_us)
 
 
 if __name__ == "__main__":

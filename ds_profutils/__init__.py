@@ -2,59 +2,98 @@
 
 Swap ``from deepspeed.utils import X`` for ``from ds_profutils import X``: every public name of
 ``deepspeed.utils`` 0.19.x is here with the same signature, acting on the same DeepSpeed state.
+
+Names are resolved on first use (PEP 562), so ``import ds_profutils`` costs nothing: the
+``ds-profutils`` command line reads reports without importing torch or DeepSpeed.  The submodules
+``z3_leaf_module`` and ``tensor_fragment`` share their names with a DeepSpeed function and class; at
+top level those names stay DeepSpeed's objects however the submodules are imported, as in
+``deepspeed.utils``.
 """
-from deepspeed.runtime.dataloader import RepeatingLoader
+import importlib
+import sys
+import types
+from typing import Any, Dict, List, Tuple
 
-from .comms_logging import get_caller_func
-from .exceptions import DeprecatedException
-from .groups import (bwc_pipeline_parallel_world_size, bwc_tensor_model_parallel_world_size, get_data_parallel_group,
-                     get_data_parallel_rank, get_data_parallel_world_size, get_model_parallel_group,
-                     get_model_parallel_rank, get_model_parallel_world_size, get_tensor_model_parallel_group,
-                     get_tensor_model_parallel_rank, get_tensor_model_parallel_src_rank,
-                     get_tensor_model_parallel_world_size, initialize, set_tensor_model_parallel_rank,
-                     set_tensor_model_parallel_world_size)
-from .init_on_device import OnDevice
-from .logging import log_dist, log_dist_once, logger, set_log_level_from_string
-from .mixed_precision_linkage import lazy_init_hp_params_optimizer_state, link_hp_params
-from .module_utils import recursive_getattr, recursive_setattr
-from .numa import get_numactl_cmd
-from .nvtx import instrument_w_nvtx
-from .partitioned_param_profiler import PartitionedParameterProfiler
-from .profiler_decorator import profiler, step_profiler
-from .tensor_fragment import (fragment_address, get_full_hp_grad, get_full_hp_param, get_hp_fragment_mapping,
-                              map_to_flat_opt_states, safe_get_full_fp32_param, safe_get_full_grad,
-                              safe_get_full_optimizer_state, safe_get_local_fp32_param, safe_get_local_grad,
-                              safe_get_local_optimizer_state, safe_set_full_fp32_param, safe_set_full_grad,
-                              safe_set_full_optimizer_state, safe_set_local_fp32_param, safe_set_local_grad,
-                              safe_set_local_optimizer_state, safe_update_full_grad_vectorized, set_full_hp_grad,
-                              set_full_hp_param, tensor_fragment)
 from .version import __version__
-from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_module, set_z3_leaf_modules,
-                             set_z3_leaf_modules_by_name, set_z3_leaf_modules_by_suffix, unset_z3_leaf_modules,
-                             z3_leaf_module, z3_leaf_parameter)
-from .zero_attach import attach
 
-# The names of deepspeed.utils 0.19.x, in the order of its __init__.
-DEEPSPEED_UTILS_NAMES = [
-    "logger", "log_dist", "log_dist_once", "set_log_level_from_string", "get_caller_func", "OnDevice",
-    "DeprecatedException", "bwc_pipeline_parallel_world_size", "bwc_tensor_model_parallel_world_size",
-    "initialize", "get_tensor_model_parallel_group", "get_model_parallel_group", "get_data_parallel_group",
-    "set_tensor_model_parallel_world_size", "get_tensor_model_parallel_world_size", "get_model_parallel_world_size",
-    "set_tensor_model_parallel_rank", "get_tensor_model_parallel_rank", "get_model_parallel_rank",
-    "get_tensor_model_parallel_src_rank", "get_data_parallel_world_size", "get_data_parallel_rank",
-    "instrument_w_nvtx", "tensor_fragment", "get_full_hp_param", "get_hp_fragment_mapping", "fragment_address",
-    "get_full_hp_grad", "map_to_flat_opt_states", "safe_get_full_fp32_param", "safe_get_full_grad",
-    "safe_get_full_optimizer_state", "set_full_hp_param", "set_full_hp_grad", "safe_set_full_fp32_param",
-    "safe_set_full_optimizer_state", "safe_set_full_grad", "safe_get_local_fp32_param", "safe_get_local_grad",
-    "safe_get_local_optimizer_state", "safe_set_local_fp32_param", "safe_set_local_grad",
-    "safe_set_local_optimizer_state", "safe_update_full_grad_vectorized", "set_z3_leaf_modules",
-    "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter", "set_z3_leaf_module",
-    "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix", "link_hp_params",
-    "lazy_init_hp_params_optimizer_state", "RepeatingLoader", "get_numactl_cmd", "recursive_getattr",
-    "recursive_setattr"
-]
+# Where each public name lives, module by module in the order of deepspeed.utils 0.19's __init__.
+_HOMES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    (".logging", ("logger", "log_dist", "log_dist_once", "set_log_level_from_string")),
+    (".comms_logging", ("get_caller_func", )),
+    (".init_on_device", ("OnDevice", )),
+    (".exceptions", ("DeprecatedException", )),
+    (".groups", ("bwc_pipeline_parallel_world_size", "bwc_tensor_model_parallel_world_size", "initialize",
+                 "get_tensor_model_parallel_group", "get_model_parallel_group", "get_data_parallel_group",
+                 "set_tensor_model_parallel_world_size", "get_tensor_model_parallel_world_size",
+                 "get_model_parallel_world_size", "set_tensor_model_parallel_rank", "get_tensor_model_parallel_rank",
+                 "get_model_parallel_rank", "get_tensor_model_parallel_src_rank", "get_data_parallel_world_size",
+                 "get_data_parallel_rank")),
+    (".nvtx", ("instrument_w_nvtx", )),
+    (".tensor_fragment", ("tensor_fragment", "get_full_hp_param", "get_hp_fragment_mapping", "fragment_address",
+                          "get_full_hp_grad", "map_to_flat_opt_states", "safe_get_full_fp32_param",
+                          "safe_get_full_grad", "safe_get_full_optimizer_state", "set_full_hp_param",
+                          "set_full_hp_grad", "safe_set_full_fp32_param", "safe_set_full_optimizer_state",
+                          "safe_set_full_grad", "safe_get_local_fp32_param", "safe_get_local_grad",
+                          "safe_get_local_optimizer_state", "safe_set_local_fp32_param", "safe_set_local_grad",
+                          "safe_set_local_optimizer_state", "safe_update_full_grad_vectorized")),
+    (".z3_leaf_module", ("set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module",
+                         "z3_leaf_parameter", "set_z3_leaf_module", "set_z3_leaf_modules_by_name",
+                         "set_z3_leaf_modules_by_suffix")),
+    (".mixed_precision_linkage", ("link_hp_params", "lazy_init_hp_params_optimizer_state")),
+    ("deepspeed.runtime.dataloader", ("RepeatingLoader", )),
+    (".numa", ("get_numactl_cmd", )),
+    (".module_utils", ("recursive_getattr", "recursive_setattr")),
+)
+_ADDITIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    (".torch_profiler", ("profiler", "step_profiler")),
+    (".zero3", ("PartitionedParameterProfiler", "attach")),
+)
 
-# Our additions (profiling tools and configuration).
-PROFUTILS_NAMES = ["__version__", "profiler", "step_profiler", "PartitionedParameterProfiler", "attach"]
-
+DEEPSPEED_UTILS_NAMES: List[str] = [name for _, names in _HOMES for name in names]
+"""The 58 public names of deepspeed.utils 0.19.x, in the order of its __init__."""
+PROFUTILS_NAMES: List[str] = ["__version__"] + [name for _, names in _ADDITIONS for name in names]
+"""Our additions: the profiler decorator and the ZeRO-3 fetch profiler."""
 __all__ = DEEPSPEED_UTILS_NAMES + PROFUTILS_NAMES
+
+_HOME_OF: Dict[str, str] = {name: module for module, names in _HOMES + _ADDITIONS for name in names}
+_SUBMODULES = frozenset({
+    "logging", "comms_logging", "nvtx", "timer", "tensor_fragment", "mixed_precision_linkage", "z3_leaf_module",
+    "numa", "init_on_device", "groups", "module_utils", "bwc", "exceptions", "outputs", "cli", "config",
+    "torch_profiler", "zero3", "report"
+})
+# Submodules whose name is also a DeepSpeed object exported at top level.
+_SHADOWED = frozenset({"z3_leaf_module", "tensor_fragment"})
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name (or a submodule) on first use, then keep it as a plain attribute."""
+    home = _HOME_OF.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home, __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
+
+
+class _Package(types.ModuleType):
+    """Keeps ``z3_leaf_module`` and ``tensor_fragment`` DeepSpeed's objects at top level.
+
+    Importing a submodule makes the import system set it as an attribute of its package, which would
+    replace the function (or class) of the same name.  That binding is dropped here; the submodule
+    stays reachable through ``sys.modules`` and ``importlib.import_module``, as in ``deepspeed.utils``.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -11,7 +11,8 @@ import json
 import sys
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
-from .config import ConfigError, ConfigProblem, ProfUtilsConfig, check_ranks, environment_overrides, load_config
+from .config import (DEEPSPEED_APPLIED_KEYS, ConfigError, ConfigProblem, ProfUtilsConfig, check_ranks,
+                     environment_overrides, load_config, raw_settings)
 
 __all__ = ["EXIT_INVALID", "build_parser", "main"]
 
@@ -63,6 +64,11 @@ def _check_config(args: argparse.Namespace) -> int:
             print("  (with environment overrides "
                   f"{', '.join(f'{name}={value}' for name, value in sorted(overrides.items()))})")
         print("\n".join(_render(config.model_dump(), "  ")))
+        raw, _ = raw_settings(path)
+        theirs = {key: raw[key] for key in DEEPSPEED_APPLIED_KEYS if key in raw}
+        if theirs:
+            print("applied by DeepSpeed, not read by ds_profutils:")
+            print("\n".join(_render(theirs, "  ")))
     return exit_code
 
 
@@ -81,7 +87,7 @@ def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_report(subparsers: argparse._SubParsersAction) -> None:
-    from . import fetch_report
+    from .report import command
 
     parser = subparsers.add_parser(
         "report",
@@ -89,8 +95,8 @@ def _add_report(subparsers: argparse._SubParsersAction) -> None:
         description="Read the zero_fetch_rank_*.jsonl files written by ds_profutils.attach (and any "
         "trace_rank_*.json) in DIR and print per-event, per-rank and per-step tables: which fetches cost what, "
         "on which rank, and how much of each step waits for them. Exits 1 when DIR has nothing to report.")
-    fetch_report.add_arguments(parser)
-    parser.set_defaults(handler=fetch_report.run)
+    command.add_arguments(parser)
+    parser.set_defaults(handler=command.run)
 
 
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (_add_check_config, _add_report)

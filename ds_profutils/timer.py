@@ -4,52 +4,36 @@ What differs from DeepSpeed's timers, and why:
 
 * Host time comes from ``time.perf_counter_ns()``: monotonic, integer nanoseconds, so an NTP step
   cannot produce a negative duration and sums do not lose precision.
-* A timer keeps running statistics (count, total, and a bounded sample of durations for
-  ``mean()``'s trimmed mean), not one record per start/stop, so memory stays bounded however long a
-  run goes between ``log()`` calls.  ``elapsed()`` is exact; ``mean()`` equals DeepSpeed's trimmed
-  mean while at most ``_SAMPLE_SIZE`` durations were recorded since the last reset (more than an
-  autotuning run records); beyond that it is estimated from the exact total and the tails of a
-  uniform random sample (within about 2 % for skewed durations, 0.1 % for periodic ones).
-* On an accelerator without host timers, events are recorded at start/stop and resolved only when a
-  time is read (or, to bound memory, once ``_FOLD_EVERY`` pairs are pending, oldest first), so timing
-  does not synchronize the device on every stop, and a read waits for the newest end event only.
+* A timer keeps :class:`DurationStats` (exact count, total, min and max, and a bounded random sample
+  of durations), not one record per start/stop, so memory stays bounded however long a run goes
+  between ``log()`` calls.  ``elapsed()`` is exact; ``mean()`` equals DeepSpeed's trimmed mean while
+  at most ``SAMPLE_SIZE`` durations were recorded since the last reset (more than an autotuning run
+  records), and beyond is estimated from the exact total and the sample's tails.
+* Where DeepSpeed's timers use device events (``use_host_timers()`` is False), so do ours; the events
+  are resolved only when a time is read (or, to bound memory, once ``FOLD_EVERY`` pairs are pending),
+  so timing never synchronizes the device on every stop.
 * Misuse (stop without start, start twice, a normalizer <= 0) raises ``InvalidArgumentError`` instead
   of an ``assert`` that vanishes under ``python -O``.
 """
 from __future__ import annotations
 
 import time
-import zlib
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional
 
-import numpy
 from deepspeed.accelerator import get_accelerator
-# DeepSpeed's own objects, for code that imports them from here; neither holds any of our state.
+# DeepSpeed's own objects, for code that imports them from here; none holds any state to share.
 # (Free: importing any deepspeed submodule runs deepspeed/__init__.py, which loads deepspeed.utils.timer.)
-from deepspeed.utils.timer import PSUTILS_INSTALLED, CudaEventTimer
+from deepspeed.utils.timer import PSUTILS_INSTALLED, CudaEventTimer, NoopTimer
 
+from ._stats import FOLD_EVERY, DurationStats, trim_mean
 from .exceptions import InvalidArgumentError
 from .logging import logger, print_dist
 
 __all__ = [
-    "BACKWARD_GLOBAL_TIMER",
-    "BACKWARD_INNER_GLOBAL_TIMER",
-    "BACKWARD_INNER_MICRO_TIMER",
-    "BACKWARD_MICRO_TIMER",
-    "BACKWARD_REDUCE_GLOBAL_TIMER",
-    "BACKWARD_REDUCE_MICRO_TIMER",
-    "FORWARD_GLOBAL_TIMER",
-    "FORWARD_MICRO_TIMER",
-    "STEP_GLOBAL_TIMER",
-    "STEP_MICRO_TIMER",
-    "TIME_EPSILON",
-    "PSUTILS_INSTALLED",
-    "CudaEventTimer",
-    "NoopTimer",
-    "SynchronizedWallClockTimer",
-    "ThroughputTimer",
-    "install_timers",
-    "trim_mean",
+    "BACKWARD_GLOBAL_TIMER", "BACKWARD_INNER_GLOBAL_TIMER", "BACKWARD_INNER_MICRO_TIMER", "BACKWARD_MICRO_TIMER",
+    "BACKWARD_REDUCE_GLOBAL_TIMER", "BACKWARD_REDUCE_MICRO_TIMER", "FORWARD_GLOBAL_TIMER", "FORWARD_MICRO_TIMER",
+    "STEP_GLOBAL_TIMER", "STEP_MICRO_TIMER", "TIME_EPSILON", "PSUTILS_INSTALLED", "CudaEventTimer", "NoopTimer",
+    "SynchronizedWallClockTimer", "ThroughputTimer", "trim_mean"
 ]
 
 # Timer names the DeepSpeed engine uses; the flops profiler and pipeline engine import them from here.
@@ -65,13 +49,6 @@ STEP_MICRO_TIMER = "step_microstep"
 STEP_GLOBAL_TIMER = "step"
 TIME_EPSILON = 1e-6
 
-# Share of durations trimmed from each end by ``Timer.mean()``, as in DeepSpeed.
-_MEAN_TRIM = 0.1
-# Durations kept per timer for ``mean()``: exact up to this many since the last reset, sampled beyond.
-_SAMPLE_SIZE = 4096
-# Durations (or event pairs) buffered before they are folded into the statistics.  Folding in batches
-# keeps ``stop()`` to a list append and spreads the sample's numpy calls thin; this bounds the buffer.
-_FOLD_EVERY = 1024
 _NS_PER_MS = 1_000_000
 _BYTES_PER_GB = 1024**3
 
@@ -79,111 +56,24 @@ _BYTES_PER_GB = 1024**3
 _clock_ns = time.perf_counter_ns
 
 
-def _trim_count(n: int, trim_percent: float) -> int:
-    """How many values DeepSpeed's ``trim_mean`` drops from each end of ``n`` values."""
-    return int(round(n * trim_percent))
-
-
-def trim_mean(data: Sequence[float], trim_percent: float) -> float:
-    """Mean of ``data`` without the ``trim_percent`` smallest and largest values (DeepSpeed's rule).
-
-    ``round(len(data) * trim_percent)`` values go from each end; an empty ``data`` gives 0, and a trim
-    that leaves nothing gives NaN (as numpy's mean of nothing).  ``data`` is not reordered: the comms
-    logger passes lists whose positions correspond across latency and bandwidth.
-    """
-    if not 0.0 <= trim_percent <= 1.0:
-        raise InvalidArgumentError(f"trim_mean: trim_percent must be within [0, 1], got {trim_percent!r}")
-    n = len(data)
-    if n == 0:
-        return 0
-    k = _trim_count(n, trim_percent)
-    kept = sorted(data)[k:n - k]
-    return sum(kept) / len(kept) if kept else float("nan")
-
-
 def _check_normalizer(function: str, normalizer: float) -> None:
     if not normalizer > 0.0:
         raise InvalidArgumentError(f"{function}: normalizer must be > 0, got {normalizer!r}")
 
 
-class _Durations:
-    """Count, total and a bounded uniform sample of a stream of durations (nanoseconds).
-
-    The sample holds every duration while there are at most ``_SAMPLE_SIZE``, so ``mean()`` is then
-    exactly DeepSpeed's trimmed mean.  Past that it is a reservoir sample (Algorithm R, a batch at a
-    time in numpy: the i-th duration replaces a random slot with chance size/(i+1)), so a batch costs
-    a few vector operations rather than Python work per kept duration.  Random rather than every
-    n-th duration: a timer around gradient-accumulation micro steps sees a period, and a strided
-    sample would keep only the slow (or only the fast) ones.  Seeded by the timer's name, so a run
-    repeats exactly while timers do not all keep the same positions.
-    """
-
-    __slots__ = ("count", "total", "sample", "_seed", "_random")
-
-    def __init__(self, seed: str = "") -> None:
-        self.count = 0
-        self.total = 0
-        self.sample: List[float] = []  # a numpy array once full
-        self._seed = seed
-        self._random: Optional[numpy.random.Generator] = None  # made when the sample first fills
-
-    def add(self, durations: List[float]) -> None:
-        """Fold a batch in."""
-        first, self.count = self.count, self.count + len(durations)
-        self.total += sum(durations)
-        if self._random is None:
-            room = _SAMPLE_SIZE - len(self.sample)
-            self.sample.extend(durations[:room])
-            if len(self.sample) < _SAMPLE_SIZE:
-                return
-            self.sample = numpy.array(self.sample, dtype=numpy.float64)
-            self._random = numpy.random.default_rng(zlib.crc32(self._seed.encode()))
-            durations, first = durations[room:], first + room
-            if not durations:
-                return
-        draw = self._random
-        positions = numpy.arange(first + 1, first + len(durations) + 1, dtype=numpy.float64)
-        kept = draw.random(len(durations)) * positions < _SAMPLE_SIZE
-        slots = draw.integers(0, _SAMPLE_SIZE, size=int(kept.sum()))
-        self.sample[slots] = numpy.asarray(durations, dtype=numpy.float64)[kept]
-
-    def trimmed_mean(self) -> float:
-        """DeepSpeed's ``trim_mean(records, 0.1)``: exact while every duration is in the sample.
-
-        Beyond, the exact total less the two trimmed tails, each estimated as its count times the mean
-        of the same tail of the sample.  Only the tails are estimated, so a stream that mixes fast and
-        slow steps (gradient accumulation) is not at the mercy of the sample's mix of them.
-        """
-        sample, n = self.sample, self.count
-        if n <= len(sample):  # still a list holding every duration (0.0 when there is none)
-            return float(trim_mean(sample, _MEAN_TRIM))
-        ordered = numpy.sort(sample)
-        k, tail = _trim_count(n, _MEAN_TRIM), _trim_count(len(ordered), _MEAN_TRIM)
-        low, high = ordered[:tail], ordered[len(ordered) - tail:]
-        return float((self.total - k * (low.sum() + high.sum()) / tail) / (n - 2 * k))
-
-
 class _Timer:
-    """One named timer: ``start()``/``stop()`` pairs, read with ``elapsed()`` and ``mean()`` in ms.
+    """One named timer on the host's monotonic clock: ``start()``/``stop()``, read in ms with
+    ``elapsed()`` and ``mean()``.  ``stop()`` is one list append (:class:`DurationStats`).
 
-    ``_Timer(name)`` builds a host-clock timer when the accelerator uses host timers (CPU) and an
-    event timer otherwise, so ``start``/``stop`` never branch on the device.
+    A group makes its timers with :func:`_new_timer`: this class where DeepSpeed's timers use the host
+    clock (``use_host_timers()``), else an :class:`_EventTimer` on device events.
     """
-
-    def __new__(cls, name: str) -> "_Timer":
-        if cls is _Timer:
-            cls = _HostTimer if get_accelerator().use_host_timers() else _EventTimer
-        return super().__new__(cls)
-
-    def __getnewargs__(self) -> tuple:
-        # pickle and copy.deepcopy rebuild the object with ``cls.__new__(cls, *these)``: __new__ needs the name.
-        return (self.name_, )
 
     def __init__(self, name: str) -> None:
         self.name_ = name
-        self._start: Any = None  # the start stamp while running, else None
-        self._pending: List[Any] = []
-        self._durations = _Durations(self.name_)
+        self._start: Any = None  # the start stamp (or event) while running, else None
+        self._durations = DurationStats(name)
+        self._pending = self._durations.pending  # the same list for the timer's life
 
     @property
     def started_(self) -> bool:
@@ -197,15 +87,32 @@ class _Timer:
     def _not_started(self) -> InvalidArgumentError:
         return InvalidArgumentError(f"timer {self.name_!r} is not started; call start() before stop()")
 
+    def start(self) -> None:
+        """Start an interval."""
+        if self._start is not None:
+            raise self._already_started()
+        self._start = _clock_ns()
+
+    def stop(self, reset: bool = False, record: bool = False) -> None:
+        """End the interval.  ``reset`` and ``record`` are accepted and ignored, as in DeepSpeed."""
+        now = _clock_ns()
+        start = self._start
+        if start is None:
+            raise self._not_started()
+        self._start = None
+        pending = self._pending
+        pending.append(now - start)
+        if len(pending) >= FOLD_EVERY:
+            self._durations.fold()
+
     def _fold(self) -> None:
-        """Move every pending measurement into ``_durations``."""
-        raise NotImplementedError
+        """Bring the statistics up to date before a time is read."""
+        self._durations.fold()
 
     def reset(self) -> None:
         """Forget all measurements and any interval in progress."""
         self._start = None
-        self._pending.clear()
-        self._durations = _Durations(self.name_)
+        self._durations.reset()
 
     def elapsed(self, reset: bool = True) -> float:
         """Total milliseconds since the last reset.
@@ -230,48 +137,20 @@ class _Timer:
         return self._durations.trimmed_mean() / _NS_PER_MS
 
 
-class _HostTimer(_Timer):
-    """Timer on the host's monotonic clock."""
-
-    def start(self) -> None:
-        """Start an interval."""
-        if self._start is not None:
-            raise self._already_started()
-        self._start = _clock_ns()
-
-    def stop(self, reset: bool = False, record: bool = False) -> None:
-        """End the interval.  ``reset`` and ``record`` are accepted and ignored, as in DeepSpeed."""
-        now = _clock_ns()
-        start = self._start
-        if start is None:
-            raise self._not_started()
-        self._start = None
-        pending = self._pending
-        pending.append(now - start)
-        if len(pending) >= _FOLD_EVERY:
-            self._fold()
-
-    def _fold(self) -> None:
-        """Move every pending duration into ``_durations``."""
-        if self._pending:
-            self._durations.add(self._pending)
-            self._pending = []
-
-
 class _EventTimer(_Timer):
-    """Timer on accelerator events: recorded on the stream, resolved when a time is read."""
+    """A timer on device events recorded on the current stream, resolved when a time is read."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self._event_class = get_accelerator().Event
+        self._pairs: List[Any] = []  # (start, end) events not resolved yet
 
     def start(self) -> None:
-        """Record a start event on the current stream."""
+        """Record a start event."""
         if self._start is not None:
             raise self._already_started()
-        event = self._event_class(enable_timing=True)
-        event.record()
-        self._start = event
+        self._start = self._event_class(enable_timing=True)
+        self._start.record()
 
     def stop(self, reset: bool = False, record: bool = False) -> None:
         """Record an end event.  ``reset`` and ``record`` are accepted and ignored, as in DeepSpeed."""
@@ -281,34 +160,43 @@ class _EventTimer(_Timer):
         end = self._event_class(enable_timing=True)
         end.record()
         self._start = None
-        self._pending.append((start, end))
-        if len(self._pending) >= _FOLD_EVERY:
+        self._pairs.append((start, end))
+        if len(self._pairs) >= FOLD_EVERY:
             self._fold(everything=False)
 
     def _fold(self, everything: bool = True) -> None:
-        """Move resolved pairs into ``_durations``, oldest first.
+        """Move resolved event pairs into the statistics, oldest first.
 
         ``everything`` (a time is being read): every pending pair, waiting on the newest end event
-        only, since events recorded on one stream complete in order.  Otherwise (the buffer is full,
-        from ``stop()``): the pairs the device has finished, without waiting on newer work; if even
-        the oldest is unfinished, wait for that one only: the host is then ``_FOLD_EVERY`` intervals
-        ahead of the device, and the buffer must not grow.
+        only, since events recorded on one stream complete in order.  Otherwise (the buffer is full):
+        the pairs the device has finished; if even the oldest is unfinished, wait for that one only.
         """
-        pairs = self._pending
-        if not pairs:
-            return
-        if everything:
-            pairs[-1][1].synchronize()
-            done = len(pairs)
-        else:
-            done = 0
-            while done < len(pairs) and pairs[done][1].query():
-                done += 1
-            if done == 0:
-                pairs[0][1].synchronize()
-                done = 1
-        self._durations.add([_elapsed_ns(start, end) for start, end in pairs[:done]])
-        del pairs[:done]
+        pairs = self._pairs
+        if pairs:
+            if everything:
+                pairs[-1][1].synchronize()
+                done = len(pairs)
+            else:
+                done = 0
+                while done < len(pairs) and pairs[done][1].query():
+                    done += 1
+                if done == 0:
+                    pairs[0][1].synchronize()
+                    done = 1
+            for start, end in pairs[:done]:
+                self._durations.add(_elapsed_ns(start, end))
+            del pairs[:done]
+        self._durations.fold()
+
+    def reset(self) -> None:
+        """Forget all measurements and any interval in progress."""
+        super().reset()
+        self._pairs.clear()
+
+
+def _new_timer(name: str) -> _Timer:
+    """A timer on the clock DeepSpeed's timers would use on the current accelerator."""
+    return (_Timer if get_accelerator().use_host_timers() else _EventTimer)(name)
 
 
 def _elapsed_ns(start: Any, end: Any) -> float:
@@ -347,7 +235,7 @@ class SynchronizedWallClockTimer(dict):
         return True
 
     def __missing__(self, name: str) -> _Timer:
-        timer = self[name] = self.Timer(name)
+        timer = self[name] = _new_timer(name)
         return timer
 
     @property
@@ -398,99 +286,6 @@ class SynchronizedWallClockTimer(dict):
         """
         _check_normalizer("SynchronizedWallClockTimer.get_mean", normalizer)
         return {name: self[name].mean() * 1000.0 / normalizer for name in names if name in self}
-
-
-_TIMER_HOLDER_DEPTH = 3  # engine -> optimizer -> parameter_offload / optimizer_swapper -> async swapper
-
-
-def install_timers(engine: Any) -> SynchronizedWallClockTimer:
-    """Put this module's timer group in place of DeepSpeed's in a live engine; return it.
-
-    DeepSpeed's engine makes one ``SynchronizedWallClockTimer`` and hands it to its optimizer, the
-    ZeRO-3 parameter offload and the swappers, which keep it as ``.timers``.  Every such holder
-    reachable from the engine through instance attributes gets ours instead, so all of them keep
-    timing into one group, now in constant memory.  Call it before training: timers running in
-    DeepSpeed's group would be lost (refused with ``InvalidArgumentError``).  Twice is harmless.
-    """
-    theirs = engine.timers
-    if isinstance(theirs, SynchronizedWallClockTimer):
-        return theirs
-    running = [name for name, timer in theirs.get_timers().items() if timer.started_]
-    if running:
-        raise InvalidArgumentError(f"install_timers: DeepSpeed's timers {running} are running; install before "
-                                   f"training starts")
-    ours = SynchronizedWallClockTimer()
-    for holder in _holders_of(engine, theirs):
-        holder.timers = ours
-    return ours
-
-
-def _holders_of(root: Any, timers: Any) -> List[Any]:
-    """Objects reachable from ``root`` through instance attributes whose ``timers`` is ``timers``."""
-    holders, seen, level = [], {id(root)}, [root]
-    for _ in range(_TIMER_HOLDER_DEPTH + 1):
-        following = []
-        for obj in level:
-            attributes = getattr(obj, "__dict__", None)
-            if attributes is None:
-                continue
-            if attributes.get("timers") is timers:
-                holders.append(obj)
-            for value in attributes.values():
-                if id(value) not in seen and hasattr(value, "__dict__") and not isinstance(value, type):
-                    seen.add(id(value))
-                    following.append(value)
-        level = following
-    return holders
-
-
-class _NoopTimerHandle:
-    """What ``NoopTimer()(name)`` returns: accepts every timer call and measures nothing."""
-
-    def start(self) -> None:
-        """Do nothing."""
-
-    def reset(self) -> None:
-        """Do nothing."""
-
-    def stop(self, **kwargs: Any) -> None:
-        """Do nothing."""
-
-    def elapsed(self, **kwargs: Any) -> float:
-        """Always 0."""
-        return 0
-
-    def mean(self) -> float:
-        """Always 0."""
-        return 0
-
-
-class NoopTimer:
-    """Stand-in for ``SynchronizedWallClockTimer`` when wall-clock breakdown is off: every call is free."""
-
-    Timer = _NoopTimerHandle
-
-    def __init__(self) -> None:
-        self.timer = self.Timer()
-
-    def __call__(self, name: str) -> _NoopTimerHandle:
-        return self.timer
-
-    def get_timers(self) -> Dict[str, Any]:
-        """No timers."""
-        return {}
-
-    def log(self,
-            names: Iterable[str],
-            normalizer: float = 1.0,
-            reset: bool = True,
-            memory_breakdown: bool = False,
-            ranks: Optional[List[int]] = None) -> None:
-        """Log nothing."""
-
-    def get_mean(self, names: Iterable[str], normalizer: float = 1.0, reset: bool = True) -> None:
-        """No means: None, as DeepSpeed returns."""
-        return None
 
 
 class ThroughputTimer:

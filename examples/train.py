@@ -20,8 +20,8 @@ import torch
 from ds_profutils import (RepeatingLoader, attach, log_dist, profiler, safe_get_full_fp32_param, safe_get_full_grad,
                           step_profiler)
 from ds_profutils.config import load_config
-from ds_profutils.fetch_report import build_report, render_text
-from ds_profutils.zero_attach import ZeroFetchRecorder
+from ds_profutils.report import build_report, render_text
+from ds_profutils.zero3 import ZeroFetchRecorder
 
 
 class ToyModel(torch.nn.Module):

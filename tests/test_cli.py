@@ -1,6 +1,7 @@
 """``ds-profutils check-config``: accepts the example configs, rejects bad ones with one line per problem."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,9 +57,12 @@ def test_check_config_prints_resolved_settings(path, capsys):
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{path}: valid; resolved ds_profutils settings:\n")
-    keys = [line.split(":")[0] for line in out.splitlines()[1:] if not line.startswith("    ")]
-    assert keys == ["  profiler", "  nvtx", "  partitioned_param_profiler", "  wall_clock_breakdown", "  timers",
-                    "  steps_per_print", "  comms_logger"]
+    ours, _, theirs = out.partition("applied by DeepSpeed, not read by ds_profutils:\n")
+    keys = [line.split(":")[0] for line in ours.splitlines()[1:] if not line.startswith("    ")]
+    assert keys == ["  profiler", "  nvtx", "  partitioned_param_profiler", "  wall_clock_breakdown", "  comms_logger"]
+    raw = json.loads(path.read_text())
+    assert [line.split(":")[0] for line in theirs.splitlines() if not line.startswith("    ")] == \
+        [f"  {key}" for key in ("timers", "steps_per_print") if key in raw]
 
 
 def test_defaults_are_filled_in(tmp_path, capsys):

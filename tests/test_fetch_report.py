@@ -4,10 +4,10 @@ import sys
 
 import pytest
 
-import ds_profutils.fetch_report as fetch_report
-import ds_profutils.trace_summary as trace_summary
+import ds_profutils.report.records as records
+import ds_profutils.report.traces as trace_summary
 from ds_profutils.cli import main
-from ds_profutils.fetch_report import ReportError, build_report, render_text
+from ds_profutils.report import ReportError, build_report, render_text
 
 
 def event(count, numel, time_ms, unit="shard", element_size=4):
@@ -225,6 +225,6 @@ def test_large_runs_read_ranks_in_parallel_with_the_same_result(tmp_path, monkey
     for rank in range(3):
         write_rank(tmp_path, rank, [record(rank, step, 1.0 + rank, world_size=3) for step in range(20)])
     sequential = build_report(tmp_path)
-    monkeypatch.setattr(fetch_report, "_PARALLEL_BYTES", 0)
-    monkeypatch.setattr(fetch_report.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(records, "_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(records.os, "cpu_count", lambda: 2)
     assert build_report(tmp_path) == sequential

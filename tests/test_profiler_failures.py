@@ -9,7 +9,8 @@ import threading
 import pytest
 import torch
 
-from ds_profutils import profiler, profiler_run, step_profiler
+from ds_profutils import profiler, step_profiler
+from ds_profutils.torch_profiler import run as profiler_run
 from ds_profutils.config import ConfigError
 from profiler_testing import profiler_steps, read_trace, train_step
 
@@ -18,7 +19,6 @@ SCHEDULE = dict(skip_first=0, wait=2, warmup=1, active=3)  # active steps 3, 4, 
 
 def _assert_idle():
     assert profiler_run._current is None
-    assert step_profiler.__code__ is profiler_run._IDLE_STEP_CODE
 
 
 def test_exception_writes_a_complete_trace_and_reraises(tmp_path):
@@ -91,21 +91,41 @@ def test_sigterm_while_recording_leaves_complete_files(tmp_path):
     assert not [p for p in tmp_path.rglob(".*")], "temporary files left behind"
 
 
-def test_sigint_keeps_pythons_handler_and_still_writes(tmp_path):
-    before = signal.getsignal(signal.SIGINT)
+@pytest.fixture
+def sigint_handler(request):
+    """SIGINT's handler set for one test, whatever the suite started with (``nohup ... &`` starts Python
+    with SIGINT ignored, so Python's own KeyboardInterrupt handler is then not installed)."""
+    previous = signal.signal(signal.SIGINT, request.param)
+    yield request.param
+    signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_in_step_4(tmp_path):
 
     @profiler(output_dir=str(tmp_path), **SCHEDULE)
-    def interrupted_in_step_4():
+    def train():
         for step in range(10):
             train_step()
             if step == 4:
                 os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
             step_profiler()
 
+    return train
+
+
+@pytest.mark.parametrize("sigint_handler", [signal.default_int_handler], indirect=True)
+def test_sigint_keeps_pythons_handler_and_still_writes(tmp_path, sigint_handler):
     with pytest.raises(KeyboardInterrupt):
-        interrupted_in_step_4()
+        _interrupted_in_step_4(tmp_path)()
     assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4]
-    assert signal.getsignal(signal.SIGINT) is before
+    assert signal.getsignal(signal.SIGINT) is sigint_handler
+
+
+@pytest.mark.parametrize("sigint_handler", [signal.SIG_IGN], indirect=True)
+def test_an_ignored_sigint_stays_ignored(tmp_path, sigint_handler):
+    _interrupted_in_step_4(tmp_path)()  # runs to its end
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 5]
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_nested_call_runs_unprofiled_and_leaves_the_outer_run_alone(tmp_path, ds_caplog):

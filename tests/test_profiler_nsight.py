@@ -3,7 +3,8 @@ the CPU path for real."""
 import pytest
 import torch
 
-from ds_profutils import nsight, profiler, step_profiler
+from ds_profutils import profiler, step_profiler
+from ds_profutils.torch_profiler import nsight
 from ds_profutils.logging import warning_once
 from profiler_testing import profiler_steps, read_trace
 

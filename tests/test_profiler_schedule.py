@@ -6,7 +6,7 @@ import pytest
 from torch.profiler import ProfilerAction, schedule
 
 from ds_profutils.exceptions import InvalidArgumentError
-from ds_profutils.profiler_schedule import ProfilerSchedule
+from ds_profutils.torch_profiler.schedule import ProfilerSchedule
 
 
 def _actions_from_windows(plan: ProfilerSchedule, steps: int) -> list:

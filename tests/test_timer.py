@@ -12,9 +12,11 @@ import deepspeed.utils.timer as ds_timer
 import pytest
 from deepspeed.utils.logging import logger as ds_logger
 
+import ds_profutils._stats as stats
 import ds_profutils.timer as timer
 from ds_profutils.exceptions import InvalidArgumentError
 from ds_profutils.timer import NoopTimer, SynchronizedWallClockTimer, ThroughputTimer, trim_mean
+from ds_profutils.zero3.engine_setup import install_timers
 
 
 class ScriptedClock:
@@ -48,13 +50,13 @@ def run_pairs(groups, name, count):
 
 
 def test_public_names_and_signatures_match_deepspeed():
-    for name in set(timer.__all__) - {"install_timers"}:  # ours: puts this module's timers into an engine
+    for name in timer.__all__:
         assert hasattr(ds_timer, name), name
     pairs = [
         (SynchronizedWallClockTimer, ds_timer.SynchronizedWallClockTimer,
          ["__init__", "get_timers", "memory_usage", "log", "get_mean"]),
-        (timer._HostTimer, ds_timer.SynchronizedWallClockTimer.Timer, ["start", "stop", "reset", "elapsed", "mean"]),
-        (timer._EventTimer, ds_timer.SynchronizedWallClockTimer.Timer, ["start", "stop", "reset", "elapsed", "mean"]),
+        (SynchronizedWallClockTimer.Timer, ds_timer.SynchronizedWallClockTimer.Timer,
+         ["__init__", "start", "stop", "reset", "elapsed", "mean"]),
         (NoopTimer, ds_timer.NoopTimer, ["__init__", "__call__", "get_timers", "log", "get_mean"]),
         (NoopTimer.Timer, ds_timer.NoopTimer.Timer, ["start", "stop", "reset", "elapsed", "mean"]),
         (ThroughputTimer, ds_timer.ThroughputTimer,
@@ -71,9 +73,10 @@ def test_public_names_and_signatures_match_deepspeed():
 
 
 def test_module_names_deepspeed_code_uses_are_deepspeeds_own():
-    assert {"CudaEventTimer", "PSUTILS_INSTALLED"} <= set(timer.__all__)
+    assert {"CudaEventTimer", "PSUTILS_INSTALLED", "NoopTimer"} <= set(timer.__all__)
     assert timer.CudaEventTimer is ds_timer.CudaEventTimer
     assert timer.PSUTILS_INSTALLED is ds_timer.PSUTILS_INSTALLED
+    assert timer.NoopTimer is ds_timer.NoopTimer  # holds nothing: DeepSpeed's own
 
 
 def test_elapsed_and_mean_equal_deepspeeds_for_the_same_sequence(monkeypatch):
@@ -134,26 +137,38 @@ def test_mean_beyond_the_sample_is_a_close_estimate_even_for_skewed_or_periodic_
 
 def test_memory_is_bounded_however_many_pairs():
     t = SynchronizedWallClockTimer()("loop")
-    pairs = 20 * timer._SAMPLE_SIZE + 3
+    pairs = 20 * stats.SAMPLE_SIZE + 3
     for _ in range(pairs):
         t.start()
         t.stop()
-    assert len(t._pending) < timer._FOLD_EVERY
-    assert len(t._durations.sample) == timer._SAMPLE_SIZE
-    assert t._durations.count + len(t._pending) == pairs
+    assert len(t._durations.sample) == stats.SAMPLE_SIZE
+    assert t._durations.count == pairs
 
 
 def test_the_sample_beyond_its_size_is_uniform():
     """Reservoir sampling keeps each duration with the same chance: the sample's index mean is the stream's."""
-    durations = timer._Durations()
-    for start in range(0, 100_000, timer._FOLD_EVERY):
-        durations.add([float(i) for i in range(start, min(start + timer._FOLD_EVERY, 100_000))])
+    durations = stats.DurationStats("uniform")
+    for value in range(100_000):
+        durations.add(float(value))
     kept = durations.sample
-    assert len(kept) == len(set(kept)) == timer._SAMPLE_SIZE
+    assert len(kept) == len(set(kept)) == stats.SAMPLE_SIZE
     assert statistics.mean(kept) == pytest.approx(50_000, rel=0.05)
     # Every tenth of the stream holds about a tenth of the sample.
     tenths = [sum(1 for value in kept if lo <= value < lo + 10_000) for lo in range(0, 100_000, 10_000)]
-    assert all(0.75 <= share / (timer._SAMPLE_SIZE / 10) <= 1.25 for share in tenths), tenths
+    assert all(0.75 <= share / (stats.SAMPLE_SIZE / 10) <= 1.25 for share in tenths), tenths
+    assert (durations.count, durations.min, durations.max) == (100_000, 0.0, 99_999.0)  # exact
+
+
+def test_the_sample_is_the_same_for_the_same_name_and_differs_across_names():
+    streams = {name: stats.DurationStats(name) for name in ("a", "a2", "b")}
+    for stream in streams.values():
+        for value in range(20_000):
+            stream.add(value)
+    a, a2, b = (sorted(stream.sample) for stream in streams.values())
+    again = stats.DurationStats("a")
+    for value in range(20_000):
+        again.add(value)
+    assert sorted(again.sample) == a and a != a2 and a != b
 
 
 def test_stop_without_start_and_start_twice_raise_real_errors():
@@ -380,7 +395,6 @@ def device(monkeypatch):
 
 def test_events_are_recorded_at_start_stop_and_resolved_only_when_read(device):
     t = SynchronizedWallClockTimer()("fwd")
-    assert type(t).__name__ == "_EventTimer"
     for _ in range(3):
         t.start()
         t.stop()
@@ -406,23 +420,32 @@ def test_events_recorded_on_another_stream_are_waited_for_when_read(device):
 def test_events_fold_finished_pairs_without_waiting_for_newer_work(device):
     t = SynchronizedWallClockTimer()("fwd")
     device.finished = 2 * 10  # the device has finished the first 10 intervals only
-    for _ in range(timer._FOLD_EVERY):
+    for _ in range(stats.FOLD_EVERY):
         t.start()
         t.stop()
-    assert len(t._pending) == timer._FOLD_EVERY - 10
+    assert len(t._pairs) == stats.FOLD_EVERY - 10
     assert "synchronize" not in device.calls
     assert t._durations.count == 10
 
 
 def test_events_wait_for_the_oldest_pair_only_when_the_device_lags_the_whole_buffer(device):
     t = SynchronizedWallClockTimer()("fwd")
-    for _ in range(timer._FOLD_EVERY):
+    for _ in range(stats.FOLD_EVERY):
         t.start()
         t.stop()
     assert device.calls.count("synchronize") == 1
-    assert len(t._pending) == timer._FOLD_EVERY - 1
-    assert t.elapsed() == pytest.approx(timer._FOLD_EVERY * 2.0)
-    assert t._pending == [] and t._durations.count == 0
+    assert len(t._pairs) == stats.FOLD_EVERY - 1
+    assert t.elapsed() == pytest.approx(stats.FOLD_EVERY * 2.0)
+    assert t._pairs == [] and t._durations.count == 0
+
+
+def test_a_timer_keeps_the_clock_it_was_made_with(device):
+    """As DeepSpeed's: the accelerator's use_host_timers() is read when the timer is made."""
+    device.host_timers = True
+    t = SynchronizedWallClockTimer()("host")
+    t.start()
+    t.stop()
+    assert device.calls == [] and t._durations.count == 1
 
 
 # --- ThroughputTimer ----------------------------------------------------------------------------
@@ -478,11 +501,11 @@ def test_install_timers_replaces_deepspeeds_group_wherever_the_engine_shares_it(
     offload = types.SimpleNamespace(timers=theirs)
     optimizer = types.SimpleNamespace(timers=theirs, parameter_offload=offload, other=types.SimpleNamespace())
     engine = types.SimpleNamespace(timers=theirs, optimizer=optimizer, eval_timers=ds_timer.NoopTimer())
-    ours = timer.install_timers(engine)
+    ours = install_timers(engine)
     assert isinstance(ours, SynchronizedWallClockTimer)
     assert engine.timers is optimizer.timers is offload.timers is ours
     assert isinstance(engine.eval_timers, ds_timer.NoopTimer)  # only holders of the engine's group change
-    assert timer.install_timers(engine) is ours  # twice: nothing more happens
+    assert install_timers(engine) is ours  # twice: nothing more happens
 
 
 def test_install_timers_refuses_while_deepspeeds_timers_run():
@@ -490,5 +513,5 @@ def test_install_timers_refuses_while_deepspeeds_timers_run():
     theirs("fwd").start()
     engine = types.SimpleNamespace(timers=theirs)
     with pytest.raises(InvalidArgumentError, match=r"DeepSpeed's timers \['fwd'\] are running"):
-        timer.install_timers(engine)
+        install_timers(engine)
     assert engine.timers is theirs

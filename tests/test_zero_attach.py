@@ -15,9 +15,8 @@ from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParamet
 import ds_profutils
 from ds_profutils import nvtx
 from ds_profutils.config import PartitionedParamProfilerConfig
-from ds_profutils.fetch_report import build_report
-from ds_profutils.partitioned_param_profiler import _RangedProfiler
-from ds_profutils.zero_attach import AttachError, ZeroFetchRecorder
+from ds_profutils.report import build_report
+from ds_profutils.zero3 import AttachError, ZeroFetchRecorder
 from launcher import DIST_SCRIPTS, run_deepspeed
 
 PROFILER_ATTR = "_PartitionedParameterCoordinator__profiler"
@@ -151,13 +150,15 @@ def test_no_empty_record_without_a_forward(tmp_path):
     assert read_records(tmp_path) == []
 
 
-def test_log_interval_skips_steps_with_a_disabled_profiler(tmp_path):
+def test_log_interval_skips_steps_with_deepspeeds_own_profiler(tmp_path):
     engine = Engine()
-    with recorder_for(engine, tmp_path, log_interval=2):
+    deepspeeds = getattr(engine.coordinator, PROFILER_ATTR)
+    with recorder_for(engine, tmp_path, log_interval=2) as recorder:
         installed = []
         for _ in range(5):
             engine.forward()
-            installed.append(getattr(engine.coordinator, PROFILER_ATTR).enabled)
+            installed.append(getattr(engine.coordinator, PROFILER_ATTR) is recorder.profiler)
+            assert getattr(engine.coordinator, PROFILER_ATTR) in (recorder.profiler, deepspeeds)
             engine.backward()
             engine.step()
     assert [r["global_step"] for r in read_records(tmp_path)] == [0, 2, 4]
@@ -166,7 +167,7 @@ def test_log_interval_skips_steps_with_a_disabled_profiler(tmp_path):
 
 def test_a_failing_write_is_logged_not_raised_into_training(tmp_path, monkeypatch):
     warnings = []
-    monkeypatch.setattr(ds_profutils.zero_attach, "warning_once", warnings.append)
+    monkeypatch.setattr(ds_profutils.zero3.recorder, "warning_once", warnings.append)
     engine = Engine()
     with recorder_for(engine, tmp_path) as recorder:
         recorder._file.close()
@@ -196,15 +197,15 @@ def test_trace_ranges_follow_the_torch_profiler_at_forward_start(tmp_path, trace
     engine = Engine()
     with recorder_for(engine, tmp_path, trace_ranges=trace_ranges) as recorder:
         engine.forward()
-        assert not isinstance(recorder.profiler, _RangedProfiler)
+        assert not recorder.profiler.trace_ranges
         nvtx.set_torch_profiler_recording(True)
         try:
             engine.forward()
-            assert isinstance(recorder.profiler, _RangedProfiler) is trace_ranges
+            assert recorder.profiler.trace_ranges is trace_ranges
         finally:
             nvtx.set_torch_profiler_recording(False)
         engine.forward()
-        assert not isinstance(recorder.profiler, _RangedProfiler)
+        assert not recorder.profiler.trace_ranges
 
 
 def fetch_config(**section):

@@ -25,9 +25,10 @@ import functools
 from types import TracebackType
 from typing import Any, Callable, List, Optional, Type, TypeVar
 
-from .config import ConfigSource, ProfilerConfig, check_ranks, load_config, resolve_section
-from .dist_env import global_rank, world_size
-from .profiler_run import profiled_run, step_profiler
+from ..config import ConfigSource, ProfilerConfig, check_ranks, load_config, resolve_section
+from ..nvtx import configure_nvtx
+from ..outputs import process_identity
+from .run import profiled_run, step_profiler
 
 __all__ = ["Profiler", "profiler", "step_profiler"]
 
@@ -108,12 +109,12 @@ def profiler(config: ConfigSource = None,
                    summary_row_limit=summary_row_limit)
     loaded = load_config(config)  # None: no file, only DS_PROFUTILS_* variables
     if loaded.nvtx is not None:  # the job's "nvtx" section holds also when only the profiler reads the config
-        loaded.nvtx.apply()
+        configure_nvtx(loaded.nvtx.enabled, loaded.nvtx.domain)
     section = ProfilerConfig() if config is None else loaded.profiler
     settings = resolve_section(section, options)
     if not settings.enabled:
         return Profiler(settings, enabled=False)
-    size = world_size()
-    check_ranks("profiler.ranks", settings.ranks, size)
-    check_ranks("profiler.summary_ranks", settings.summary_ranks, size)
-    return Profiler(settings, enabled=settings.profiles_rank(global_rank()))
+    identity = process_identity()
+    check_ranks("profiler.ranks", settings.ranks, identity.world_size)
+    check_ranks("profiler.summary_ranks", settings.summary_ranks, identity.world_size)
+    return Profiler(settings, enabled=settings.profiles_rank(identity.rank))

@@ -17,7 +17,10 @@ from pydantic import BaseModel, ValidationError
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
-__all__ = ["ConfigError", "ConfigProblem"]
+__all__ = [
+    "ConfigError", "ConfigProblem", "describe_error", "key_path", "not_allowed", "problems_from", "show_value",
+    "unknown_key_message"
+]
 
 
 class ConfigProblem(typing.NamedTuple):
@@ -52,7 +55,7 @@ class ConfigError(ValueError):
         return [f"{prefix}{problem}" for problem in self.problems]
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """A value as the user wrote it in JSON (``true``, ``"x"``), shortened so a line stays readable."""
     try:
         text = json.dumps(value, ensure_ascii=False)
@@ -61,11 +64,11 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _not_allowed(value: Any, expected: str) -> str:
-    return f"{_show(value)} is not allowed; expected {expected}"
+def not_allowed(value: Any, expected: str) -> str:
+    return f"{show_value(value)} is not allowed; expected {expected}"
 
 
-def _key_path(loc: Sequence[Union[str, int]]) -> str:
+def key_path(loc: Sequence[Union[str, int]]) -> str:
     path = ""
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
@@ -100,31 +103,31 @@ def _model_at(root: Type[BaseModel], loc: Sequence[Union[str, int]]) -> Optional
     return model
 
 
-def _unknown_key_message(key: str, allowed: Sequence[str]) -> str:
+def unknown_key_message(key: str, allowed: Sequence[str]) -> str:
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return f"unknown key{hint}; allowed keys: {', '.join(sorted(allowed))}"
 
 
-def _describe(error: "ErrorDetails", root: Type[BaseModel]) -> str:
+def describe_error(error: "ErrorDetails", root: Type[BaseModel]) -> str:
     """What is wrong with one value and what is allowed, in the words of a JSON user."""
     kind, value, ctx = error["type"], error["input"], error.get("ctx", {})
     if kind == "extra_forbidden":
         model = _model_at(root, error["loc"][:-1])
-        return _unknown_key_message(str(error["loc"][-1]), list(model.model_fields) if model else [])
+        return unknown_key_message(str(error["loc"][-1]), list(model.model_fields) if model else [])
     if kind == "value_error":  # our validators phrase their error as what is expected
-        return _not_allowed(value, str(ctx["error"]))
+        return not_allowed(value, str(ctx["error"]))
     if kind in _COMPARISONS:
         bound = next(iter(ctx.values()))
         number = "an integer" if isinstance(value, int) else "a number"
-        return _not_allowed(value, f"{number} {_COMPARISONS[kind]} {bound}")
+        return not_allowed(value, f"{number} {_COMPARISONS[kind]} {bound}")
     if kind == "string_too_short":
-        return _not_allowed(value, "a non-empty string")
+        return not_allowed(value, "a non-empty string")
     if kind in _EXPECTED_BY_ERROR_TYPE:
-        return _not_allowed(value, _EXPECTED_BY_ERROR_TYPE[kind])
+        return not_allowed(value, _EXPECTED_BY_ERROR_TYPE[kind])
     # An error we have no words for (a field added later, say): keep pydantic's.
-    return f"{_show(value)} is not allowed: {error['msg'][0].lower()}{error['msg'][1:]}"
+    return f"{show_value(value)} is not allowed: {error['msg'][0].lower()}{error['msg'][1:]}"
 
 
-def _problems(exc: ValidationError, root: Type[BaseModel], prefix: Tuple[str, ...] = ()) -> List[ConfigProblem]:
-    return [ConfigProblem(_key_path(prefix + tuple(e["loc"])), _describe(e, root)) for e in exc.errors()]
+def problems_from(exc: ValidationError, root: Type[BaseModel], prefix: Tuple[str, ...] = ()) -> List[ConfigProblem]:
+    return [ConfigProblem(key_path(prefix + tuple(e["loc"])), describe_error(e, root)) for e in exc.errors()]

@@ -10,11 +10,8 @@ The run is a small state machine; every (state, event) pair it can meet is in ``
 anything else is a bug that raises.  A failure inside a transition (torch cannot start, a disk is
 full) is logged and ends profiling for the run; it never reaches the training loop.
 
-``step_profiler()`` must be free when nothing is profiled: its body is empty, and a run swaps in the
-code of ``_advance_current`` from its start until its last window is saved.  Swapping the code
-(rather than rebinding the name) reaches callers that did ``from ds_profutils import step_profiler``
-before the run began; a test in a Python function's ``step_profiler`` body would cost more than the
-call itself.
+``step_profiler()`` outside a run is one global load and a None test; inside a run but outside the
+windows, a counter and one compare.
 """
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ import contextlib
 import enum
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from threading import get_ident
@@ -31,15 +27,16 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch.autograd.profiler import record_function
 
-from .config import ConfigError, ConfigProblem, ProfilerConfig
-from .dist_env import distributed_initialized, global_rank, hostname, world_size
-from .logging import log_dist, logger
+from ..config import ConfigError, ConfigProblem, ProfilerConfig
+from ..logging import log_dist, logger
+from ..nvtx import set_torch_profiler_recording
+from ..outputs import (ProcessIdentity, atomic_path, cycle_dir, cycle_trace_file, probe_writable, process_identity,
+                       summary_file, trace_file)
+from .export import merge_traces, rename_trace_events
 from .nsight import NsightCapture, nsys_command
-from .nvtx import set_torch_profiler_recording
-from .profiler_schedule import ProfilerSchedule, Window
-from .profiler_signals import ExitOnSignal
-from .profiler_summary import OperatorSummary
-from .trace_export import TraceFiles, atomic_path, merge_traces, probe_writable, rename_trace_events
+from .schedule import ProfilerSchedule, Window
+from .signals import ExitOnSignal
+from .summary import OperatorSummary
 
 __all__ = ["TAIL_RANGE", "ProfilerRun", "profiled_run", "step_profiler"]
 
@@ -100,8 +97,7 @@ class ProfilerRun:
         self._step_range: Optional[record_function] = None
         self._nsight: Optional[NsightCapture] = None
         self._signals = ExitOnSignal()
-        self._files: Optional[TraceFiles] = None
-        self._world_size = 1
+        self._identity: Optional[ProcessIdentity] = None
         self._summary: Optional[OperatorSummary] = None
         self._cycles: List[Dict[str, Any]] = []
         self._recorded = False
@@ -115,7 +111,7 @@ class ProfilerRun:
         """Check the output directory (raising ConfigError), then enter step 0."""
         output_dir = self.settings.output_dir
         try:
-            probe_writable(Path(output_dir))
+            probe_writable(Path(output_dir), process_identity())
         except OSError as exc:
             raise ConfigError([
                 ConfigProblem("profiler.output_dir", f"{output_dir!r} cannot be written ({exc.strerror or exc}); "
@@ -123,7 +119,7 @@ class ProfilerRun:
             ]) from None
         if self.settings.nsight_enabled:
             self._nsight = NsightCapture.for_accelerator()
-            if self._nsight is not None and global_rank() == 0:
+            if self._nsight is not None and process_identity().rank == 0:
                 print(f"ds_profutils profiler: Nsight capture ranges bracket each active window; record them with: "
                       f"{nsys_command(self.settings.nsight_output)} <your launch command>",
                       flush=True)
@@ -220,7 +216,7 @@ class ProfilerRun:
     # ---- actions ----------------------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        if self._files is None:
+        if self._identity is None:
             self._bind_outputs()
         self._torch = torch.profiler.profile(activities=self._activities(),
                                              record_shapes=self.settings.record_shapes,
@@ -234,10 +230,11 @@ class ProfilerRun:
     def _start_recording(self) -> None:
         self._recorded = True
         self._torch.start_trace()
-        self._torch.add_metadata_json("ds_profutils", json.dumps(self._identity()))
-        if not distributed_initialized():  # torch records distributedInfo only from torch.distributed
+        identity = self._identity
+        self._torch.add_metadata_json("ds_profutils", json.dumps(self._metadata()))
+        if identity.source != "torch.distributed":  # torch records distributedInfo only from torch.distributed
             self._torch.add_metadata_json("distributedInfo",
-                                          json.dumps({"rank": self._files.rank, "world_size": self._world_size}))
+                                          json.dumps({"rank": identity.rank, "world_size": identity.world_size}))
         set_torch_profiler_recording(True)
         if self._nsight is not None:
             self._nsight.start()
@@ -259,8 +256,9 @@ class ProfilerRun:
         tail = self._returned and self.step < window.stop
         last_step = self.step - 1 if tail else min(self.step, window.stop - 1)
         with _errors_logged(f"writing the trace of cycle {window.cycle}"):
-            path = self._files.new_cycle_trace()
-            with atomic_path(path) as temporary:
+            path = cycle_trace_file(self.settings.output_dir, self._identity.rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(path, self._identity) as temporary:
                 profile.export_chrome_trace(str(temporary))
                 if tail:  # cosmetic: a failure keeps the exported trace as it is
                     with _errors_logged(f"renaming the unfinished step of cycle {window.cycle}"):
@@ -277,7 +275,7 @@ class ProfilerRun:
         profile.stop_trace()
 
     def _finalize(self) -> None:
-        _route_steps(to_run=False)
+        _release(self)
         try:
             self._write_run_outputs()
         finally:
@@ -300,9 +298,8 @@ class ProfilerRun:
     def _bind_outputs(self) -> None:
         """Name the outputs by the global rank, read when torch.profiler first starts (not at decoration,
         when torch.distributed may not be up yet)."""
-        rank = global_rank()
-        self._files = TraceFiles(self.settings.output_dir, rank)
-        self._world_size = world_size()
+        self._identity = process_identity()
+        rank = self._identity.rank
         summary_ranks = self.settings.summary_ranks
         if summary_ranks is None or rank in summary_ranks:
             self._summary = OperatorSummary(self.settings.summary_sort_by, self.settings.summary_row_limit)
@@ -312,8 +309,9 @@ class ProfilerRun:
             return [torch.profiler.ProfilerActivity.CPU]
         return sorted(torch.profiler.supported_activities(), key=lambda activity: activity.value)
 
-    def _identity(self) -> Dict[str, Any]:
-        return {"host": hostname(), "rank": self._files.rank, "world_size": self._world_size, "pid": os.getpid()}
+    def _metadata(self) -> Dict[str, Any]:
+        identity = self._identity
+        return {"host": identity.host, "rank": identity.rank, "world_size": identity.world_size, "pid": identity.pid}
 
     def _open_step(self) -> None:
         self._step_range = record_function(f"ProfilerStep#{self.step}")
@@ -346,18 +344,20 @@ class ProfilerRun:
                 log_dist(f"profiler: the run ended at step {self.step}, before any active step; nothing was "
                          f"recorded", ranks=_ALL_RANKS, level=logging.WARNING)
             return
-        files = self._files
+        output_dir, identity = self.settings.output_dir, self._identity
+        merged = trace_file(output_dir, identity.rank)
         with _errors_logged("writing the merged trace"):
-            merge_traces([Path(cycle["trace"]) for cycle in self._cycles], files.merged_trace,
-                         {"ds_profutils": {**self._identity(), "cycles": self._cycles}})
+            merge_traces([Path(cycle["trace"]) for cycle in self._cycles], merged,
+                         {"ds_profutils": {**self._metadata(), "cycles": self._cycles}}, identity)
         table = self._summary.table() if self._summary is not None else None
         if table is not None:
+            summary = summary_file(output_dir, identity.rank)
             with _errors_logged("writing the operator summary"):
-                with atomic_path(files.summary) as temporary:
+                with atomic_path(summary, identity) as temporary:
                     temporary.write_text(table)
-            logger.info("profiler: operator summary of rank %d (%s)\n%s", files.rank, files.summary, table)
-        log_dist(f"profiler: {len(self._cycles)} cycle(s) recorded; run trace {files.merged_trace}, "
-                 f"per-cycle traces in {files.cycle_dir}/ (open with TensorBoard or https://ui.perfetto.dev)",
+            logger.info("profiler: operator summary of rank %d (%s)\n%s", identity.rank, summary, table)
+        log_dist(f"profiler: {len(self._cycles)} cycle(s) recorded; run trace {merged}, per-cycle traces in "
+                 f"{cycle_dir(output_dir, identity.rank)}/ (open with TensorBoard or https://ui.perfetto.dev)",
                  ranks=_ALL_RANKS)
 
     def engine_stepped(self, engine: Any) -> bool:
@@ -381,15 +381,8 @@ def step_profiler(engine: Any = None) -> None:
 
     With ``engine`` (a DeepSpeed engine), only calls after which the engine has taken an optimizer step
     count, so the micro-steps of gradient accumulation make one profiler step.  Without a running
-    profiler this does nothing and costs one plain function call (see the module docstring).
-    """
-
-
-def _advance_current(engine: Any = None) -> None:
-    """``step_profiler``'s body while a run is active (its code is swapped in by ``_route_steps``).
-
-    Outside the windows this is the whole cost of a step, so it is written out here rather than
-    calling a method: a counter and one compare.
+    profiler this costs a None test.  Outside the windows it is the whole cost of a step, so it is
+    written out here rather than calling a method: a counter and one compare.
     """
     run = _current
     if run is None or (run.shared and run.owner != get_ident()):
@@ -401,20 +394,12 @@ def _advance_current(engine: Any = None) -> None:
         run.catch_up()
 
 
-_IDLE_STEP_CODE = step_profiler.__code__
-
-
-def _route_steps(to_run: bool) -> None:
-    step_profiler.__code__ = _advance_current.__code__ if to_run else _IDLE_STEP_CODE
-
-
 def _claim(run: ProfilerRun) -> ProfilerRun:
     """Make ``run`` the process's active run, unless one is active already; return the active run."""
     global _current
     with _claim_lock:
         if _current is None:
             _current = run
-            _route_steps(to_run=True)
         return _current
 
 
@@ -423,7 +408,6 @@ def _release(run: ProfilerRun) -> None:
     with _claim_lock:
         if _current is run:
             _current = None
-            _route_steps(to_run=False)
 
 
 @contextlib.contextmanager

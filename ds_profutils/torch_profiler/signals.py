@@ -17,7 +17,7 @@ import threading
 from types import FrameType
 from typing import Any, Dict, Optional
 
-from .logging import logger
+from ..logging import logger
 
 __all__ = ["ExitOnSignal"]
 

@@ -3,7 +3,7 @@
 A launcher or a cluster script can change one setting for one run without editing the shared
 ds_config.json.  Values are parsed from an explicit table (``DS_PROFUTILS_NVTX_ENABLED=0`` means
 off), and a misspelt variable is an error, not silently ignored.  The section models are passed in
-by :mod:`ds_profutils.config`, which decides when the environment is applied.
+by :mod:`.loading`, which decides when the environment is applied.
 """
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, Ty
 
 from pydantic import BaseModel, ValidationError
 
-from .config_errors import ConfigError, ConfigProblem, _describe, _key_path, _not_allowed
+from .errors import ConfigError, ConfigProblem, describe_error, key_path, not_allowed
 
-__all__ = ["BOOL_FALSE", "BOOL_TRUE", "ENV_PREFIX", "environment_overrides"]
+__all__ = [
+    "BOOL_FALSE", "BOOL_TRUE", "ENV_PREFIX", "apply_environment", "environment_overrides",
+    "read_environment"
+]
 
 # The sections the environment may override, by their key in ds_config.
 Sections = Mapping[str, Type[BaseModel]]
@@ -96,7 +99,7 @@ def _split_variable(name: str, sections: Sections) -> Tuple[Optional[str], Optio
         f"{', '.join(s.upper() for s in sections)}")
 
 
-def _read_environment(sections: Sections) -> Tuple[Dict[str, Dict[str, Tuple[str, Any]]], List[ConfigProblem]]:
+def read_environment(sections: Sections) -> Tuple[Dict[str, Dict[str, Tuple[str, Any]]], List[ConfigProblem]]:
     """Parse every override: {section: {field: (variable, value)}}, and the problems found."""
     overrides: Dict[str, Dict[str, Tuple[str, Any]]] = {}
     problems: List[ConfigProblem] = []
@@ -109,7 +112,7 @@ def _read_environment(sections: Sections) -> Tuple[Dict[str, Dict[str, Tuple[str
         try:
             value = parse(text)
         except ValueError:
-            problems.append(ConfigProblem(name, f"{_not_allowed(text, expected)} (sets {section}.{field})"))
+            problems.append(ConfigProblem(name, f"{not_allowed(text, expected)} (sets {section}.{field})"))
             continue
         overrides.setdefault(section, {})[field] = (name, value)
     return overrides, problems
@@ -118,7 +121,7 @@ def _read_environment(sections: Sections) -> Tuple[Dict[str, Dict[str, Tuple[str
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
-def _apply_environment(section: ModelT, name: str, overrides: Mapping[str, Tuple[str, Any]]) -> ModelT:
+def apply_environment(section: ModelT, name: str, overrides: Mapping[str, Tuple[str, Any]]) -> ModelT:
     """``section`` with the environment's values set; errors name the variable that set the bad value."""
     if not overrides:
         return section
@@ -131,6 +134,6 @@ def _apply_environment(section: ModelT, name: str, overrides: Mapping[str, Tuple
             field = str(error["loc"][0]) if error["loc"] else ""
             # A check across fields has no single field: name every variable that took part.
             variable = overrides[field][0] if field in overrides else ", ".join(v for v, _ in overrides.values())
-            key = _key_path((name, *error["loc"]))
-            problems.append(ConfigProblem(variable, f"{_describe(error, type(section))} (sets {key})"))
+            key = key_path((name, *error["loc"]))
+            problems.append(ConfigProblem(variable, f"{describe_error(error, type(section))} (sets {key})"))
         raise ConfigError(problems) from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .exceptions import InvalidArgumentError
+from ..exceptions import InvalidArgumentError
 
 __all__ = ["ProfilerSchedule", "Window"]
 

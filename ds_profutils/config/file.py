@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator, List, Tuple, Union
 
 import hjson
 
-from .config_errors import ConfigError, ConfigProblem, _key_path, _show
+from .errors import ConfigError, ConfigProblem, key_path, show_value
 
 __all__ = ["read_config_file"]
 
@@ -36,8 +36,8 @@ def _object_pairs(pairs: List[Tuple[str, Any]]) -> _JsonObject:
 def _duplicate_problems(value: Any, loc: Tuple[Union[str, int], ...] = ()) -> Iterator[ConfigProblem]:
     if isinstance(value, _JsonObject):
         for key, values in value.duplicates.items():
-            yield ConfigProblem(_key_path(loc + (key, )),
-                                f"duplicate key (values {', '.join(_show(v) for v in values)}); "
+            yield ConfigProblem(key_path(loc + (key, )),
+                                f"duplicate key (values {', '.join(show_value(v) for v in values)}); "
                                 "expected each key once per object, as DeepSpeed rejects duplicates")
     if isinstance(value, dict):
         for key, child in value.items():

@@ -1,73 +1,23 @@
-"""One rank's profiler files: where they go, how they are written, and the merged run trace.
+"""The run trace of one rank: its cycles' Chrome traces merged into one, and renaming events in a trace.
 
-Layout under ``output_dir`` (names carry the global rank only; the host is recorded inside):
-
-* ``rank_{r}/rank_{r}.{ns}.pt.trace.json``: one trace per recorded cycle, named the way the
-  TensorBoard profiler plugin reads them (worker ``rank_{r}``, span ``{ns}``);
-* ``trace_rank_{r}.json``: every cycle of the run in one Chrome/Perfetto trace;
-* ``summary_rank_{r}.txt``: the operator table, on the ranks configured to write one.
-
-Every file is written under a hidden temporary name beside its destination and renamed into place,
-so a reader (TensorBoard polling the directory, a job killed mid-write) never sees half a trace.
+Every file is written under a temporary name beside its destination and renamed into place
+(:func:`ds_profutils.outputs.atomic_path`), so a reader never sees half a trace.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, Mapping, Sequence, TextIO
+from typing import Any, Dict, Mapping, Optional, Sequence, TextIO
 
-__all__ = ["TraceFiles", "atomic_path", "merge_traces", "probe_writable", "rename_trace_events"]
+from ..outputs import ProcessIdentity, atomic_path
+
+__all__ = ["merge_traces", "rename_trace_events"]
 
 # Integers that link events to each other inside one cycle's trace.  Every cycle numbers them from the
 # start again, so the merged trace shifts each cycle's values past the previous cycles' to keep an
 # arrow (flow event) or a CPU-op/kernel correlation from joining two cycles.
 _LINK_FIELDS = ("id", "bind_id")
 _LINK_ARGS = ("External id", "correlation")
-
-
-@contextlib.contextmanager
-def atomic_path(destination: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``destination``; rename it onto ``destination`` if the block succeeds.
-
-    On failure the temporary file is removed and the destination is left as it was.
-    """
-    temporary = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
-    try:
-        yield temporary
-        os.replace(temporary, destination)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-
-
-class TraceFiles:
-    """The output paths of one global rank."""
-
-    def __init__(self, output_dir: os.PathLike | str, rank: int) -> None:
-        self.output_dir = Path(output_dir)
-        self.rank = rank
-        self.cycle_dir = self.output_dir / f"rank_{rank}"
-        self.merged_trace = self.output_dir / f"trace_rank_{rank}.json"
-        self.summary = self.output_dir / f"summary_rank_{rank}.txt"
-
-    def new_cycle_trace(self) -> Path:
-        """A fresh path for the next cycle's trace (a nanosecond stamp, so cycles and runs never clash)."""
-        self.cycle_dir.mkdir(parents=True, exist_ok=True)
-        return self.cycle_dir / f"rank_{self.rank}.{time.time_ns()}.pt.trace.json"
-
-
-def probe_writable(directory: Path) -> None:
-    """Create ``directory`` and write a probe file in it, so a bad ``output_dir`` fails before training.
-
-    Raises OSError with the reason.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    probe = directory / f".write_probe.{os.getpid()}"
-    probe.write_bytes(b"")
-    probe.unlink()
 
 
 def rename_trace_events(path: Path, old: str, new: str) -> None:
@@ -121,13 +71,16 @@ class _EventStream:
         self._offset = largest + 1
 
 
-def merge_traces(cycle_traces: Sequence[Path], destination: Path, metadata: Mapping[str, Any]) -> None:
+def merge_traces(cycle_traces: Sequence[Path],
+                 destination: Path,
+                 metadata: Mapping[str, Any],
+                 identity: Optional[ProcessIdentity] = None) -> None:
     """Write the cycles' Chrome traces (at least one) as one trace at ``destination``.
 
     Top-level keys (``distributedInfo``, ``deviceProperties``, ...) come from the first cycle, then
     ``metadata`` is added; events of all cycles follow in order.  One cycle is in memory at a time.
     """
-    with atomic_path(destination) as temporary, open(temporary, "w") as out:
+    with atomic_path(destination, identity) as temporary, open(temporary, "w") as out:
         stream = _EventStream(out)
         for index, path in enumerate(cycle_traces):
             with open(path) as source:

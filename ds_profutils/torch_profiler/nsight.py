@@ -14,8 +14,8 @@ from typing import Any, Callable, Optional
 
 from deepspeed.accelerator import get_accelerator
 
-from .logging import logger, warning_once
-from .nvtx import _range_pop, _range_push
+from ..logging import logger, warning_once
+from ..nvtx import range_pop, range_push
 
 __all__ = ["NsightCapture", "nsys_command"]
 
@@ -69,8 +69,8 @@ class NsightCapture:
 
     def push_step(self, step: int) -> None:
         """Open the NVTX range of one active step."""
-        _range_push(self._accelerator, f"ProfilerStep#{step}")
+        range_push(self._accelerator, f"ProfilerStep#{step}")
 
     def pop_step(self) -> None:
         """Close the NVTX range opened by ``push_step``."""
-        _range_pop(self._accelerator)
+        range_pop(self._accelerator)

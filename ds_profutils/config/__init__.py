@@ -1,0 +1,34 @@
+"""Configuration from the job's own ds_config.json: file reading, section models, overrides, wording.
+
+Import from here: ``from ds_profutils.config import load_config, ProfilerConfig, ConfigError``.  Each
+concern has its module: :mod:`.file` reads a file as DeepSpeed does, :mod:`.models` holds the
+sections, :mod:`.env` the ``DS_PROFUTILS_*`` overrides, :mod:`.loading` the order they apply in,
+:mod:`.errors` the wording of problems.  Nothing here imports torch or DeepSpeed.
+"""
+from .env import BOOL_FALSE, BOOL_TRUE, ENV_PREFIX, environment_overrides
+from .errors import ConfigError, ConfigProblem
+from .loading import ConfigSource, load_config, raw_settings, resolve_section
+from .models import (DEEPSPEED_APPLIED_KEYS, SECTIONS, SUMMARY_SORT_KEYS, CommsLoggerSettings, NvtxConfig,
+                     PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, check_ranks)
+
+__all__ = [
+    "BOOL_FALSE",
+    "BOOL_TRUE",
+    "CommsLoggerSettings",
+    "ConfigError",
+    "ConfigProblem",
+    "ConfigSource",
+    "DEEPSPEED_APPLIED_KEYS",
+    "ENV_PREFIX",
+    "NvtxConfig",
+    "PartitionedParamProfilerConfig",
+    "ProfilerConfig",
+    "ProfUtilsConfig",
+    "SECTIONS",
+    "SUMMARY_SORT_KEYS",
+    "check_ranks",
+    "environment_overrides",
+    "load_config",
+    "raw_settings",
+    "resolve_section",
+]

@@ -1,0 +1,189 @@
+"""The sections ds_profutils reads from a ds_config.json, as typed models.
+
+Our sections (``profiler``, ``nvtx``, ``partitioned_param_profiler``) sit beside DeepSpeed's own keys,
+which DeepSpeed tolerates.  Each rejects unknown keys, so a typo inside a section fails at start
+instead of silently switching a feature off.  Of DeepSpeed's keys, two change what we do and are
+read here: ``wall_clock_breakdown`` (ds_profutils' timers replace DeepSpeed's) and ``comms_logger``
+(whose ``"enabled": false`` then really means off).  Others, such as ``timers`` and
+``steps_per_print``, DeepSpeed applies itself; we do not read them.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Type
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import ConfigError, ConfigProblem, show_value
+
+__all__ = [
+    "CommsLoggerSettings",
+    "DEEPSPEED_APPLIED_KEYS",
+    "NvtxConfig",
+    "PartitionedParamProfilerConfig",
+    "ProfilerConfig",
+    "ProfUtilsConfig",
+    "SECTIONS",
+    "SUMMARY_SORT_KEYS",
+    "Section",
+    "check_ranks",
+]
+
+SUMMARY_SORT_KEYS = ("self_cpu_time_total", "cpu_time_total", "count", "flops")
+"""Columns the operator summary can be sorted by: host time spent in the operator itself, host time
+including the operators it called, calls, and counted FLOPs (named as torch's ``key_averages`` names them)."""
+
+DEEPSPEED_APPLIED_KEYS = ("timers", "steps_per_print")
+"""DeepSpeed's own timing keys, which DeepSpeed's engine applies and ds_profutils does not read."""
+
+RankList = Optional[List[int]]
+
+
+class Section(BaseModel):
+    """Base of our own sections: unknown keys are errors, values are checked on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+
+def _rank_list_input(value: Any) -> Any:
+    """Accept ``"all"`` (as the environment spells it) for null, and tuples or ranges from Python callers."""
+    if value == "all":
+        return None
+    if isinstance(value, (tuple, range)):
+        return list(value)
+    return value
+
+
+def _validate_ranks(ranks: RankList) -> RankList:
+    if ranks is None:
+        return None
+    if any(r < 0 for r in ranks):
+        raise ValueError("global ranks >= 0, or null for all ranks")
+    return sorted(set(ranks))
+
+
+def check_ranks(key: str, ranks: RankList, world_size: int) -> None:
+    """Fail when a configured rank does not exist in a job of ``world_size`` ranks (``key`` names the option).
+
+    The world size is only known once the job runs (or from ``check-config --world-size``), so this
+    cannot be part of loading the file.
+    """
+    if ranks is None:
+        return
+    missing = [r for r in ranks if r >= world_size]
+    if missing:
+        raise ConfigError([
+            ConfigProblem(
+                key, f"ranks {show_value(missing)} are outside the world size {world_size}; "
+                f"expected global ranks 0..{world_size - 1}, or null for all ranks")
+        ])
+
+
+class ProfilerConfig(Section):
+    """The ``"profiler"`` section: torch.profiler's schedule and outputs, and Nsight capture ranges."""
+
+    enabled: bool = True
+    output_dir: str = Field("./profiler_logs", min_length=1)
+    skip_first: int = Field(1, ge=0)
+    wait: int = Field(1, ge=0)
+    warmup: int = Field(1, ge=0)
+    active: int = Field(3, ge=1)
+    repeat: int = Field(1, ge=0, description="cycles of wait+warmup+active; 0 repeats until the run ends")
+    with_stack: bool = False
+    with_flops: bool = True
+    with_modules: bool = False
+    record_shapes: bool = False
+    profile_memory: bool = False
+    nsight_enabled: bool = False
+    nsight_output: str = Field("nsight_profile", min_length=1)
+    ranks: RankList = None
+    summary_ranks: RankList = Field(default_factory=lambda: [0])
+    summary_sort_by: str = "self_cpu_time_total"
+    summary_row_limit: int = Field(20, ge=1)
+
+    _rank_input = field_validator("ranks", "summary_ranks", mode="before")(_rank_list_input)
+    _check_ranks = field_validator("ranks", "summary_ranks")(_validate_ranks)
+
+    @field_validator("summary_sort_by")
+    @classmethod
+    def _known_sort_key(cls, value: str) -> str:
+        if value not in SUMMARY_SORT_KEYS:
+            raise ValueError(f"one of {', '.join(SUMMARY_SORT_KEYS)}")
+        return value
+
+    def profiles_rank(self, rank: int) -> bool:
+        """True when this global rank records (``ranks`` null means every rank)."""
+        return self.ranks is None or rank in self.ranks
+
+
+class NvtxConfig(Section):
+    """The ``"nvtx"`` section: whether ``instrument_w_nvtx`` pushes ranges, and in which domain."""
+
+    enabled: bool = True
+    domain: str = Field("DeepSpeed", min_length=1)
+
+
+class PartitionedParamProfilerConfig(Section):
+    """The ``"partitioned_param_profiler"`` section: ZeRO-3 parameter-fetch records."""
+
+    enabled: bool = False
+    output_dir: str = Field("./profiler_logs", min_length=1)
+    ranks: RankList = None
+    log_interval: int = Field(1, ge=1, description="write one record every this many optimizer steps")
+    trace_ranges: bool = True
+
+    _rank_input = field_validator("ranks", mode="before")(_rank_list_input)
+    _check_ranks = field_validator("ranks")(_validate_ranks)
+
+    def profiles_rank(self, rank: int) -> bool:
+        """True when this global rank records (``ranks`` null means every rank)."""
+        return self.ranks is None or rank in self.ranks
+
+
+class CommsLoggerSettings(BaseModel):
+    """DeepSpeed's ``"comms_logger"`` section, read with ``enabled`` meaning what it says.
+
+    DeepSpeed validates this section itself, so keys we do not know are left alone.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    enabled: bool = False
+    verbose: bool = False
+    prof_all: bool = True
+    prof_ops: List[str] = Field(default_factory=list)
+    debug: bool = False
+
+
+class ProfUtilsConfig(BaseModel):
+    """Everything ds_profutils reads from one ds_config.json.
+
+    ``profiler`` and ``partitioned_param_profiler`` are off (``enabled=False``) when their section is
+    absent; ``nvtx`` is None when absent, which leaves ``instrument_w_nvtx`` behaving as DeepSpeed's.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    profiler: ProfilerConfig = Field(default_factory=lambda: ProfilerConfig(enabled=False))
+    nvtx: Optional[NvtxConfig] = None
+    partitioned_param_profiler: PartitionedParamProfilerConfig = Field(
+        default_factory=PartitionedParamProfilerConfig)
+    wall_clock_breakdown: bool = False
+    comms_logger: CommsLoggerSettings = Field(default_factory=CommsLoggerSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flops_profiler_breaks_down_wall_clock(cls, data: Any) -> Any:
+        """DeepSpeed turns ``wall_clock_breakdown`` on whenever its flops profiler is enabled; so do we."""
+        if isinstance(data, Mapping):
+            flops_profiler = data.get("flops_profiler")
+            if isinstance(flops_profiler, Mapping) and flops_profiler.get("enabled") is True:
+                return {**data, "wall_clock_breakdown": True}
+        return data
+
+
+SECTIONS: Dict[str, Type[Section]] = {
+    "profiler": ProfilerConfig,
+    "nvtx": NvtxConfig,
+    "partitioned_param_profiler": PartitionedParamProfilerConfig,
+}
+"""Our own sections, by their key in ds_config: the only ones environment variables may override."""

@@ -1,0 +1,200 @@
+"""Who this process is in the job, and the name of every file it writes.
+
+Per-rank files are named by the GLOBAL rank, which is unique across hosts; the host goes inside the
+files (trace metadata, each record).  Temporary and probe files also carry host, rank and pid: ranks
+on several hosts (or containers) may share one output directory, and pids repeat across them.
+
+Identity is read when a file is first named, not at import or decoration: under mpirun or SLURM,
+torch.distributed is initialised later than a decorator is applied, and a rank that read its
+identity too early would believe it is rank 0 of 1.  Sources, first found wins:
+torch.distributed once initialised, then the variables of the launchers in ``LAUNCHER_VARIABLES``.
+
+Nothing here imports torch, so the report can use the names: torch.distributed is asked only if the
+program imported it (a module never imported cannot have been initialised).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, Optional, Tuple
+
+__all__ = [
+    "ENGINE_NAME",
+    "LAUNCHER_VARIABLES",
+    "MAIN_ENGINE",
+    "ProcessIdentity",
+    "atomic_path",
+    "cycle_dir",
+    "cycle_trace_file",
+    "fetch_records_file",
+    "fetch_records_files",
+    "probe_writable",
+    "process_identity",
+    "summary_file",
+    "trace_file",
+    "trace_files",
+]
+
+LAUNCHER_VARIABLES: Tuple[Tuple[str, Optional[str], Optional[str]], ...] = (
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),  # torchrun, the deepspeed launcher
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI
+    ("PMIX_RANK", None, None),  # PMIx (its size has no standard variable)
+    ("PMI_RANK", "PMI_SIZE", None),  # MPICH, Intel MPI
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),  # srun
+)
+"""(rank, world size, local rank) variables per launcher, in the order they are looked at."""
+
+MAIN_ENGINE = "main"
+"""The name of the first engine attached without a name; its records keep the plain file name."""
+ENGINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
+"""Engine names: no underscore, so ``zero_fetch_{engine}_rank_{r}`` parses back unambiguously."""
+
+_TRACE = "trace_rank_{rank}.json"
+_SUMMARY = "summary_rank_{rank}.txt"
+_FETCH_RECORDS = "zero_fetch_rank_{rank}.jsonl"
+_ENGINE_FETCH_RECORDS = "zero_fetch_{engine}_rank_{rank}.jsonl"
+_TRACE_PATTERN = re.compile(r"trace_rank_(\d+)\.json")
+_FETCH_RECORDS_PATTERN = re.compile(r"zero_fetch_(?:([A-Za-z0-9][A-Za-z0-9-]*)_)?rank_(\d+)\.jsonl")
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """This process's place in the job; ``source`` says where the rank was read."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    host: str
+    pid: int
+    source: str
+
+    @property
+    def tag(self) -> str:
+        """``host.rank.pid``: unique among every process writing into a shared directory."""
+        return f"{self.host}.{self.rank}.{self.pid}"
+
+
+def _initialised_process_group() -> Optional[object]:
+    """torch.distributed, if the program imported it and initialised a default group."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def _integer(name: Optional[str]) -> Optional[int]:
+    value = os.environ.get(name) if name else None
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def process_identity() -> ProcessIdentity:
+    """Rank, world size, local rank, host and pid of this process, read now (see the module doc).
+
+    Without torch.distributed: the rank of the first launcher in ``LAUNCHER_VARIABLES`` that set one
+    (0 if none did); the world size and local rank of that launcher, else the first any launcher set,
+    else the least world that holds the rank, and local rank 0.
+    """
+    host, pid = socket.gethostname(), os.getpid()
+    family = next((names for names in LAUNCHER_VARIABLES if _integer(names[0]) is not None), None)
+    preferred = [family] if family else []
+    size = _first_set([names[1] for names in preferred + list(LAUNCHER_VARIABLES)])
+    local = _first_set([names[2] for names in preferred + list(LAUNCHER_VARIABLES)])
+    dist = _initialised_process_group()
+    if dist is not None:
+        return ProcessIdentity(dist.get_rank(), dist.get_world_size(), local or 0, host, pid, "torch.distributed")
+    rank = _integer(family[0]) if family else 0
+    source = family[0] if family else "default (no launcher variables)"
+    return ProcessIdentity(rank, size if size is not None else rank + 1, local or 0, host, pid, source)
+
+
+def _first_set(names: "list[Optional[str]]") -> Optional[int]:
+    return next((value for name in names if (value := _integer(name)) is not None), None)
+
+
+# ---- file names ------------------------------------------------------------------------------------
+
+
+def trace_file(output_dir: os.PathLike | str, rank: int) -> Path:
+    """The run's Chrome/Perfetto trace of one rank (every recorded cycle)."""
+    return Path(output_dir) / _TRACE.format(rank=rank)
+
+
+def cycle_dir(output_dir: os.PathLike | str, rank: int) -> Path:
+    """One rank's per-cycle traces, as TensorBoard's profiler plugin reads them (worker ``rank_{r}``)."""
+    return Path(output_dir) / f"rank_{rank}"
+
+
+def cycle_trace_file(output_dir: os.PathLike | str, rank: int) -> Path:
+    """A fresh name for one cycle's trace: a nanosecond stamp, so cycles and runs never clash."""
+    return cycle_dir(output_dir, rank) / f"rank_{rank}.{time.time_ns()}.pt.trace.json"
+
+
+def summary_file(output_dir: os.PathLike | str, rank: int) -> Path:
+    """The operator summary of one rank."""
+    return Path(output_dir) / _SUMMARY.format(rank=rank)
+
+
+def fetch_records_file(output_dir: os.PathLike | str, rank: int, engine: str = MAIN_ENGINE) -> Path:
+    """One engine's ZeRO-3 fetch records on one rank."""
+    name = _FETCH_RECORDS if engine == MAIN_ENGINE else _ENGINE_FETCH_RECORDS
+    return Path(output_dir) / name.format(engine=engine, rank=rank)
+
+
+def trace_files(directory: Path) -> Dict[int, Path]:
+    """``{rank: path}`` of the run traces in ``directory``."""
+    found = {}
+    for path in directory.iterdir():
+        match = _TRACE_PATTERN.fullmatch(path.name)
+        if match:
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def fetch_records_files(directory: Path) -> Dict[str, Dict[int, Path]]:
+    """``{engine: {rank: path}}`` of the fetch records in ``directory``."""
+    found: Dict[str, Dict[int, Path]] = {}
+    for path in directory.iterdir():
+        match = _FETCH_RECORDS_PATTERN.fullmatch(path.name)
+        if match:
+            found.setdefault(match.group(1) or MAIN_ENGINE, {})[int(match.group(2))] = path
+    return {engine: dict(sorted(ranks.items())) for engine, ranks in sorted(found.items())}
+
+
+# ---- writing ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def atomic_path(destination: Path, identity: Optional[ProcessIdentity] = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``destination``; rename it onto ``destination`` if the block succeeds.
+
+    A reader (TensorBoard polling the directory, a job killed mid-write) never sees half a file.  On
+    failure the temporary file is removed and the destination is left as it was.
+    """
+    tag = (identity or process_identity()).tag
+    temporary = destination.with_name(f".{destination.name}.{tag}.tmp")
+    try:
+        yield temporary
+        os.replace(temporary, destination)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+
+
+def probe_writable(directory: Path, identity: Optional[ProcessIdentity] = None) -> None:
+    """Create ``directory`` and write a probe file in it, so a bad output directory fails before training.
+
+    Raises OSError with the reason.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".write_probe.{(identity or process_identity()).tag}"
+    probe.write_bytes(b"")
+    probe.unlink()

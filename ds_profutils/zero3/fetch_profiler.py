@@ -1,0 +1,192 @@
+"""``PartitionedParameterProfiler``: DeepSpeed's ZeRO-3 fetch profiler, cheap enough to leave on.
+
+DeepSpeed's ZeRO-3 parameter coordinator calls ``start_event(name)`` / ``stop_event(name, numel)``
+around every parameter fetch, wait, prefetch and all-gather.  Its own profiler does this through a
+``SynchronizedWallClockTimer`` (one stored record per event until logged, ``time.time()``) and is
+switched off in source.  This class keeps DeepSpeed's interface and meaning -- counts and numel are
+the ones DeepSpeed would count -- and adds, per event name and in constant memory, exact total,
+min and max time on ``time.perf_counter_ns()``, percentiles from a bounded random sample
+(:class:`ds_profutils._stats.DurationStats`), and bytes from the parameters' element size.
+
+``timers=None`` means disabled, as in DeepSpeed.  The ``timers`` object itself only switches the
+profiler on; time is measured here, so it never synchronizes a device.
+
+Nothing here raises into DeepSpeed's forward or backward: a start of an event that is running, or a
+stop without a start (DeepSpeed runs leaf-module backward hooks from several threads), is counted
+in ``dropped`` and training goes on.  Such a stop still counts the event and its numel, as
+DeepSpeed's counters would; it only has no time.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Any, Dict, Iterator, Optional
+
+from ..logging import log_dist
+from ..nvtx import nvtx_range
+from .._stats import FOLD_EVERY, DurationStats
+
+__all__ = ["NUMEL_UNITS", "PartitionedParameterProfiler"]
+
+NUMEL_UNITS: Dict[str, str] = {
+    "forward_fetch_submit": "shard",
+    "forward_fetch_wait": "shard",
+    "backward_fetch_submit": "shard",
+    "backward_fetch_wait": "shard",
+    "forward_prefetch_submit": "full",
+    "backward_prefetch_submit": "full",
+    "forward_all_gather": "full",
+    "backward_all_gather": "full",
+}
+"""What DeepSpeed 0.19's coordinator counts as an event's numel.
+
+Fetch and wait events count this rank's shard (``partition_numel``); prefetch and all-gather events
+count the whole parameters (``ds_numel``).  Records name the unit so nobody adds the two.
+"""
+
+_NS_PER_MS = 1e6
+_PERCENTILES = {"p50_ms": 50, "p95_ms": 95}
+
+
+class PartitionedParameterProfiler:
+    """Drop-in for ``deepspeed.runtime.zero.partitioned_param_profiler.PartitionedParameterProfiler``.
+
+    ``timers`` is DeepSpeed's switch: None disables the profiler; anything else enables it.
+    ``element_size`` (bytes per parameter element) lets statistics report bytes; None leaves them out.
+    """
+
+    @dataclass(eq=False)
+    class EventCounter:
+        """Statistics of one event name; DeepSpeed's fields and methods come first."""
+
+        name: str
+        count: int = 0
+        num_elem: int = 0
+        durations: DurationStats = field(default=None, repr=False)  # type: ignore[assignment]
+        dropped: int = 0
+        started_ns: Optional[int] = None  # perf_counter_ns() at start_event while the event runs
+
+        def __post_init__(self) -> None:
+            if self.durations is None:
+                self.durations = DurationStats(self.name)
+            self.pending = self.durations.pending  # the hot path appends here
+
+        def reset(self) -> None:
+            """Forget what was counted; an event that is running keeps running."""
+            self.count = self.num_elem = self.dropped = 0
+            self.durations.reset()
+
+        def increment(self, numel: int) -> None:
+            """Count one event of ``numel`` elements (DeepSpeed's method; timing is ``stop_event``'s)."""
+            self.count += 1
+            self.num_elem += numel
+
+    def __init__(self, timers: Any, *, element_size: Optional[int] = None) -> None:
+        self.timers = timers
+        self.element_size = element_size
+        self.trace_ranges = False
+        self.event_counters: Dict[str, PartitionedParameterProfiler.EventCounter] = {}
+        self._open_ranges: Dict[str, nvtx_range] = {}
+
+    @property
+    def enabled(self) -> bool:
+        """Whether events are measured (``timers`` was not None)."""
+        return self.timers is not None
+
+    def start_event(self, name: str) -> None:
+        """Mark the start of one ``name`` event."""
+        if self.timers is None:
+            return
+        counter = self.event_counters.get(name)
+        if counter is None:
+            counter = self.event_counters[name] = self.EventCounter(name)
+        elif counter.started_ns is not None:  # already running: keep the first start
+            counter.dropped += 1
+            return
+        if self.trace_ranges:
+            self._open_range(name)
+        counter.started_ns = perf_counter_ns()
+
+    def stop_event(self, name: str, num_elem: int) -> None:
+        """Mark the end of the running ``name`` event, which moved ``num_elem`` elements."""
+        if self.timers is None:
+            return
+        end_ns = perf_counter_ns()
+        counter = self.event_counters.get(name)
+        if counter is None:
+            counter = self.event_counters[name] = self.EventCounter(name)
+        counter.count += 1
+        counter.num_elem += num_elem
+        started_ns = counter.started_ns
+        if started_ns is None:
+            counter.dropped += 1
+            return
+        counter.started_ns = None
+        pending = counter.pending
+        pending.append(end_ns - started_ns)
+        if len(pending) >= FOLD_EVERY:
+            counter.durations.fold()
+        if self.trace_ranges:
+            self._close_range(name, num_elem)
+
+    @contextmanager
+    def event(self, name: str, num_elem: int) -> Iterator[None]:
+        """The block is one ``name`` event of ``num_elem`` elements; it is stopped also on error."""
+        self.start_event(name)
+        try:
+            yield
+        finally:
+            self.stop_event(name, num_elem)
+
+    def _open_range(self, name: str) -> None:
+        """A named range in the torch trace and in Nsight, opened before the clock starts."""
+        scope = nvtx_range(f"zero3.{name}")
+        scope.__enter__()
+        self._open_ranges[name] = scope
+
+    def _close_range(self, name: str, num_elem: int) -> None:
+        """Close the event's range; the numel, known only now, goes into a short child range."""
+        scope = self._open_ranges.pop(name, None)
+        if scope is not None:
+            with nvtx_range(f"zero3.{name} numel={num_elem} ({NUMEL_UNITS.get(name, 'as counted')})"):
+                pass
+            scope.__exit__(None, None, None)
+
+    def reset_events(self) -> None:
+        """Zero every counter (DeepSpeed calls this at the start of each forward)."""
+        for counter in self.event_counters.values():
+            counter.reset()
+
+    def statistics(self) -> Dict[str, Dict[str, Any]]:
+        """Per event seen since the last reset: count, numel (and its unit), bytes and times in ms."""
+        stats: Dict[str, Dict[str, Any]] = {}
+        for name, counter in self.event_counters.items():
+            if not counter.count:
+                continue
+            durations = counter.durations
+            timed = durations.count > 0
+            entry: Dict[str, Any] = {
+                "count": counter.count,
+                "numel": counter.num_elem,
+                "numel_unit": NUMEL_UNITS.get(name),
+                "bytes": None if self.element_size is None else counter.num_elem * self.element_size,
+                "time_ms": durations.total / _NS_PER_MS,
+                "min_ms": durations.min / _NS_PER_MS if timed else None,
+                "max_ms": durations.max / _NS_PER_MS if timed else None,
+            }
+            for key, percent in _PERCENTILES.items():
+                value = durations.percentile(percent)
+                entry[key] = None if value is None else value / _NS_PER_MS
+            entry["dropped"] = counter.dropped
+            stats[name] = entry
+        return stats
+
+    def log_events(self) -> None:
+        """Log each event's counters and times on rank 0, as DeepSpeed's profiler does."""
+        for name, entry in self.statistics().items():
+            unit = entry["numel_unit"] or "as counted"
+            times = "" if entry["min_ms"] is None else (
+                f", time = {entry['time_ms']:.3f} ms (min {entry['min_ms']:.3f}, p50 {entry['p50_ms']:.3f}, "
+                f"p95 {entry['p95_ms']:.3f}, max {entry['max_ms']:.3f})")
+            log_dist(f"{name}: count = {entry['count']}, numel = {entry['numel']} ({unit}){times}", ranks=[0])
