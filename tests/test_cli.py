@@ -46,7 +46,7 @@ def test_module_rejects_bad_config_one_line_per_problem(bad_config):
         f"{bad_config}: profiler.active: 0 is not allowed; expected an integer >= 1",
         f"{bad_config}: profiler.ranks: [0, -1] is not allowed; expected global ranks >= 0, or null for all ranks",
         f"{bad_config}: profiler.activ: unknown key (did you mean active?); allowed keys: active, enabled, "
-        "nsight_enabled, nsight_output, output_dir, profile_memory, ranks, record_shapes, repeat, skip_first, "
+        "nsight_enabled, nsight_output, output_dir, peak_tflops, profile_memory, ranks, record_shapes, repeat, skip_first, "
         "summary_ranks, summary_row_limit, summary_sort_by, wait, warmup, with_flops, with_modules, with_stack",
         f'{bad_config}: nvtx.enabled: "yes" is not allowed; expected true or false',
     ]

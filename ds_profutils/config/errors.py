@@ -81,6 +81,8 @@ _EXPECTED_BY_ERROR_TYPE = {
     "int_type": "an integer",
     "int_parsing": "an integer",
     "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
     "string_type": "a string",
     "list_type": "a list",
     "model_type": "an object",
@@ -119,7 +121,7 @@ def describe_error(error: "ErrorDetails", root: Type[BaseModel]) -> str:
         return not_allowed(value, str(ctx["error"]))
     if kind in _COMPARISONS:
         bound = next(iter(ctx.values()))
-        number = "an integer" if isinstance(value, int) else "a number"
+        number = "an integer" if isinstance(bound, int) else "a number"
         return not_allowed(value, f"{number} {_COMPARISONS[kind]} {bound}")
     if kind == "string_too_short":
         return not_allowed(value, "a non-empty string")

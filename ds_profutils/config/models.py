@@ -99,6 +99,7 @@ class ProfilerConfig(Section):
     summary_ranks: RankList = Field(default_factory=lambda: [0])
     summary_sort_by: str = "self_cpu_time_total"
     summary_row_limit: int = Field(20, ge=1)
+    peak_tflops: Optional[float] = Field(None, gt=0, description="the accelerator's peak, for the share of it achieved")
 
     _rank_input = field_validator("ranks", "summary_ranks", mode="before")(_rank_list_input)
     _check_ranks = field_validator("ranks", "summary_ranks")(_validate_ranks)
