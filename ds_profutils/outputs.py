@@ -143,8 +143,8 @@ def summary_file(output_dir: os.PathLike | str, rank: int) -> Path:
     return Path(output_dir) / _SUMMARY.format(rank=rank)
 
 
-def fetch_records_file(output_dir: os.PathLike | str, rank: int, engine: str = MAIN_ENGINE) -> Path:
-    """One engine's ZeRO-3 fetch records on one rank."""
+def fetch_records_file(output_dir: os.PathLike | str, rank: int | str, engine: str = MAIN_ENGINE) -> Path:
+    """One engine's ZeRO-3 fetch records on one rank (or a placeholder such as ``"<r>"`` for messages)."""
     name = _FETCH_RECORDS if engine == MAIN_ENGINE else _ENGINE_FETCH_RECORDS
     return Path(output_dir) / name.format(engine=engine, rank=rank)
 

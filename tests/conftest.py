@@ -5,17 +5,18 @@ import os
 import pytest
 
 import ds_profutils
+from ds_profutils.outputs import LAUNCHER_VARIABLES
 
 # Set by the README's commands for tox itself, not a setting of ours.
 _NOT_A_SETTING = "DS_PROFUTILS_TOX_DIR"
+_LAUNCHER_NAMES = {name for names in LAUNCHER_VARIABLES for name in names if name}
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    """Tests decide rank and overrides themselves; nothing leaks in from the shell or tox."""
+    """Tests decide rank and overrides themselves; nothing leaks in from the shell, tox or a launcher."""
     for name in list(os.environ):
-        if (name.startswith("DS_PROFUTILS_") and name != _NOT_A_SETTING) or name in ("RANK", "WORLD_SIZE",
-                                                                                    "LOCAL_RANK"):
+        if (name.startswith("DS_PROFUTILS_") and name != _NOT_A_SETTING) or name in _LAUNCHER_NAMES:
             monkeypatch.delenv(name)
 
 

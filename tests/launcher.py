@@ -6,6 +6,7 @@ script checks many things in one run and writes its findings as JSON for the tes
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -57,3 +58,51 @@ def run_deepspeed(script: os.PathLike | str,
         tail = "\n".join(proc.stdout.splitlines()[-60:])
         raise AssertionError(f"deepspeed launcher exited {proc.returncode}: {' '.join(command)}\n{tail}")
     return proc
+
+
+def namespaces_permitted() -> Optional[str]:
+    """None when this process may give a child its own hostname and pids (unshare), else why not."""
+    try:
+        subprocess.run(["unshare", "--uts", "--pid", "--fork", "--mount-proc", "true"], check=True,
+                       capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unshare --uts --pid --fork --mount-proc is not permitted here ({exc})"
+    return None
+
+
+def run_two_nodes(script: os.PathLike | str,
+                  args: Sequence[str],
+                  workdir: Path,
+                  *,
+                  slots: int = 2,
+                  timeout: float = 400) -> None:
+    """Run ``script`` as a 2-node job on this machine: each node is the deepspeed runner with
+    ``--no_ssh --node_rank i`` in its own UTS and pid namespaces with hostname ``node-i`` (pids repeat
+    across nodes, as on real hosts).  Fails with each node's output tail if a node exits non-zero."""
+    hostfile = workdir / "hostfile"
+    hostfile.write_text("".join(f"node-{i} slots={slots}\n" for i in range(2)))
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    nodes = []
+    for node in range(2):
+        runner = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), "--no_ssh",
+                  "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port), str(script),
+                  *args]
+        shell = f"hostname node-{node} && exec {shlex.join(runner)}"
+        log = open(workdir / f"node_{node}.log", "w")
+        nodes.append((subprocess.Popen(["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c", shell],
+                                       cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    failures = []
+    for node, (process, log) in enumerate(nodes):
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = "timeout"
+        log.close()
+        if code != 0:
+            tail = "\n".join((workdir / f"node_{node}.log").read_text().splitlines()[-40:])
+            failures.append(f"node {node} exited {code}:\n{tail}")
+    if failures:
+        raise AssertionError("\n\n".join(failures))

@@ -15,6 +15,8 @@ from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParamet
 import ds_profutils
 from ds_profutils import nvtx
 from ds_profutils.config import PartitionedParamProfilerConfig
+from ds_profutils.exceptions import InvalidArgumentError
+from ds_profutils.outputs import ProcessIdentity
 from ds_profutils.report import build_report
 from ds_profutils.zero3 import AttachError, ZeroFetchRecorder
 from launcher import DIST_SCRIPTS, run_deepspeed
@@ -89,14 +91,17 @@ class Engine:
         self.module.train()
 
 
-def recorder_for(engine, tmp_path, **settings):
+IDENTITY = ProcessIdentity(rank=3, world_size=4, local_rank=1, host="node-a", pid=4242, source="test")
+
+
+def recorder_for(engine, tmp_path, name="main", device_events=None, **settings):
     settings = PartitionedParamProfilerConfig(enabled=True, output_dir=str(tmp_path), **settings)
     return ZeroFetchRecorder(engine, [engine.coordinator],
                              settings,
-                             rank=3,
-                             world_size=4,
-                             host="node-a",
-                             dtype=torch.float16)
+                             name=name,
+                             identity=IDENTITY,
+                             dtype=torch.float16,
+                             device_events=device_events)
 
 
 def read_records(tmp_path, rank=3):
@@ -112,11 +117,13 @@ def test_one_record_per_step_with_the_step_read_at_forward_start(tmp_path):
             # flushed at step(), before close: a killed job keeps every finished step
             assert len(read_records(tmp_path)) == engine.micro_steps
     records = read_records(tmp_path)
-    assert [(r["step"], r["global_step"], r["mode"]) for r in records] == [(0, 0, "train"), (1, 1, "train"),
-                                                                            (2, 2, "train")]
+    assert [(r["micro_step"], r["global_step"], r["mode"]) for r in records] == [(0, 0, "train"), (1, 1, "train"),
+                                                                                  (2, 2, "train")]
     first = records[0]
-    assert {k: first[k] for k in ("rank", "world_size", "host", "dtype")} == {
-        "rank": 3, "world_size": 4, "host": "node-a", "dtype": "float16"
+    assert {k: first[k] for k in ("schema", "engine", "rank", "world_size", "local_rank", "host", "pid", "dtype",
+                                  "clock", "comms_logger")} == {
+        "schema": 2, "engine": "main", "rank": 3, "world_size": 4, "local_rank": 1, "host": "node-a", "pid": 4242,
+        "dtype": "float16", "clock": "host", "comms_logger": False
     }
     # DeepSpeed's own reset at the next forward start did not eat the backward's events.
     assert {name: (e["count"], e["numel"], e["numel_unit"], e["bytes"])
@@ -126,6 +133,11 @@ def test_one_record_per_step_with_the_step_read_at_forward_start(tmp_path):
                 "backward_fetch_wait": (1, 5, "shard", 10),
             }
     assert first["step_time_ms"] >= first["events"]["forward_fetch_wait"]["time_ms"]
+    waits = first["events"]["forward_fetch_wait"]["time_ms"] + first["events"]["backward_fetch_wait"]["time_ms"]
+    assert first["fetch_wait_ms"] == pytest.approx(waits)
+    assert first["collective_wait_ms"] == 0 and first["collectives"] == {}  # no deepspeed.comm backend here
+    assert first["exposed_wait_ms"] == pytest.approx(waits)
+    assert all(e["clock"] == "host" and e["dropped"] == 0 for e in first["events"].values())
 
 
 def test_eval_forwards_are_labelled_and_written_at_next_forward_or_close(tmp_path):
@@ -138,7 +150,7 @@ def test_eval_forwards_are_labelled_and_written_at_next_forward_or_close(tmp_pat
     assert [r["mode"] for r in read_records(tmp_path)] == ["train", "eval", "train"]
     recorder.close()  # what runs at exit
     records = read_records(tmp_path)
-    assert [(r["step"], r["mode"]) for r in records] == [(0, "train"), (1, "eval"), (1, "train"), (2, "eval")]
+    assert [(r["micro_step"], r["mode"]) for r in records] == [(0, "train"), (1, "eval"), (1, "train"), (2, "eval")]
     assert "backward_fetch_wait" not in records[-1]["events"]
 
 
@@ -147,6 +159,31 @@ def test_no_empty_record_without_a_forward(tmp_path):
     recorder = recorder_for(engine, tmp_path)
     engine.step()
     recorder.close()
+    assert read_records(tmp_path) == []
+
+
+def test_a_train_step_interrupted_before_step_returns_is_absent_not_torn(tmp_path):
+    engine = Engine()
+    recorder = recorder_for(engine, tmp_path)
+    engine.train_step()
+    engine.forward()
+    engine.backward()  # SIGTERM here: step() never returns, the process exits
+    recorder.close()  # what runs at exit
+    text = (tmp_path / "zero_fetch_rank_3.jsonl").read_text()
+    assert text.endswith("\n") and [r["micro_step"] for r in read_records(tmp_path)] == [0]
+
+
+def test_a_step_that_raises_is_not_recorded(tmp_path):
+    engine = Engine()
+
+    def failing_step():
+        raise RuntimeError("optimizer failed")
+
+    engine.step = failing_step
+    with recorder_for(engine, tmp_path):
+        engine.forward()
+        with pytest.raises(RuntimeError):
+            engine.step()
     assert read_records(tmp_path) == []
 
 
@@ -171,7 +208,7 @@ def test_a_failing_write_is_logged_not_raised_into_training(tmp_path, monkeypatc
     engine = Engine()
     with recorder_for(engine, tmp_path) as recorder:
         recorder._file.close()
-        monkeypatch.setattr(recorder, "_file", open("/dev/full", "w"))
+        monkeypatch.setattr(recorder, "_file", open("/dev/full", "wb", buffering=0))
         engine.train_step()
         engine.train_step()
     assert len(warnings) >= 2 and all("cannot write ZeRO-3 fetch records" in warning for warning in warnings)
@@ -275,10 +312,10 @@ def zero3_run(tmp_path_factory):
 def test_real_engine_records_match_the_coordinators_fetches(zero3_run, rank):
     expected, records = zero3_run.expected[rank], zero3_run.records[rank]
     counted = expected["counted"]
-    assert [f"{r['step']}/{r['mode']}" for r in records] == list(counted)  # fresh file, no empty record
+    assert [f"{r['micro_step']}/{r['mode']}" for r in records] == list(counted)  # fresh file, no empty record
     assert [r["mode"] for r in records].count("eval") == 2  # the last one written at exit
     for record in records:
-        events, count = record["events"], counted[f"{record['step']}/{record['mode']}"]
+        events, count = record["events"], counted[f"{record['micro_step']}/{record['mode']}"]
         assert record["rank"] == rank and record["world_size"] == 2 and record["host"]
         for direction in ("forward", "backward"):
             assert events.get(f"{direction}_fetch_wait", {}).get("count", 0) == count.get(f"{direction}_fetches", 0)
@@ -296,8 +333,8 @@ def test_real_engine_every_train_forward_gathers_the_whole_model(zero3_run, rank
     total = zero3_run.expected[rank]["total_numel"]
     # DeepSpeed leaves the parameters gathered after a no_grad eval forward, so the train forward
     # right after one has nothing to fetch; every other train forward gathers each parameter once.
-    after_eval = {r["step"] for r in records if r["mode"] == "eval"}
-    train = [r for r in records if r["mode"] == "train" and r["step"] not in after_eval]
+    after_eval = {r["micro_step"] for r in records if r["mode"] == "eval"}
+    train = [r for r in records if r["mode"] == "train" and r["micro_step"] not in after_eval]
     assert len(train) == 3
     for record in train:
         assert record["events"]["forward_all_gather"]["numel"] == total
@@ -327,7 +364,7 @@ def test_real_engine_rank_subset_and_our_timers(zero3_run, rank):
     assert found["recorder"] is (rank == 0)
     # The earlier run's file: replaced on the recording rank, removed on the other.
     assert not found["stale_file_left"]
-    assert (zero3_run.out / "rank0_only" / f"zero_fetch_rank_{rank}.jsonl").exists() is (rank == 0)
+    assert (zero3_run.out / "rank0_only" / f"zero_fetch_engine1_rank_{rank}.jsonl").exists() is (rank == 0)
     # wall_clock_breakdown: one group of ours, shared by the engine, its ZeRO-3 optimizer and offload,
     # in which the engine and the optimizer created their timers by using them (DeepSpeed's own group
     # saw nothing after attach).
@@ -340,3 +377,52 @@ def test_real_engine_report_of_a_rank_subset(zero3_run):
     report = build_report(zero3_run.out / "rank0_only")
     assert report["ranks"] == [0] and report["missing_ranks"] == [] and report["problems"] == {}
     assert len(report["steps"]) == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Engine names: one file per engine, the same names on every rank
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_names(monkeypatch):
+    """A process that has attached no engine yet."""
+    from ds_profutils.zero3 import attaching as attach_module
+
+    monkeypatch.setattr(attach_module, "_engines_by_name", {})
+    monkeypatch.setattr(attach_module, "_unnamed_attached", 0)
+    return attach_module._engine_name
+
+
+def test_unnamed_engines_are_main_then_engine1_in_attach_order(fresh_names):
+    actor, critic, reward, reference = Engine(), Engine(), Engine(), Engine()
+    assert [fresh_names(actor, None), fresh_names(critic, None), fresh_names(reward, "reward"),
+            fresh_names(reference, None)] == ["main", "engine1", "reward", "engine2"]
+    assert fresh_names(actor, None) == "main"  # attaching the same engine again keeps its name
+
+
+@pytest.mark.parametrize("name", ["main", "has_underscore", "-dash-first", "", 3])
+def test_a_bad_or_reserved_name_is_refused(fresh_names, name):
+    with pytest.raises(InvalidArgumentError, match="attach: name must match"):
+        fresh_names(Engine(), name)
+
+
+def test_a_name_in_use_by_another_engine_is_refused(fresh_names):
+    critic = Engine()
+    fresh_names(critic, "critic")
+    with pytest.raises(InvalidArgumentError, match="an engine named 'critic' is already attached"):
+        fresh_names(Engine(), "critic")
+    del critic  # an engine that is gone frees its name
+    assert fresh_names(Engine(), "critic") == "critic"
+
+
+def test_two_recorders_in_one_process_write_their_own_files(tmp_path):
+    small, large = Engine(), Engine()
+    with recorder_for(small, tmp_path) as first, recorder_for(large, tmp_path, name="critic") as second:
+        small.train_step()
+        large.train_step()
+        large.train_step()
+    assert (first.path.name, second.path.name) == ("zero_fetch_rank_3.jsonl", "zero_fetch_critic_rank_3.jsonl")
+    assert [r["engine"] for r in read_records(tmp_path)] == ["main"]
+    critic = [json.loads(line) for line in second.path.read_text().splitlines()]
+    assert [(r["engine"], r["micro_step"]) for r in critic] == [("critic", 0), ("critic", 1)]

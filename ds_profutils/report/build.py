@@ -123,7 +123,8 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     directory = Path(directory)
     if not directory.is_dir():
         raise ReportError(f"{directory}: no such directory")
-    record_files = fetch_records_files(directory).get(MAIN_ENGINE, {})
+    engines = fetch_records_files(directory)
+    record_files = engines.get(MAIN_ENGINE) or next(iter(engines.values()), {})
     traces_found = trace_files(directory)
     if not record_files and not traces_found:
         raise ReportError(f"{directory}: no ZeRO-3 fetch records (zero_fetch_*rank_*.jsonl) and no traces "

@@ -76,7 +76,7 @@ class RankRecords:
         recording_ranks = record.get("recording_ranks")
         recording_ranks = None if recording_ranks is None else tuple(int(rank) for rank in recording_ranks)
         if mode == "train":
-            step, global_step = int(record["step"]), int(record["global_step"])
+            step, global_step = int(record.get("micro_step", record.get("step"))), int(record["global_step"])
             times = (float(record["step_time_ms"]), _time_of(events, FETCH_WAIT_EVENTS),
                      _time_of(events, ALL_GATHER_EVENTS))
             if self.steps and self.steps[-1] == step:  # another forward before step(): the same step

@@ -2,9 +2,9 @@
 
 :mod:`.fetch_profiler` is the profiler DeepSpeed's coordinator calls on every fetch,
 :mod:`.recorder` writes its per-step records, :mod:`.engine_setup` applies the config's engine
-settings, and :mod:`.attach` puts them into an engine.
+settings, and :mod:`.attaching` puts them into an engine with ``attach``.
 """
-from .attach import SUPPORTED_DEEPSPEED, AttachError, attach
+from .attaching import SUPPORTED_DEEPSPEED, AttachError, attach
 from .fetch_profiler import NUMEL_UNITS, PartitionedParameterProfiler
 from .recorder import ZeroFetchRecorder
 

@@ -9,7 +9,11 @@ min and max time on ``time.perf_counter_ns()``, percentiles from a bounded rando
 (:class:`ds_profutils._stats.DurationStats`), and bytes from the parameters' element size.
 
 ``timers=None`` means disabled, as in DeepSpeed.  The ``timers`` object itself only switches the
-profiler on; time is measured here, so it never synchronizes a device.
+profiler on; time is measured here, so it never synchronizes a device.  With ``device_events`` (where
+``use_host_timers()`` is False, e.g. CUDA), the fetch waits -- the stall the compute stream sees --
+are also bracketed by device events (:mod:`.device_clock`); submits, prefetches and the all-gather
+pair DeepSpeed brackets are launches (the all-gather pair wraps a copy on DeepSpeed's all-gather
+stream, not the NCCL kernel), so they stay on the host clock.
 
 Nothing here raises into DeepSpeed's forward or backward: a start of an event that is running, or a
 stop without a start (DeepSpeed runs leaf-module backward hooks from several threads), is counted
@@ -21,13 +25,14 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from time import perf_counter_ns
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
+from .._stats import FOLD_EVERY, DurationStats
 from ..logging import log_dist
 from ..nvtx import nvtx_range
-from .._stats import FOLD_EVERY, DurationStats
+from .device_clock import DeviceEvents, Pair
 
-__all__ = ["NUMEL_UNITS", "PartitionedParameterProfiler"]
+__all__ = ["DEVICE_TIMED", "NUMEL_UNITS", "PartitionedParameterProfiler", "event_entry"]
 
 NUMEL_UNITS: Dict[str, str] = {
     "forward_fetch_submit": "shard",
@@ -44,6 +49,9 @@ NUMEL_UNITS: Dict[str, str] = {
 Fetch and wait events count this rank's shard (``partition_numel``); prefetch and all-gather events
 count the whole parameters (``ds_numel``).  Records name the unit so nobody adds the two.
 """
+
+DEVICE_TIMED = frozenset({"forward_fetch_wait", "backward_fetch_wait"})
+"""Events timed on the device clock where there is one: the waits the compute stream sees."""
 
 _NS_PER_MS = 1e6
 _PERCENTILES = {"p50_ms": 50, "p95_ms": 95}
@@ -66,6 +74,8 @@ class PartitionedParameterProfiler:
         durations: DurationStats = field(default=None, repr=False)  # type: ignore[assignment]
         dropped: int = 0
         started_ns: Optional[int] = None  # perf_counter_ns() at start_event while the event runs
+        device_start: Any = None  # the device event marked at start_event, when timed on the device
+        device_pairs: Optional[List[Pair]] = None  # this record's device intervals; None: host clock only
 
         def __post_init__(self) -> None:
             if self.durations is None:
@@ -76,15 +86,22 @@ class PartitionedParameterProfiler:
             """Forget what was counted; an event that is running keeps running."""
             self.count = self.num_elem = self.dropped = 0
             self.durations.reset()
+            if self.device_pairs is not None:
+                self.device_pairs = []
 
         def increment(self, numel: int) -> None:
             """Count one event of ``numel`` elements (DeepSpeed's method; timing is ``stop_event``'s)."""
             self.count += 1
             self.num_elem += numel
 
-    def __init__(self, timers: Any, *, element_size: Optional[int] = None) -> None:
+    def __init__(self,
+                 timers: Any,
+                 *,
+                 element_size: Optional[int] = None,
+                 device_events: Optional[DeviceEvents] = None) -> None:
         self.timers = timers
         self.element_size = element_size
+        self.device_events = device_events
         self.trace_ranges = False
         self.event_counters: Dict[str, PartitionedParameterProfiler.EventCounter] = {}
         self._open_ranges: Dict[str, nvtx_range] = {}
@@ -100,12 +117,14 @@ class PartitionedParameterProfiler:
             return
         counter = self.event_counters.get(name)
         if counter is None:
-            counter = self.event_counters[name] = self.EventCounter(name)
+            counter = self._new_counter(name)
         elif counter.started_ns is not None:  # already running: keep the first start
             counter.dropped += 1
             return
         if self.trace_ranges:
             self._open_range(name)
+        if counter.device_pairs is not None:
+            counter.device_start = self.device_events.mark()
         counter.started_ns = perf_counter_ns()
 
     def stop_event(self, name: str, num_elem: int) -> None:
@@ -115,7 +134,7 @@ class PartitionedParameterProfiler:
         end_ns = perf_counter_ns()
         counter = self.event_counters.get(name)
         if counter is None:
-            counter = self.event_counters[name] = self.EventCounter(name)
+            counter = self._new_counter(name)
         counter.count += 1
         counter.num_elem += num_elem
         started_ns = counter.started_ns
@@ -127,8 +146,17 @@ class PartitionedParameterProfiler:
         pending.append(end_ns - started_ns)
         if len(pending) >= FOLD_EVERY:
             counter.durations.fold()
+        if counter.device_pairs is not None:
+            end = self.device_events.mark()
+            counter.device_pairs.append(self.device_events.pair(counter.device_start, end, end_ns - started_ns))
         if self.trace_ranges:
             self._close_range(name, num_elem)
+
+    def _new_counter(self, name: str) -> "PartitionedParameterProfiler.EventCounter":
+        counter = self.event_counters[name] = self.EventCounter(name)
+        if self.device_events is not None and name in DEVICE_TIMED:
+            counter.device_pairs = []
+        return counter
 
     @contextmanager
     def event(self, name: str, num_elem: int) -> Iterator[None]:
@@ -159,28 +187,11 @@ class PartitionedParameterProfiler:
             counter.reset()
 
     def statistics(self) -> Dict[str, Dict[str, Any]]:
-        """Per event seen since the last reset: count, numel (and its unit), bytes and times in ms."""
-        stats: Dict[str, Dict[str, Any]] = {}
-        for name, counter in self.event_counters.items():
-            if not counter.count:
-                continue
-            durations = counter.durations
-            timed = durations.count > 0
-            entry: Dict[str, Any] = {
-                "count": counter.count,
-                "numel": counter.num_elem,
-                "numel_unit": NUMEL_UNITS.get(name),
-                "bytes": None if self.element_size is None else counter.num_elem * self.element_size,
-                "time_ms": durations.total / _NS_PER_MS,
-                "min_ms": durations.min / _NS_PER_MS if timed else None,
-                "max_ms": durations.max / _NS_PER_MS if timed else None,
-            }
-            for key, percent in _PERCENTILES.items():
-                value = durations.percentile(percent)
-                entry[key] = None if value is None else value / _NS_PER_MS
-            entry["dropped"] = counter.dropped
-            stats[name] = entry
-        return stats
+        """Per event seen since the last reset: count, numel (and its unit), bytes and host times in ms."""
+        return {
+            name: event_entry(counter.name, counter.count, counter.num_elem, counter.dropped, counter.durations,
+                              "host", self.element_size) for name, counter in self.event_counters.items() if counter.count
+        }
 
     def log_events(self) -> None:
         """Log each event's counters and times on rank 0, as DeepSpeed's profiler does."""
@@ -190,3 +201,24 @@ class PartitionedParameterProfiler:
                 f", time = {entry['time_ms']:.3f} ms (min {entry['min_ms']:.3f}, p50 {entry['p50_ms']:.3f}, "
                 f"p95 {entry['p95_ms']:.3f}, max {entry['max_ms']:.3f})")
             log_dist(f"{name}: count = {entry['count']}, numel = {entry['numel']} ({unit}){times}", ranks=[0])
+
+
+def event_entry(name: str, count: int, numel: int, dropped: int, durations: DurationStats, clock: str,
+                element_size: Optional[int]) -> Dict[str, Any]:
+    """One event's record entry: DeepSpeed's count and numel, bytes, and the durations in ms on ``clock``."""
+    timed = durations.count > 0
+    entry: Dict[str, Any] = {
+        "count": count,
+        "numel": numel,
+        "numel_unit": NUMEL_UNITS.get(name),
+        "bytes": None if element_size is None else numel * element_size,
+        "time_ms": durations.total / _NS_PER_MS,
+        "min_ms": durations.min / _NS_PER_MS if timed else None,
+        "max_ms": durations.max / _NS_PER_MS if timed else None,
+    }
+    for key, percent in _PERCENTILES.items():
+        value = durations.percentile(percent)
+        entry[key] = None if value is None else value / _NS_PER_MS
+    entry["dropped"] = dropped
+    entry["clock"] = clock
+    return entry

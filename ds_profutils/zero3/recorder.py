@@ -1,11 +1,14 @@
-"""The per-step ZeRO-3 fetch records of one engine on one rank.
+"""The per-step ZeRO-3 fetch records of one engine on one rank (record schema 2, docs/zero_fetch.md).
 
 Step boundaries are ours, not DeepSpeed's: DeepSpeed resets its counters at the *next* forward, so a
-record is opened when a forward starts (that is when the step number is read), and written when
-``engine.step()`` returns -- or, for an eval forward, when the next forward starts or the process
-exits.  Steps that ``log_interval`` skips run with DeepSpeed's own (disabled) profiler, so they cost
-what they cost without ds_profutils.  Each record is one line written with one call and flushed, so
-every finished step is on disk and a line is never torn by a later kill.
+record is opened when a forward starts (that is when the step numbers are read) and finished when
+``engine.step()`` returns -- or, for an eval forward, when its forward ends.  Steps that
+``log_interval`` skips run with DeepSpeed's own (disabled) profiler, so they cost what they cost
+without ds_profutils.
+
+A record is written once its device times are known (at once on the host clock).  Each is one line
+written by one ``write`` call on an unbuffered file: every finished step is on disk, and a kill never
+leaves half a line.  A train step interrupted before ``engine.step()`` returned is not written at all.
 """
 from __future__ import annotations
 
@@ -13,48 +16,91 @@ import atexit
 import functools
 import json
 import time
-from typing import Any, Dict, Optional, Sequence
+from collections import deque
+from time import perf_counter_ns
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
 import torch
 
+from .._stats import DurationStats
 from ..config import PartitionedParamProfilerConfig
 from ..logging import warning_once
 from ..nvtx import ranges_active
-from ..outputs import fetch_records_file
-from .fetch_profiler import PartitionedParameterProfiler
+from ..outputs import ProcessIdentity, fetch_records_file
+from . import collectives
+from .device_clock import DeviceEvents, Pair
+from .fetch_profiler import DEVICE_TIMED, PartitionedParameterProfiler, event_entry
 
-__all__ = ["PROFILER_ATTR", "RECORDER_ATTR", "ZeroFetchRecorder"]
+__all__ = ["PROFILER_ATTR", "RECORDER_ATTR", "RECORD_SCHEMA", "ZeroFetchRecorder"]
 
 PROFILER_ATTR = "_PartitionedParameterCoordinator__profiler"
 """Where DeepSpeed 0.19's coordinator keeps its profiler (a name-mangled private attribute)."""
 RECORDER_ATTR = "_ds_profutils_fetch_recorder"
 """The engine attribute that holds its recorder, so ``attach`` twice returns the same one."""
+RECORD_SCHEMA = 2
+SETTLE_SECONDS = 2.0
+"""How long ``close`` waits for device times before writing host times (never blocking on the device)."""
 _NS_PER_MS = 1e6
+
+
+class _Step:
+    """One record being filled: what was read at the forward start, and what its step measured."""
+
+    def __init__(self, fields: Dict[str, Any], start_mark: Any) -> None:
+        self.fields = fields
+        self.start_ns = self.end_ns = perf_counter_ns()
+        self.start_mark, self.end_mark = start_mark, None
+        self.forward_done = self.step_done = False
+        self.collectives: Dict[str, List[Any]] = {}  # op -> [count, host ns, device pairs]
+        self.events: Dict[str, Dict[str, Any]] = {}
+        self.device_pairs: Dict[str, List[Pair]] = {}
+        self.step_pair: Optional[Pair] = None
+
+    def collective(self, op: str, host_ns: int, pair: Optional[Pair]) -> None:
+        totals = self.collectives.setdefault(op, [0, 0, []])
+        totals[0] += 1
+        totals[1] += host_ns
+        if pair is not None:
+            totals[2].append(pair)
+
+    def pairs(self) -> List[Pair]:
+        found = [pair for pairs in self.device_pairs.values() for pair in pairs]
+        found += [pair for _, _, pairs in self.collectives.values() for pair in pairs]
+        return found + ([self.step_pair] if self.step_pair is not None else [])
 
 
 class ZeroFetchRecorder:
     """Owns the fetch profiler of an engine's coordinators and its per-rank JSONL file.
 
-    Returned by ``attach``; ``close()`` (also at exit, or leaving a ``with`` block) writes the last
-    record, puts DeepSpeed's profilers back and closes the file.
+    Returned by ``attach``; ``close()`` (also at exit, or leaving a ``with`` block) writes what is
+    finished, puts DeepSpeed's profilers back and closes the file.
     """
 
     def __init__(self, engine: Any, coordinators: Sequence[Any], settings: PartitionedParamProfilerConfig, *,
-                 rank: int, world_size: int, host: str, dtype: torch.dtype) -> None:
+                 name: str, identity: ProcessIdentity, dtype: torch.dtype,
+                 device_events: Optional[DeviceEvents]) -> None:
+        self.name = name
         self.settings = settings
-        self.rank = rank
-        self.path = fetch_records_file(settings.output_dir, rank)
+        self.path = fetch_records_file(settings.output_dir, identity.rank, name)
+        self.device_events = device_events
+        element_size = torch.empty((), dtype=dtype).element_size()
         # DeepSpeed's ENABLE_PROFILER hands the engine's timers over; ours only take them as the "on" switch.
-        self.profiler = PartitionedParameterProfiler(engine.timers,
-                                                     element_size=torch.empty((), dtype=dtype).element_size())
-        self._identity = {"rank": rank, "world_size": world_size, "host": host, "dtype": str(dtype)[len("torch."):],
-                          "recording_ranks": settings.ranks}
+        self.profiler = PartitionedParameterProfiler(engine.timers, element_size=element_size,
+                                                     device_events=device_events)
+        self._element_size = element_size
+        self._header = {
+            "schema": RECORD_SCHEMA, "engine": name, "rank": identity.rank, "world_size": identity.world_size,
+            "local_rank": identity.local_rank, "host": identity.host, "pid": identity.pid,
+            "recording_ranks": settings.ranks, "dtype": str(dtype)[len("torch."):],
+            "clock": "host" if device_events is None else "device"
+        }
         self._engine = engine
         self._originals = [(coordinator, vars(coordinator)[PROFILER_ATTR]) for coordinator in coordinators]
-        self._pending: Optional[Dict[str, Any]] = None
-        self._start_ns = self._end_ns = 0
+        self._open: Optional[_Step] = None
+        self._unwritten: Deque[_Step] = deque()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("w", encoding="utf-8")  # a fresh file per run
+        self._file = open(self.path, "wb", buffering=0)  # a fresh file per run; one write() per record
+        collectives.subscribe(device_events)
         # prepend: our boundary must come before DeepSpeed's reset_step(), which resets and logs counters.
         self._hooks = [
             engine.module.register_forward_pre_hook(self._forward_started, prepend=True),
@@ -64,11 +110,9 @@ class ZeroFetchRecorder:
 
         @functools.wraps(original_step)
         def step(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return original_step(*args, **kwargs)
-            finally:
-                self._end_ns = time.perf_counter_ns()
-                self._write_pending()
+            result = original_step(*args, **kwargs)
+            self._step_ended()  # not on an exception: that step did not finish
+            return result
 
         engine.step = step
         setattr(engine, RECORDER_ATTR, self)
@@ -79,67 +123,121 @@ class ZeroFetchRecorder:
         """True once ``close()`` ran: the file is complete and the engine is DeepSpeed's again."""
         return self._file.closed
 
-    def _install(self, profiler: PartitionedParameterProfiler) -> None:
-        for coordinator, _ in self._originals:
-            setattr(coordinator, PROFILER_ATTR, profiler)
-
-    def _install_deepspeeds(self) -> None:
-        for coordinator, original in self._originals:
-            setattr(coordinator, PROFILER_ATTR, original)
+    # ---- step boundaries (forward hooks and the wrapped engine.step) ------------------------------
 
     def _forward_started(self, module: torch.nn.Module, args: Any) -> None:
-        self._write_pending()  # an eval forward, or a forward whose step() never came
+        self._finish_open(finished=lambda step: step.forward_done)  # eval, or a forward whose step() never came
         engine = self._engine
         if engine.global_steps % self.settings.log_interval:
-            self._install_deepspeeds()  # a step not recorded costs what it costs without ds_profutils
+            self._install(None)  # a step not recorded costs what it costs without ds_profutils
             return
         self.profiler.trace_ranges = self.settings.trace_ranges and ranges_active()
         self.profiler.reset_events()
         self._install(self.profiler)
-        self._pending = {
-            "step": engine.micro_steps,
-            "global_step": engine.global_steps,
+        fields = {
             "mode": "train" if module.training else "eval",
+            "global_step": engine.global_steps,
+            "micro_step": engine.micro_steps,
             "time": time.time(),
+            "comms_logger": _comms_logger_on(),
         }
-        self._start_ns = self._end_ns = time.perf_counter_ns()
+        events = self.device_events
+        self._open = _Step(fields, events.mark() if events is not None else None)
+        collectives.listen(self._open)
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._end_ns = time.perf_counter_ns()
+        if self._open is not None:
+            self._mark_end(self._open)
+            self._open.forward_done = True
 
-    def _write_pending(self) -> None:
-        record, self._pending = self._pending, None
-        if record is None:
+    def _step_ended(self) -> None:
+        if self._open is not None and self._open.forward_done:
+            self._mark_end(self._open)
+            self._open.step_done = True
+            self._finish_open(finished=lambda step: True)
+        self._write_ready()
+
+    def _mark_end(self, step: _Step) -> None:
+        step.end_ns = perf_counter_ns()
+        if self.device_events is not None:
+            step.end_mark = self.device_events.mark()
+
+    # ---- records -------------------------------------------------------------------------------
+
+    def _finish_open(self, finished: Callable[[_Step], bool]) -> None:
+        """Take the open step's counters and queue it, if ``finished`` says it is complete."""
+        step, self._open = self._open, None
+        if step is None:
             return
-        events = self.profiler.statistics()
-        self.profiler.reset_events()
-        if not events:
+        collectives.stop_listening(step)
+        if not finished(step):
             return
-        record.update(self._identity)
-        record["step_time_ms"] = (self._end_ns - self._start_ns) / _NS_PER_MS
-        record["events"] = events
+        for name, counter in self.profiler.event_counters.items():
+            if counter.count:
+                step.events[name] = event_entry(name, counter.count, counter.num_elem, counter.dropped,
+                                                counter.durations, "host", self._element_size)
+                if counter.device_pairs is not None:
+                    step.device_pairs[name] = counter.device_pairs
+        if self.device_events is not None:
+            step.step_pair = self.device_events.pair(step.start_mark, step.end_mark, step.end_ns - step.start_ns)
+        self._unwritten.append(step)
+
+    def _write_ready(self, settled: bool = False) -> None:
+        """Write the queued records whose device times are known (all of them when ``settled``)."""
+        if self.device_events is not None:
+            self.device_events.poll()
+        while self._unwritten and (settled or all(pair.resolved for pair in self._unwritten[0].pairs())):
+            self._write(self._unwritten.popleft())
+
+    def _write(self, step: _Step) -> None:
+        record = {**self._header, **step.fields}
+        for name, pairs in step.device_pairs.items():  # the waits the compute stream saw, on the device clock
+            durations = DurationStats(name)
+            for pair in pairs:
+                durations.add(_ns(pair))
+            host = step.events[name]
+            step.events[name] = {
+                **event_entry(name, host["count"], host["numel"], host["dropped"], durations, _clock(pairs),
+                              self._element_size), "host_time_ms": host["time_ms"]
+            }
+        record["step_time_ms"] = (_ns(step.step_pair) if step.step_pair else step.end_ns - step.start_ns) / _NS_PER_MS
+        record["fetch_wait_ms"] = sum(step.events[name]["time_ms"] for name in DEVICE_TIMED if name in step.events)
+        record["collectives"] = {
+            op: {"count": count, "time_ms": (sum(map(_ns, pairs)) if pairs else host_ns) / _NS_PER_MS}
+            for op, (count, host_ns, pairs) in step.collectives.items()
+        }
+        record["collective_wait_ms"] = sum(entry["time_ms"] for entry in record["collectives"].values())
+        record["exposed_wait_ms"] = record["fetch_wait_ms"] + record["collective_wait_ms"]
+        if self.device_events is not None:
+            record["clock"] = _clock(step.pairs())
+        record["events"] = step.events
         try:
-            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-            self._file.flush()
+            self._file.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
         except OSError as exc:
-            self._write_failed(exc)
+            warning_once(f"ds_profutils: cannot write ZeRO-3 fetch records to {self.path} ({exc.strerror}); "
+                         "training goes on, those steps are not recorded")
 
-    def _write_failed(self, exc: OSError) -> None:
-        """A full disk must not stop the training it observes: warn once, go on without those records."""
-        warning_once(f"ds_profutils: cannot write ZeRO-3 fetch records to {self.path} ({exc.strerror}); "
-                     "training goes on, those steps are not recorded")
+    def _install(self, profiler: Optional[PartitionedParameterProfiler]) -> None:
+        """Give the coordinators ours, or (None) DeepSpeed's own back."""
+        for coordinator, original in self._originals:
+            setattr(coordinator, PROFILER_ATTR, original if profiler is None else profiler)
 
     def close(self) -> None:
-        """Write the open record, give the coordinators DeepSpeed's profilers back, close the file."""
+        """Write what is finished, give the coordinators DeepSpeed's profilers back, close the file.
+
+        An eval forward that ended is written; a train step whose ``step()`` did not return is not.
+        Device times are awaited for at most ``SETTLE_SECONDS``; later ones are written as host times.
+        """
         if self.closed:
             return
         atexit.unregister(self.close)
-        self._write_pending()
-        try:
-            self._file.close()
-        except OSError as exc:
-            self._write_failed(exc)
-        self._install_deepspeeds()
+        self._finish_open(finished=lambda step: step.step_done or (step.forward_done and step.fields["mode"] == "eval"))
+        if self.device_events is not None:
+            self.device_events.settle(SETTLE_SECONDS)
+        self._write_ready(settled=True)
+        self._file.close()
+        collectives.unsubscribe()
+        self._install(None)
         for hook in self._hooks:
             hook.remove()
         del self._engine.step
@@ -150,3 +248,18 @@ class ZeroFetchRecorder:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def _ns(pair: Pair) -> float:
+    """A pair's device time once known, else the host time measured beside it."""
+    return pair.device_ns if pair.resolved else pair.host_ns
+
+
+def _clock(pairs: List[Pair]) -> str:
+    return "device" if all(pair.resolved for pair in pairs) else "host-fallback"
+
+
+def _comms_logger_on() -> bool:
+    from deepspeed.comm import comm
+
+    return bool(getattr(comm.comms_logger, "enabled", False))

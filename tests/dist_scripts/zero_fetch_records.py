@@ -5,7 +5,8 @@ the ds_config, while counting independently what the coordinator really does: ca
 ``fetch_sub_module`` and, beneath it, every ``all_gather_coalesced`` with the numel it gathers.
 Between train steps it runs an eval forward, and ends with one more (written at exit).  A ZeRO-1
 engine must be refused.  A second ZeRO-3 engine records on rank 0 only (``ranks: [0]``, into
-``{out}/rank0_only`` where both ranks have a file of an earlier run) with ``wall_clock_breakdown``,
+``{out}/rank0_only`` where both ranks have a file of an earlier run; the second engine attached without
+a name in this process, so "engine1") with ``wall_clock_breakdown``,
 so ds_profutils' timers replace DeepSpeed's.  Findings go to ``{out}/expected_rank_{rank}.json``;
 records to ``{out}/records``.
 """
@@ -142,7 +143,7 @@ def main() -> None:
 def rank0_only_with_our_timers(records: Path, rank: int) -> dict:
     """A ZeRO-3 engine recording on rank 0 only, with wall_clock_breakdown: what attach did on this rank."""
     records.mkdir(parents=True, exist_ok=True)
-    stale = records / f"zero_fetch_rank_{rank}.jsonl"
+    stale = records / f"zero_fetch_engine1_rank_{rank}.jsonl"
     stale.write_text("{}\n")  # an earlier run's, on every rank
     model = Net()
     config = ds_config(3, records, wall_clock_breakdown=True)

@@ -8,21 +8,31 @@ config's engine settings (:mod:`.engine_setup`).  An engine it does not know is 
 """
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import deepspeed
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from deepspeed.accelerator import get_accelerator
+
 from ..config import check_ranks, load_config, resolve_section
-from ..logging import log_dist, warning_once
-from ..outputs import fetch_records_file, process_identity
+from ..exceptions import InvalidArgumentError
+from ..logging import log_dist, logger, warning_once
+from ..outputs import ENGINE_NAME, MAIN_ENGINE, fetch_records_file, process_identity
+from .device_clock import process_device_events
 from .engine_setup import apply_engine_settings
 from .fetch_profiler import PartitionedParameterProfiler
 from .recorder import PROFILER_ATTR, RECORDER_ATTR, ZeroFetchRecorder
 
 __all__ = ["AttachError", "SUPPORTED_DEEPSPEED", "attach"]
+
+NAME_ATTR = "_ds_profutils_engine_name"
+"""The engine attribute holding the name it records under."""
+_engines_by_name: Dict[str, "weakref.ref[Any]"] = {}
+_unnamed_attached = 0
 
 SUPPORTED_DEEPSPEED = SpecifierSet(">=0.19.0,<0.20")
 """DeepSpeed releases whose coordinator layout ``attach`` knows (one coordinator per engine, its
@@ -85,7 +95,35 @@ def _remove_stale_records(path: Path) -> None:
              ranks=[-1])
 
 
+def _engine_name(engine: Any, requested: Optional[str]) -> str:
+    """The engine's name: kept from an earlier attach, as given, or "main", "engine1", ... in attach order.
+
+    Every rank attaches the same engines in the same order, so unnamed engines get the same names on
+    every rank; a name in use by another live engine of this process is an error.
+    """
+    global _unnamed_attached
+    known = getattr(engine, NAME_ATTR, None)
+    if known is not None:
+        return known
+    if requested is None:
+        name = MAIN_ENGINE if _unnamed_attached == 0 else f"engine{_unnamed_attached}"
+        _unnamed_attached += 1
+    elif not isinstance(requested, str) or not ENGINE_NAME.fullmatch(requested) or requested == MAIN_ENGINE:
+        raise InvalidArgumentError(f"attach: name must match {ENGINE_NAME.pattern} and not be {MAIN_ENGINE!r} "
+                                   f"(the first unnamed engine's), got {requested!r}")
+    else:
+        name = requested
+    holder = _engines_by_name.get(name)
+    if holder is not None and holder() is not None and holder() is not engine:
+        raise InvalidArgumentError(f"attach: an engine named {name!r} is already attached in this process; "
+                                   f"give each engine its own name=")
+    _engines_by_name[name] = weakref.ref(engine)
+    setattr(engine, NAME_ATTR, name)
+    return name
+
+
 def attach(engine: Any,
+           name: Optional[str] = None,
            *,
            enabled: Optional[bool] = None,
            output_dir: Optional[str] = None,
@@ -97,8 +135,14 @@ def attach(engine: Any,
     Reads the ``"nvtx"``, ``"comms_logger"`` and ``"partitioned_param_profiler"`` sections and
     ``wall_clock_breakdown`` of the config the engine was built with: the comms logger becomes
     ds_profutils' (so ``"enabled": false`` is off), and with ``wall_clock_breakdown`` the engine's
-    timers become ds_profutils' (constant memory; see ``timer.install_timers``).  Keyword arguments
-    override the fetch-record section, ``DS_PROFUTILS_*`` variables override both.
+    timers become ds_profutils' (constant memory; see ``engine_setup.install_timers``).  Keyword
+    arguments override the fetch-record section, ``DS_PROFUTILS_*`` variables override both.
+
+    Several engines in one process (RLHF: actor, critic, ...) each write their own file: the first
+    attached without ``name`` is "main" (``zero_fetch_rank_{r}.jsonl``), later unnamed ones "engine1",
+    "engine2", ... in attach order; a ``name`` (letters, digits, dashes) writes
+    ``zero_fetch_{name}_rank_{r}.jsonl``.
+
     Returns None when fetch records are off, or this rank is not in ``ranks``.  Raises AttachError
     (and changes nothing) on an engine it does not know how to profile.  Calling it again on the same
     engine returns the recorder it already has.
@@ -117,17 +161,26 @@ def attach(engine: Any,
         coordinators = _coordinators(engine)
         check_ranks("partitioned_param_profiler.ranks", settings.ranks, identity.world_size)
     apply_engine_settings(engine, config)
-    rank = identity.rank
-    if not (settings.enabled and settings.profiles_rank(rank)):
-        if settings.enabled:  # this rank's file from an earlier run would pass for this run's in a report
-            _remove_stale_records(fetch_records_file(settings.output_dir, rank))
+    if not settings.enabled:
+        return None
+    engine_name = _engine_name(engine, name)
+    if not settings.profiles_rank(identity.rank):  # an earlier run's file would pass for this run's in a report
+        _remove_stale_records(fetch_records_file(settings.output_dir, identity.rank, engine_name))
         return None
     recorder = ZeroFetchRecorder(engine,
                                  coordinators,
                                  settings,
-                                 rank=rank,
-                                 world_size=identity.world_size,
-                                 host=identity.host,
-                                 dtype=engine.get_data_types()[0])
-    log_dist(f"ds_profutils: ZeRO-3 fetch records of rank {rank} go to {recorder.path}", ranks=[rank])
+                                 name=engine_name,
+                                 identity=identity,
+                                 dtype=engine.get_data_types()[0],
+                                 device_events=process_device_events(get_accelerator()))
+    if identity.rank == min(settings.ranks or [0]):
+        pattern = fetch_records_file(settings.output_dir, "<r>", engine_name)
+        ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"
+        print(f"ds_profutils: ZeRO-3 fetch records of engine {engine_name!r} ({ranks_text}) go to {pattern}",
+              flush=True)
+        if config.comms_logger.enabled:
+            logger.warning("ds_profutils: DeepSpeed's comms logger is on: it synchronizes the device after every "
+                           "collective, so step times and waits in the fetch records include those synchronizations "
+                           "(each record says \"comms_logger\": true)")
     return recorder

@@ -1,0 +1,104 @@
+"""Intervals on the device clock, read without ever synchronizing the device on the hot path.
+
+With NCCL, ``Work.wait()`` returns once the compute stream has been told to wait for the all-gather,
+so a fetch wait timed on the host holds only the launch.  The stall the compute stream really sees is
+between two events recorded on it.  Where ``get_accelerator().use_host_timers()`` is False (how
+DeepSpeed's own timers decide), the recorder times its waits and steps here.
+
+An interval is a :class:`Pair` of events from a bounded pool.  Its device time is read once
+``query()`` says the end event completed; events on one stream complete in order, so pairs are
+resolved oldest first.  When every event of the pool is in use, the oldest pair is waited for (as
+DeepSpeed's coordinator waits for its oldest fetch event) and that is counted in ``waits``.  A device
+that may be hung is never waited on at close: :meth:`DeviceEvents.settle` polls until a deadline and
+leaves the rest to the host time each pair also carries.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable, Deque, List, Optional
+
+__all__ = ["DeviceEvents", "Pair", "process_device_events"]
+
+_NS_PER_MS = 1e6
+
+
+class Pair:
+    """One interval: its start and end events, the host time measured beside them, and (once known)
+    the device time."""
+
+    __slots__ = ("start", "end", "host_ns", "device_ns")
+
+    def __init__(self, start: Any, end: Any, host_ns: int) -> None:
+        self.start, self.end, self.host_ns = start, end, host_ns
+        self.device_ns: Optional[float] = None
+
+    @property
+    def resolved(self) -> bool:
+        return self.device_ns is not None
+
+
+class DeviceEvents:
+    """A bounded pool of timing events and the pairs recorded with them, resolved oldest first."""
+
+    def __init__(self, event_class: Callable[..., Any], capacity: int = 4096) -> None:
+        self._event_class = event_class
+        self._capacity = capacity
+        self._free: List[Any] = []
+        self._made = 0
+        self._in_flight: Deque[Pair] = deque()
+        self.waits = 0  # times the pool was exhausted and the oldest pair was waited for
+
+    def mark(self) -> Any:
+        """Record an event on the current stream (the start or end of an interval)."""
+        if self._free:
+            event = self._free.pop()
+        elif self._made < self._capacity or not self._in_flight:
+            event = self._event_class(enable_timing=True)
+            self._made += 1
+        else:
+            self.waits += 1
+            self._in_flight[0].end.synchronize()
+            self.poll()
+            event = self._free.pop() if self._free else self._event_class(enable_timing=True)
+        event.record()
+        return event
+
+    def pair(self, start: Any, end: Any, host_ns: int) -> Pair:
+        """Register the interval between two marked events; its device time comes later."""
+        pair = Pair(start, end, host_ns)
+        self._in_flight.append(pair)
+        return pair
+
+    def poll(self) -> bool:
+        """Resolve every pair whose end has completed, oldest first; True when none is left."""
+        in_flight = self._in_flight
+        while in_flight and in_flight[0].end.query():
+            pair = in_flight.popleft()
+            pair.device_ns = pair.start.elapsed_time(pair.end) * _NS_PER_MS
+            self._free += (pair.start, pair.end)
+        return not in_flight
+
+    def settle(self, seconds: float) -> bool:
+        """Poll until every pair is resolved or ``seconds`` pass; never block on the device."""
+        deadline = time.monotonic() + seconds
+        while not self.poll():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+
+_process_pool: Optional[DeviceEvents] = None
+_pool_accelerator: Any = None
+
+
+def process_device_events(accelerator: Any) -> Optional[DeviceEvents]:
+    """The process's event pool where ``accelerator`` times on the device, as DeepSpeed's timers decide
+    (``use_host_timers()`` False); None where the host clock is the clock."""
+    global _process_pool, _pool_accelerator
+    if accelerator.use_host_timers():
+        return None
+    if _process_pool is None or _pool_accelerator is not accelerator:
+        _process_pool, _pool_accelerator = DeviceEvents(accelerator.Event), accelerator
+    return _process_pool

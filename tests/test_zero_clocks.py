@@ -1,0 +1,155 @@
+"""Fetch records on the device clock and the exposed wait in blocking collectives, on the stand-in engine
+of test_zero_attach (the real ZeRO-3 engine with a stand-in accelerator runs in test_zero_fidelity)."""
+import time
+
+import pytest
+import torch
+
+from ds_profutils.zero3 import collectives, recorder as recorder_module
+from ds_profutils.zero3.device_clock import DeviceEvents
+from test_zero_attach import Engine, read_records, recorder_for
+
+
+class FakeDevice:
+    """A device whose clock advances ``tick_ms`` at every event recorded, and whose events complete only up
+    to ``completed`` (all, unless a test holds them back) -- or when synchronized."""
+
+    def __init__(self, tick_ms=1.0):
+        self.tick_ms = tick_ms
+        self.now_ms = 0.0
+        self.recorded = 0
+        self.completed = None  # None: every event completes at once
+        self.synchronized = 0
+
+    def event(self, enable_timing=False):
+        return FakeEvent(self)
+
+
+class FakeEvent:
+
+    def __init__(self, device):
+        self.device = device
+        self.index = None
+        self.time_ms = None
+
+    def record(self):
+        device = self.device
+        device.now_ms += device.tick_ms
+        self.time_ms, self.index = device.now_ms, device.recorded
+        device.recorded += 1
+
+    def query(self):
+        completed = self.device.completed
+        return completed is None or self.index < completed
+
+    def synchronize(self):
+        self.device.synchronized += 1
+        if self.device.completed is not None:
+            self.device.completed = max(self.device.completed, self.index + 1)
+
+    def elapsed_time(self, end):
+        assert self.query() and end.query(), "elapsed_time read before the events completed"
+        return end.time_ms - self.time_ms
+
+
+@pytest.fixture
+def device():
+    return FakeDevice()
+
+
+def test_fetch_waits_and_step_time_are_device_times_and_host_times_are_kept(tmp_path, device):
+    engine = Engine()
+    with recorder_for(engine, tmp_path, device_events=DeviceEvents(device.event)):
+        engine.train_step()
+    (record, ) = read_records(tmp_path)
+    assert record["clock"] == "device"
+    waits = {name: record["events"][name] for name in ("forward_fetch_wait", "backward_fetch_wait")}
+    for entry in waits.values():  # start and stop mark adjacent events: one tick apart on the device
+        assert (entry["clock"], entry["time_ms"], entry["min_ms"], entry["max_ms"]) == ("device", 1.0, 1.0, 1.0)
+        assert 0 <= entry["host_time_ms"] < 1.0  # the host's own measure, kept beside
+    assert record["fetch_wait_ms"] == 2.0 == record["exposed_wait_ms"]
+    gather = record["events"]["forward_all_gather"]  # a launch: host clock
+    assert gather["clock"] == "host" and "host_time_ms" not in gather
+    # After the step's start mark: two fetch waits of two marks each, the forward's end and the step's end.
+    assert record["step_time_ms"] == 6.0
+
+
+def test_records_wait_for_their_device_times_without_synchronizing(tmp_path, device):
+    device.completed = 0  # the device is behind: nothing has completed
+    engine = Engine()
+    recorder = recorder_for(engine, tmp_path, device_events=DeviceEvents(device.event))
+    engine.train_step()
+    assert read_records(tmp_path) == [] and device.synchronized == 0
+    device.completed = None  # the device caught up; the next step end writes both, in order
+    engine.train_step()
+    assert [r["micro_step"] for r in read_records(tmp_path)] == [0, 1]
+    assert all(r["clock"] == "device" for r in read_records(tmp_path))
+    recorder.close()
+
+
+def test_close_never_blocks_on_a_hung_device_and_writes_host_times(tmp_path, device, monkeypatch):
+    monkeypatch.setattr(recorder_module, "SETTLE_SECONDS", 0.05)
+    device.completed = 0
+    engine = Engine()
+    recorder = recorder_for(engine, tmp_path, device_events=DeviceEvents(device.event))
+    engine.train_step()
+    began = time.monotonic()
+    recorder.close()
+    assert time.monotonic() - began < 1.0 and device.synchronized == 0
+    (record, ) = read_records(tmp_path)
+    assert record["clock"] == "host-fallback"
+    wait = record["events"]["forward_fetch_wait"]
+    assert wait["clock"] == "host-fallback" and wait["time_ms"] == wait["host_time_ms"]
+
+
+def test_a_full_pool_waits_for_its_oldest_pair_and_counts_it(tmp_path, device):
+    device.completed = 0
+    events = DeviceEvents(device.event, capacity=4)
+    engine = Engine()
+    with recorder_for(engine, tmp_path, device_events=events):
+        for _ in range(3):
+            engine.train_step()
+    assert events.waits > 0 and device.synchronized >= events.waits
+    assert len(read_records(tmp_path)) == 3
+
+
+class FakeBackend:
+    """deepspeed.comm's backend as DeepSpeed 0.19's TorchBackend calls it (async_op positional)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def all_reduce(self, tensor, op=None, group=None, async_op=False):
+        self.calls.append(("all_reduce", async_op))
+        if not async_op:
+            time.sleep(0.02)  # a peer arrives late
+
+    def reduce_scatter_tensor(self, output_tensor, input_tensor, op=None, group=None, async_op=False):
+        self.calls.append(("reduce_scatter_tensor", async_op))
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    backend = FakeBackend()
+    monkeypatch.setattr(collectives, "_backend", lambda: backend)
+    return backend
+
+
+def test_blocking_collectives_are_exposed_wait_and_async_ones_are_not(tmp_path, backend):
+    engine = Engine()
+    tensor = torch.ones(2)
+    with recorder_for(engine, tmp_path):
+        engine.forward()
+        backend.all_reduce(tensor, None, None, False)  # blocking, positional as DeepSpeed passes it
+        backend.all_reduce(tensor, None, None, True)  # overlaps compute: not a wait
+        backend.reduce_scatter_tensor(output_tensor=tensor, input_tensor=tensor, async_op=False)
+        engine.step()
+        backend.all_reduce(tensor)  # between steps: no record is open
+    (record, ) = read_records(tmp_path)
+    assert set(record["collectives"]) == {"all_reduce", "reduce_scatter_tensor"}
+    assert record["collectives"]["all_reduce"]["count"] == 1
+    assert record["collectives"]["all_reduce"]["time_ms"] >= 20
+    assert record["collective_wait_ms"] == pytest.approx(sum(c["time_ms"] for c in record["collectives"].values()))
+    assert record["exposed_wait_ms"] == pytest.approx(record["fetch_wait_ms"] + record["collective_wait_ms"])
+    assert record["step_time_ms"] >= record["exposed_wait_ms"]
+    assert len(backend.calls) == 4 and "all_reduce" not in vars(backend)  # closed: the backend is DeepSpeed's again
