@@ -261,3 +261,43 @@ def test_trace_ranges_while_torch_profiler_records():
     assert "zero3.forward_fetch_wait numel=42 (shard)" in names
     assert not any(event.name.startswith("zero3.") for event in off.events())
     assert counts(profiler) == {"forward_fetch_wait": (2, 49)}
+
+
+def test_calls_from_another_thread_interleaved_are_counted_not_raised():
+    """DeepSpeed fires leaf-module backward hooks from several autograd threads: one thread's start may land
+    while another's event of the same name runs."""
+    import threading
+
+    profiler = PartitionedParameterProfiler(object())
+    a_started, b_started, a_stopped = threading.Event(), threading.Event(), threading.Event()
+    errors = []
+
+    def guarded(steps):
+        try:
+            steps()
+        except BaseException as exc:  # anything raised here would have been raised into DeepSpeed
+            errors.append(exc)
+
+    def thread_a():  # starts first and stops while B's start is pending
+        profiler.start_event("backward_fetch_wait")
+        a_started.set()
+        b_started.wait(5)
+        profiler.stop_event("backward_fetch_wait", 1)
+        a_stopped.set()
+
+    def thread_b():  # starts while A's event runs (dropped), stops with nothing running (dropped)
+        a_started.wait(5)
+        profiler.start_event("backward_fetch_wait")
+        b_started.set()
+        a_stopped.wait(5)
+        profiler.stop_event("backward_fetch_wait", 1)
+
+    threads = [threading.Thread(target=guarded, args=(steps, )) for steps in (thread_a, thread_b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert errors == []
+    stats = profiler.statistics()["backward_fetch_wait"]
+    assert (stats["count"], stats["numel"], stats["dropped"]) == (2, 2, 2)
+    assert profiler.event_counters["backward_fetch_wait"].durations.count == 1
