@@ -5,21 +5,21 @@ Run it under the launcher (2 ranks, gloo), as the README shows:
     deepspeed --num_gpus 2 --master_port 29611 examples/train.py --deepspeed_config ds_configs/zero3_all_profiling.json
 
 It trains a toy regression model, reads the fp32 master weights and gradients through the
-``safe_get_*`` accessors, logs progress with ``log_dist`` on rank 0, and profiles as the ds_config
+``safe_get_*`` accessors, prints progress on rank 0 with ``print_dist``, and profiles as the ds_config
 says: the ``"profiler"`` section drives ``@profiler``/``step_profiler()``, the
 ``"partitioned_param_profiler"`` section drives ``attach(engine)``.  At the end rank 0 says where the
 outputs are and prints the merged fetch report.
 """
 import argparse
-import logging
 from typing import Optional
 
 import deepspeed
 import torch
 
-from ds_profutils import (RepeatingLoader, attach, log_dist, profiler, safe_get_full_fp32_param, safe_get_full_grad,
+from ds_profutils import (RepeatingLoader, attach, profiler, safe_get_full_fp32_param, safe_get_full_grad,
                           step_profiler)
 from ds_profutils.config import load_config
+from ds_profutils.logging import print_dist
 from ds_profutils.report import build_report, render_text
 from ds_profutils.zero3 import ZeroFetchRecorder
 
@@ -67,10 +67,10 @@ def train(args: argparse.Namespace) -> Optional[ZeroFetchRecorder]:
         grad_norm = safe_get_full_grad(engine.module.head.weight).norm().item()
         engine.step()
         weight_norm = safe_get_full_fp32_param(engine.module.head.weight).norm().item()
-        log_dist(f"step {step}: loss {loss.item():.4f}, head grad norm {grad_norm:.4f}, "
-                 f"head weight norm {weight_norm:.4f}",
-                 ranks=[0],
-                 level=logging.WARNING)
+        # Progress is output, not a warning: print_dist prints on the given ranks whatever the log level.
+        print_dist(f"step {step}: loss {loss.item():.4f}, head grad norm {grad_norm:.4f}, "
+                   f"head weight norm {weight_norm:.4f}",
+                   ranks=[0])
         step_profiler(engine)  # one profiler step per optimizer step
     return recorder
 

@@ -23,9 +23,10 @@ def demo_run(tmp_path_factory):
     return out, proc.stdout
 
 
-def test_trains_and_logs_every_step_on_rank_0(demo_run):
+def test_trains_and_prints_every_step_on_rank_0_as_output_not_as_a_warning(demo_run):
     steps = [line for line in demo_run[1].splitlines() if "[Rank 0] step " in line]
     assert len(steps) == 8 and not any("[Rank 1] step " in line for line in demo_run[1].splitlines())
+    assert not any("WARNING" in line for line in steps)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
