@@ -112,8 +112,8 @@ class DurationStats:
         for position, slot in zip(kept, self._random.integers(0, self.size, size=len(kept)).tolist()):
             self._sample[slot] = batch[position]
 
-    def _figures(self) -> Tuple[float, Optional[float], Optional[float]]:
-        """(total, min, max) of every duration."""
+    def figures(self) -> Tuple[float, Optional[float], Optional[float]]:
+        """(total, min, max) of every duration; min and max are None before any."""
         self.fold()
         if self._count <= self.size:  # the sample holds them all
             return sum(self._sample), min(self._sample, default=None), max(self._sample, default=None)
@@ -130,17 +130,17 @@ class DurationStats:
     @property
     def total(self) -> float:
         """Their exact sum."""
-        return self._figures()[0]
+        return self.figures()[0]
 
     @property
     def min(self) -> Optional[float]:
         """The shortest (None before any)."""
-        return self._figures()[1]
+        return self.figures()[1]
 
     @property
     def max(self) -> Optional[float]:
         """The longest (None before any)."""
-        return self._figures()[2]
+        return self.figures()[2]
 
     @property
     def sample(self) -> List[float]:
@@ -150,8 +150,13 @@ class DurationStats:
 
     def percentile(self, percent: float) -> Optional[float]:
         """The nearest-rank ``percent`` percentile of the sample; None before any duration."""
+        return self.percentiles(percent)[0]
+
+    def percentiles(self, *percents: float) -> List[Optional[float]]:
+        """Nearest-rank percentiles of the sample (sorted once); None for each before any duration."""
         ordered = sorted(self.sample)
-        return ordered[max(0, math.ceil(len(ordered) * percent / 100) - 1)] if ordered else None
+        return [ordered[max(0, math.ceil(len(ordered) * percent / 100) - 1)] if ordered else None
+                for percent in percents]
 
     def trimmed_mean(self, trim_percent: float = MEAN_TRIM) -> float:
         """DeepSpeed's ``trim_mean`` of the durations: exact while the sample holds them all.

@@ -206,18 +206,17 @@ class PartitionedParameterProfiler:
 def event_entry(name: str, count: int, numel: int, dropped: int, durations: DurationStats, clock: str,
                 element_size: Optional[int]) -> Dict[str, Any]:
     """One event's record entry: DeepSpeed's count and numel, bytes, and the durations in ms on ``clock``."""
-    timed = durations.count > 0
+    total, low, high = durations.figures()
     entry: Dict[str, Any] = {
         "count": count,
         "numel": numel,
         "numel_unit": NUMEL_UNITS.get(name),
         "bytes": None if element_size is None else numel * element_size,
-        "time_ms": durations.total / _NS_PER_MS,
-        "min_ms": durations.min / _NS_PER_MS if timed else None,
-        "max_ms": durations.max / _NS_PER_MS if timed else None,
+        "time_ms": total / _NS_PER_MS,
+        "min_ms": None if low is None else low / _NS_PER_MS,
+        "max_ms": None if high is None else high / _NS_PER_MS,
     }
-    for key, percent in _PERCENTILES.items():
-        value = durations.percentile(percent)
+    for key, value in zip(_PERCENTILES, durations.percentiles(*_PERCENTILES.values())):
         entry[key] = None if value is None else value / _NS_PER_MS
     entry["dropped"] = dropped
     entry["clock"] = clock
