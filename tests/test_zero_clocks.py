@@ -153,3 +153,23 @@ def test_blocking_collectives_are_exposed_wait_and_async_ones_are_not(tmp_path, 
     assert record["exposed_wait_ms"] == pytest.approx(record["fetch_wait_ms"] + record["collective_wait_ms"])
     assert record["step_time_ms"] >= record["exposed_wait_ms"]
     assert len(backend.calls) == 4 and "all_reduce" not in vars(backend)  # closed: the backend is DeepSpeed's again
+
+
+def test_async_op_positions_are_deepspeeds():
+    """The table of where async_op sits in each backend method, checked against DeepSpeed's own source (its
+    methods are wrapped by decorators that hide their signatures from inspect)."""
+    import ast
+    import inspect
+
+    from deepspeed.comm.torch import TorchBackend
+
+    tree = ast.parse(inspect.getsource(inspect.getmodule(TorchBackend)))
+    backend = next(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "TorchBackend")
+    methods = {node.name: [arg.arg for arg in node.args.args[1:]] for node in backend.body
+               if isinstance(node, ast.FunctionDef)}
+    for op, position in collectives.ASYNC_OP_POSITION.items():
+        assert methods[op].index("async_op") == position, op
+    for op in collectives.ALWAYS_BLOCKING:
+        assert "async_op" not in methods[op], op
+    takes_async_op = {name for name, args in methods.items() if "async_op" in args}
+    assert takes_async_op == set(collectives.ASYNC_OP_POSITION)  # no blocking-capable collective left out
