@@ -18,7 +18,7 @@ import json
 import time
 from collections import deque
 from time import perf_counter_ns
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
+from typing import Any, Deque, Dict, List, Optional, Sequence
 
 import torch
 
@@ -62,6 +62,13 @@ class _Step:
         totals[1] += host_ns
         if pair is not None:
             totals[2].append(pair)
+
+    def complete(self, closing: bool) -> bool:
+        """Whether this record holds a whole step: its ``step()`` returned, or its forward ended and no
+        ``step()`` was to come -- an eval forward, or a second forward started before one ``step()``.
+        At close, a train forward whose ``step()`` never returned was cut short (SIGTERM in its
+        backward, an exception): not a whole step."""
+        return self.step_done or (self.forward_done and (not closing or self.fields["mode"] == "eval"))
 
     def pairs(self) -> List[Pair]:
         found = [pair for pairs in self.device_pairs.values() for pair in pairs]
@@ -126,7 +133,7 @@ class ZeroFetchRecorder:
     # ---- step boundaries (forward hooks and the wrapped engine.step) ------------------------------
 
     def _forward_started(self, module: torch.nn.Module, args: Any) -> None:
-        self._finish_open(finished=lambda step: step.forward_done)  # eval, or a forward whose step() never came
+        self._finish_open(closing=False)  # an eval forward, or a forward whose step() never came
         engine = self._engine
         if engine.global_steps % self.settings.log_interval:
             self._install(None)  # a step not recorded costs what it costs without ds_profutils
@@ -154,7 +161,7 @@ class ZeroFetchRecorder:
         if self._open is not None and self._open.forward_done:
             self._mark_end(self._open)
             self._open.step_done = True
-            self._finish_open(finished=lambda step: True)
+            self._finish_open(closing=False)
         self._write_ready()
 
     def _mark_end(self, step: _Step) -> None:
@@ -164,13 +171,13 @@ class ZeroFetchRecorder:
 
     # ---- records -------------------------------------------------------------------------------
 
-    def _finish_open(self, finished: Callable[[_Step], bool]) -> None:
-        """Take the open step's counters and queue it, if ``finished`` says it is complete."""
+    def _finish_open(self, closing: bool) -> None:
+        """Close the open record: take its counters and queue it for writing if it is complete."""
         step, self._open = self._open, None
         if step is None:
             return
         collectives.stop_listening(step)
-        if not finished(step):
+        if not step.complete(closing):
             return
         for name, counter in self.profiler.event_counters.items():
             if counter.count:
@@ -231,7 +238,7 @@ class ZeroFetchRecorder:
         if self.closed:
             return
         atexit.unregister(self.close)
-        self._finish_open(finished=lambda step: step.step_done or (step.forward_done and step.fields["mode"] == "eval"))
+        self._finish_open(closing=True)
         if self.device_events is not None:
             self.device_events.settle(SETTLE_SECONDS)
         self._write_ready(settled=True)
