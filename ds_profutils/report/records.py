@@ -1,13 +1,17 @@
-"""Reading a run's per-rank fetch records: one pass per file, running totals, nothing raised.
+"""Reading one engine's per-rank fetch records: one pass per file, running totals, nothing raised.
 
-Files are read once, line by line, keeping running totals per event and four numbers per step, so a
-gigabyte of records takes seconds.  A truncated last line (a killed job) or a bad line is noted as
-a problem of that rank and skipped.  Large runs are read in parallel processes: JSON parsing is the
-bottleneck.
+A 1024-rank job writes gigabytes of records, so each file is read once, line by line, with orjson,
+keeping running totals per event and collective and five numbers per global step: memory grows with
+ranks x steps, never with the size of a record.  Records of one global step (one per micro step
+with gradient accumulation) are added up.  A torn last line (a killed job) marks the file
+incomplete; a bad line is a problem of that file; both are skipped.  Large runs are read in parallel
+processes: parsing is the bottleneck.
+
+Records without ``"schema"`` come from an older ds_profutils: read best effort (the fetch wait from
+their events, no collective wait) and counted as such.
 """
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import os
@@ -15,49 +19,53 @@ from array import array
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["ALL_GATHER_EVENTS", "FETCH_WAIT_EVENTS", "EventTotals", "RankRecords", "read_all"]
+import orjson
+
+__all__ = ["BYTES", "COUNT", "FETCH_WAIT_EVENTS", "MAX", "MIN", "NUMEL", "TIME", "FileRecords", "read_all", "read_records"]
 
 FETCH_WAIT_EVENTS = ("forward_fetch_wait", "backward_fetch_wait")
-ALL_GATHER_EVENTS = ("forward_all_gather", "backward_all_gather")
 _PROBLEMS_SHOWN = 5  # per file; the rest are counted
 _PARALLEL_BYTES = 64 * 2**20  # below this, starting processes costs more than it saves
 
-
-@dataclass
-class EventTotals:
-    """One event's totals on one rank, over every record of one mode."""
-
-    unit: Optional[str]
-    count: int = 0
-    numel: int = 0
-    bytes: Optional[int] = 0
-    time_ms: float = 0.0
-    min_ms: float = math.inf
-    max_ms: float = 0.0
+# Event totals, one list per (mode, event) for speed: count, numel, bytes (None once a record lacks
+# them), time_ms, min_ms, max_ms.
+COUNT, NUMEL, BYTES, TIME, MIN, MAX = range(6)
 
 
 @dataclass
-class RankRecords:
-    """What one rank's file says: event totals per (mode, event) and, per train step, four numbers."""
+class FileRecords:
+    """What one ``zero_fetch_*rank_{r}.jsonl`` says.
 
+    Per train global step (in file order): step time, fetch wait and blocking-collective wait, each
+    the sum over the step's records.  Totals per (mode, event) and per collective over train records.
+    """
+
+    engine: str
     rank: int
-    hosts: Set[str] = field(default_factory=set)
+    path: str
+    hosts: Dict[str, int] = field(default_factory=dict)
     world_size: int = 0
     recording_ranks: Optional[Tuple[int, ...]] = None  # the run's "ranks" setting; None: every rank
     modes: Dict[str, int] = field(default_factory=dict)
-    events: Dict[Tuple[str, str], EventTotals] = field(default_factory=dict)
-    steps: array = field(default_factory=lambda: array("q"))
+    clocks: Dict[str, int] = field(default_factory=dict)  # clock of step_time_ms and the waits: records
+    old_format: int = 0  # records without "schema"
+    comms_logger: int = 0  # records written while DeepSpeed's comms logger was on
+    events: Dict[Tuple[str, str], List[Any]] = field(default_factory=dict)
+    units: Dict[str, Optional[str]] = field(default_factory=dict)
+    collectives: Dict[str, List[float]] = field(default_factory=dict)  # op -> [count, time_ms]
     global_steps: array = field(default_factory=lambda: array("q"))
-    fetch_wait_ms: array = field(default_factory=lambda: array("d"))
-    all_gather_ms: array = field(default_factory=lambda: array("d"))
     step_ms: array = field(default_factory=lambda: array("d"))
+    fetch_wait_ms: array = field(default_factory=lambda: array("d"))
+    collective_wait_ms: array = field(default_factory=lambda: array("d"))
     problems: List[str] = field(default_factory=list)
     problem_count: int = 0
+    torn: bool = False
 
-    def _time_columns(self) -> Tuple[array, ...]:
-        return self.step_ms, self.fetch_wait_ms, self.all_gather_ms
+    @property
+    def complete_records(self) -> int:
+        return sum(self.modes.values())
 
     def problem(self, message: str) -> None:
         self.problem_count += 1
@@ -65,71 +73,92 @@ class RankRecords:
             self.problems.append(message)
 
     def add(self, record: Mapping[str, Any]) -> None:
-        """Fold one record in; one that is not a fetch record raises (KeyError, TypeError, ValueError,
+        """Fold one record in.  One that is not a fetch record raises (KeyError, TypeError, ValueError,
         AttributeError) before anything changes."""
-        mode = str(record.get("mode", "train"))
+        mode = str(record["mode"]) if "mode" in record else "train"
         events = record["events"]
-        staged = [(name, int(entry["count"]), int(entry["numel"]), _optional_int(entry.get("bytes")),
-                   float(entry["time_ms"]), float(entry["min_ms"]), float(entry["max_ms"]), entry.get("numel_unit"))
-                  for name, entry in events.items()]
-        world_size = int(record.get("world_size", 0))
-        recording_ranks = record.get("recording_ranks")
-        recording_ranks = None if recording_ranks is None else tuple(int(rank) for rank in recording_ranks)
+        staged = [(name, int(entry["count"]), int(entry["numel"]), entry.get("bytes"), float(entry["time_ms"]),
+                   entry.get("min_ms"), entry.get("max_ms"), entry.get("numel_unit")) for name, entry in events.items()]
+        old = "schema" not in record
         if mode == "train":
-            step, global_step = int(record["step"]), int(record["global_step"])
-            times = (float(record["step_time_ms"]), _time_of(events, FETCH_WAIT_EVENTS),
-                     _time_of(events, ALL_GATHER_EVENTS))
-            if self.steps and self.steps[-1] == step:  # another forward before step(): the same step
-                for column, value in zip(self._time_columns(), times):
-                    column[-1] += value
-            else:
-                self.steps.append(step)
-                self.global_steps.append(global_step)
-                for column, value in zip(self._time_columns(), times):
-                    column.append(value)
-        self.recording_ranks = recording_ranks
-        self.modes[mode] = self.modes.get(mode, 0) + 1
-        self.hosts.add(str(record.get("host", "?")))
-        self.world_size = max(self.world_size, world_size)
+            step = int(record["global_step"])
+            times = (float(record["step_time_ms"]),
+                     _fetch_wait(events) if old else float(record["fetch_wait_ms"]),
+                     0.0 if old else float(record["collective_wait_ms"]))
+            collectives = [] if old else [(op, int(entry["count"]), float(entry["time_ms"]))
+                                          for op, entry in record["collectives"].items()]
+        recording = record.get("recording_ranks")
+        recording = None if recording is None else tuple(int(rank) for rank in recording)
+        world_size = int(record.get("world_size", 0))
+        # Nothing below raises for a record that got this far.
+        if mode == "train":
+            self._add_step(step, times)
+            for op, count, time_ms in collectives:
+                totals = self.collectives.get(op)
+                if totals is None:
+                    self.collectives[op] = [count, time_ms]
+                else:
+                    totals[0] += count
+                    totals[1] += time_ms
         for name, count, numel, nbytes, time_ms, min_ms, max_ms, unit in staged:
             totals = self.events.get((mode, name))
             if totals is None:
-                totals = self.events[(mode, name)] = EventTotals(unit)
-            totals.count += count
-            totals.numel += numel
-            totals.bytes = None if nbytes is None or totals.bytes is None else totals.bytes + nbytes
-            totals.time_ms += time_ms
-            if min_ms < totals.min_ms:
-                totals.min_ms = min_ms
-            if max_ms > totals.max_ms:
-                totals.max_ms = max_ms
+                totals = self.events[(mode, name)] = [0, 0, 0, 0.0, math.inf, -math.inf]
+                self.units[name] = unit
+            totals[COUNT] += count
+            totals[NUMEL] += numel
+            totals[BYTES] = None if nbytes is None or totals[BYTES] is None else totals[BYTES] + nbytes
+            totals[TIME] += time_ms
+            if min_ms is not None and min_ms < totals[MIN]:
+                totals[MIN] = min_ms
+            if max_ms is not None and max_ms > totals[MAX]:
+                totals[MAX] = max_ms
+        self.recording_ranks = recording
+        self.world_size = max(self.world_size, world_size)
+        self.modes[mode] = self.modes.get(mode, 0) + 1
+        host = str(record.get("host", "?"))
+        self.hosts[host] = self.hosts.get(host, 0) + 1
+        clock = "host (old format)" if old else str(record.get("clock", "host"))
+        self.clocks[clock] = self.clocks.get(clock, 0) + 1
+        self.old_format += old
+        self.comms_logger += record.get("comms_logger") is True
+
+    def _add_step(self, step: int, times: Tuple[float, float, float]) -> None:
+        steps = self.global_steps
+        columns = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms)
+        if steps and steps[-1] == step:  # another micro step of the same optimizer step
+            index = len(steps) - 1
+        elif steps and steps[-1] > step and step in steps:  # out of order: rare, so a scan is fine
+            index = steps.index(step)
+        else:
+            steps.append(step)
+            for column, value in zip(columns, times):
+                column.append(value)
+            return
+        for column, value in zip(columns, times):
+            column[index] += value
 
 
-def _optional_int(value: Any) -> Optional[int]:
-    return None if value is None else int(value)
+def _fetch_wait(events: Mapping[str, Any]) -> float:
+    """An old-format record's fetch wait: the summed time of its fetch-wait events."""
+    return sum(float(events[name]["time_ms"]) for name in FETCH_WAIT_EVENTS if name in events)
 
 
-def _time_of(events: Mapping[str, Any], names: Sequence[str]) -> float:
-    """Summed time_ms of those of ``names`` that occurred in a record."""
-    total = 0.0
-    for name in names:
-        entry = events.get(name)
-        if entry is not None:
-            total += float(entry["time_ms"])
-    return total
-
-
-def _read_records(path: Path, rank: int) -> RankRecords:
-    records = RankRecords(rank)
+def read_records(path: Path, engine: str, rank: int) -> FileRecords:
+    """One file, line by line; bad lines are counted as problems, a torn last line marks it ``torn``."""
+    records = FileRecords(engine, rank, str(path))
+    loads = orjson.loads
     with open(path, "rb") as source:
         for number, line in enumerate(source, 1):
-            if not line.strip():
-                continue
             try:
-                record = json.loads(line)
-            except ValueError:
-                what = "not JSON" if line.endswith(b"\n") else "incomplete last line (job stopped mid-write?)"
-                records.problem(f"line {number}: {what}, skipped")
+                record = loads(line)
+            except orjson.JSONDecodeError:
+                if not line.strip():
+                    continue
+                if not line.endswith(b"\n"):
+                    records.torn = True
+                else:
+                    records.problem(f"line {number}: not JSON, skipped")
                 continue
             try:
                 records.add(record)
@@ -138,13 +167,17 @@ def _read_records(path: Path, rank: int) -> RankRecords:
     return records
 
 
-def read_all(files: Mapping[int, Path]) -> List[RankRecords]:
-    """Every rank's file, in parallel processes when there is enough to read: JSON parsing is the bottleneck."""
-    workers = min(len(files), os.cpu_count() or 1)
-    if (workers < 2 or "fork" not in multiprocessing.get_all_start_methods()
-            or sum(path.stat().st_size for path in files.values()) < _PARALLEL_BYTES):
-        return [_read_records(path, rank) for rank, path in files.items()]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        return list(pool.map(_read_records, files.values(), files.keys()))
+def _read_one(job: Tuple[Path, str, int]) -> FileRecords:
+    return read_records(*job)
 
+
+def read_all(files: Mapping[str, Mapping[int, Path]]) -> List[FileRecords]:
+    """Every file of ``{engine: {rank: path}}``, in parallel processes when there is enough to read."""
+    jobs = [(path, engine, rank) for engine, ranks in files.items() for rank, path in ranks.items()]
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if (workers < 2 or "fork" not in multiprocessing.get_all_start_methods()
+            or sum(path.stat().st_size for path, _, _ in jobs) < _PARALLEL_BYTES):
+        return [_read_one(job) for job in jobs]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(_read_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
 
