@@ -73,7 +73,7 @@ def test_flagged_overall_when_the_straggler_in_at_least_half_the_steps(tmp_path,
     text = render_text(report)
     if not flagged_overall:
         assert "No straggler: no rank held the others back in at least half of the 10 steps " \
-               "(step stragglers: rank 1 in 4)." in text
+               "(step stragglers: rank 1 in 4)." in " ".join(text.split())
 
 
 def test_a_straggler_per_engine(tmp_path):
@@ -88,7 +88,8 @@ def test_the_output_states_the_rule_with_its_thresholds(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 0
     assert ("Straggler rule: a step's straggler is the rank with the least exposed wait where the spread of exposed "
             "wait across ranks (max - min) is >= max(2 ms, 10% of the step's median step time); a rank is flagged "
-            "STRAGGLER when it is the step straggler in >= 50% of the recorded train steps.") in capsys.readouterr().out
+            "STRAGGLER when it is the step straggler in >= 50% of the recorded train steps.") in \
+        " ".join(capsys.readouterr().out.split())  # as one line: prose is wrapped
     assert main(["report", str(tmp_path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["engines"]["main"]["ranks_summary"]["1"]["straggler"] is True

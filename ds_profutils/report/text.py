@@ -5,6 +5,7 @@ the others back most), never one row per rank; ``--json`` has every number.
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from statistics import median
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -16,6 +17,11 @@ __all__ = ["rank_ranges", "render_text"]
 # Up to this many ranks, the step table has one row per (step, rank).
 _RANK_ROWS = 8
 _HOSTS_SHOWN = 6
+_WIDTH = 110  # prose is wrapped to this; tables are as wide as their columns
+
+
+def _wrap(text: str) -> List[str]:
+    return textwrap.wrap(text, _WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> List[str]:
@@ -65,7 +71,7 @@ def _header(report: Mapping[str, Any]) -> List[str]:
         shown = [f"{host} (ranks {rank_ranges(ranks)})" for host, ranks in hosts]
         if len(shown) > _HOSTS_SHOWN:
             shown[_HOSTS_SHOWN - 1:-1] = [f"... {len(shown) - _HOSTS_SHOWN} more ..."]
-        lines.append(f"hosts ({len(hosts)}): " + "; ".join(shown))
+        lines += _wrap(f"hosts ({len(hosts)}): " + "; ".join(shown))
     if report["incomplete"]:
         lines.append("MISSING OR INCOMPLETE:")
         for entry in report["incomplete"]:
@@ -82,14 +88,15 @@ def _header(report: Mapping[str, Any]) -> List[str]:
 def _engine_header(name: str, engine: Mapping[str, Any]) -> List[str]:
     records = ", ".join(f"{count:,} {mode}" for mode, count in engine["records"].items()) or "none"
     clocks = ", ".join(f"{clock} {count:,}" for clock, count in engine["clocks"].items())
-    lines = ["", f"== engine {name}: ranks {rank_ranges(engine['ranks'])} of {engine['world_size']} with records; "
-             f"{len(engine['steps'].global_steps):,} train steps; records: {records}; clock of the records: {clocks}"]
+    lines = [""] + _wrap(f"== engine {name}: ranks {rank_ranges(engine['ranks'])} of {engine['world_size']} with "
+                         f"records; {len(engine['steps'].global_steps):,} train steps; records: {records}; clock of the "
+                         f"records: {clocks}")
     if engine["old_format_records"]:
-        lines.append(f"{engine['old_format_records']:,} records of an older ds_profutils (no \"schema\"): no blocking "
-                     "collectives recorded, so their exposed wait is the fetch wait alone")
+        lines += _wrap(f"{engine['old_format_records']:,} records of an older ds_profutils (no \"schema\"): no "
+                       "blocking collectives recorded, so their exposed wait is the fetch wait alone")
     if engine["comms_logger_records"]:
-        lines.append(f"WARNING: DeepSpeed's comms logger was on in {engine['comms_logger_records']:,} records; it "
-                     "synchronizes after every collective, which lengthens step times and waits")
+        lines += _wrap(f"WARNING: DeepSpeed's comms logger was on in {engine['comms_logger_records']:,} records; it "
+                       "synchronizes after every collective, which lengthens step times and waits")
     return lines
 
 
@@ -102,14 +109,14 @@ def _stragglers(engine: Mapping[str, Any]) -> List[str]:
     lines = []
     for rank in named:
         row = summary[rank]
-        lines.append(f"STRAGGLER: rank {rank} ({row['host']}) held the others back in {row['straggler_steps']} of "
-                     f"{steps} steps; their waiting beyond its own in those steps: {row['attributed_wait_ms']:,.1f} ms")
+        lines += _wrap(f"STRAGGLER: rank {rank} ({row['host']}) held the others back in {row['straggler_steps']} of "
+                       f"{steps} steps; their waiting beyond its own in those steps: {row['attributed_wait_ms']:,.1f} ms")
     if not named:
         occasional = sorted((rank for rank, row in summary.items() if row["straggler_steps"]),
                             key=lambda rank: -summary[rank]["straggler_steps"])
         detail = ", ".join(f"rank {rank} in {summary[rank]['straggler_steps']}" for rank in occasional[:5])
-        lines.append(f"No straggler: no rank held the others back in at least half of the {steps} steps"
-                     + (f" (step stragglers: {detail}{', ...' if len(occasional) > 5 else ''})." if detail else "."))
+        lines += _wrap(f"No straggler: no rank held the others back in at least half of the {steps} steps"
+                       + (f" (step stragglers: {detail}{', ...' if len(occasional) > 5 else ''})." if detail else "."))
     return lines
 
 
@@ -139,9 +146,9 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
         for label, pick in (("min", min), ("median", median), ("max", max)):
             rows.append((f"{label} of all", "", None, *(_over_ranks(summary, column, pick) for column in _RANK_COLUMNS),
                          None, None, None, ""))
-    return ["", f"Ranks (median per train step, ms; exposed wait = fetch wait + blocking collectives; busy = step "
-            f"- exposed; others' wait = what the ranks waited beyond this one in its straggler steps){note}:",
-            *_table(headers, rows)]
+    return ["", *_wrap(f"Ranks (median per train step, ms; exposed wait = fetch wait + blocking collectives; busy = "
+                       f"step - exposed; others' wait = what the ranks waited beyond this one in its straggler "
+                       f"steps){note}:"), *_table(headers, rows)]
 
 
 def _over_ranks(summary: Mapping[int, Mapping[str, Any]], column: str, pick: Any) -> Optional[float]:
@@ -188,8 +195,8 @@ def _steps(view: StepView, limit: int) -> List[str]:
 def _events(engine: Mapping[str, Any]) -> List[str]:
     lines = []
     for mode, events in engine["events"].items():
-        lines += ["", f"Events ({mode} records; totals per rank, median across ranks; numel as DeepSpeed counts it: "
-                  "shard or full):"]
+        lines += ["", *_wrap(f"Events ({mode} records; totals per rank, median across ranks; numel as DeepSpeed "
+                             "counts it: shard or full):")]
         lines += _table(("event", "numel unit", "count", "numel", "bytes", "time ms min", "median", "max", "max at"),
                         [(name, row["numel_unit"], row["count"], row["numel"], row["bytes"], row["time_ms"]["min"],
                           row["time_ms"]["median"], row["time_ms"]["max"], f"rank {row['time_ms']['max_rank']}")
@@ -229,7 +236,7 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int =
     """The report as text: at most ``max_steps`` steps and ``max_ranks`` ranks per table."""
     lines = _header(report)
     if report["engines"]:
-        lines += ["", f"Straggler rule: {report['straggler_rule']['text']}."]
+        lines += ["", *_wrap(f"Straggler rule: {report['straggler_rule']['text']}.")]
     for name, engine in report["engines"].items():
         lines += _engine_header(name, engine)
         lines += _stragglers(engine)
@@ -239,6 +246,6 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int =
         lines += _events(engine)
     joined = report["trace_steps_joined_to"]
     if joined is not None:
-        lines += ["", f"The traces' step times (ProfilerStep#N, N = global step) are joined to engine {joined}."]
+        lines += ["", *_wrap(f"The traces' step times (ProfilerStep#N, N = global step) are joined to engine {joined}.")]
     lines += _traces(report["traces"], max_ranks)
     return "\n".join(lines)
