@@ -43,8 +43,9 @@ def _event_tables(files: Sequence[FileRecords]) -> Dict[str, Dict[str, Any]]:
     units: Dict[str, Optional[str]] = {}
     for records in files:
         units.update(records.units)
-        for (mode, name), totals in records.events.items():
-            tables.setdefault(mode, {}).setdefault(name, {})[records.rank] = totals
+        for mode, events in records.events.items():
+            for name, totals in events.items():
+                tables.setdefault(mode, {}).setdefault(name, {})[records.rank] = totals
     report: Dict[str, Dict[str, Any]] = {}
     for mode, events in sorted(tables.items(), key=lambda item: item[0] != "train"):
         report[mode] = {}
