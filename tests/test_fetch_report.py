@@ -66,12 +66,12 @@ def test_engines_are_reported_apart(tmp_path):
         write_records(tmp_path, rank, [record(rank, step, engine="critic", fetch_ms=5.0) for step in range(2)],
                       engine="critic")
     report = build_report(tmp_path)
-    assert list(report["engines"]) == ["critic", "main"]
+    assert list(report["engines"]) == ["main", "critic"]
     assert report["engines"]["critic"]["steps"].global_steps == [0, 1]
     assert report["engines"]["critic"]["ranks_summary"][0]["fetch_wait_ms_median"] == 5.0
     assert report["engines"]["main"]["ranks_summary"][0]["fetch_wait_ms_median"] == 1.0
     text = render_text(report)
-    assert "== engine critic:" in text and "== engine main:" in text
+    assert text.index("== engine main:") < text.index("== engine critic:")
 
 
 def test_missing_and_incomplete_files_are_named_by_rank(tmp_path):
@@ -204,6 +204,14 @@ def test_trace_summary_streams_events_across_chunks(tmp_path, monkeypatch, heade
     assert summary["steps"] == [{"step": 5, "ms": 1.0}, {"step": 6, "ms": 2.0}, {"step": 7, "ms": 3.0}]
     assert summary["step_ms"] == {"median": 2.0, "max": 3.0}
     assert summary["top_ops"][0] == {"name": "aten::mm", "cat": "cpu_op", "count": 3, "total_ms": 0.75}
+
+
+def test_a_pretty_printed_trace_reads_as_the_compact_one(tmp_path):
+    """torch writes its per-cycle traces one key per line; ds_profutils' run trace one event per line."""
+    write_plain_trace(tmp_path / "compact.json")
+    (tmp_path / "pretty.json").write_text(json.dumps(json.loads((tmp_path / "compact.json").read_text()), indent=2))
+    compact, pretty = (trace_summary.summarize_trace(tmp_path / name) for name in ("compact.json", "pretty.json"))
+    assert {**pretty, "file": None} == {**compact, "file": None} and compact["events"] == 15
 
 
 def test_ranges_of_one_step_number_add_up(tmp_path):

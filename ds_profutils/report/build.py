@@ -191,10 +191,11 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
                    if summary["step_numbering"] == "global"}
     files = read_all(record_files)
-    joined = _joined_engine(list(record_files))
+    names = sorted(record_files, key=lambda name: (name != MAIN_ENGINE, name))  # the main engine first
+    joined = _joined_engine(names)
     engines = {name: _engine_report(name, [f for f in files if f.engine == name],
                                     trace_steps if name == joined else {}, incomplete)
-               for name in record_files}
+               for name in names}
     hosts: Dict[str, set] = {}
     for records in files:
         for host in records.hosts:

@@ -30,6 +30,7 @@ __all__ = ["Alignment", "TraceScan", "align", "scan_trace", "write_timeline"]
 _FAMILIES = (("device NCCL kernels", lambda cat, name: cat == "kernel" and name.startswith("nccl")),
              ("gloo collectives", lambda cat, name: name.startswith("gloo:")),
              ("host collective ranges", lambda cat, name: name.startswith("nccl:") or name == "record_param_comms"))
+_COLLECTIVE_STARTS = frozenset({"nccl", "gloo", "reco"})  # a cheap first test, for every event
 _LINK_FIELDS = ("id", "bind_id")  # flow arrows; numbered from 0 in every trace, so shifted per rank
 _NS_PER_US = 1000
 
@@ -78,8 +79,9 @@ def scan_trace(path: Path, rank: int) -> TraceScan:
                 value = item.get(key)
                 if isinstance(value, int) and not isinstance(value, bool) and value > scan.largest_link:
                     scan.largest_link = value
-            if item.get("ph") == "X":
-                name, category = str(item.get("name", "")), str(item.get("cat", ""))
+            name = item.get("name")
+            if item.get("ph") == "X" and isinstance(name, str) and name[:4] in _COLLECTIVE_STARTS:
+                category = str(item.get("cat", ""))
                 family = next((label for label, belongs in _FAMILIES if belongs(category, name)), None)
                 if family is not None:
                     ts = float(item["ts"])

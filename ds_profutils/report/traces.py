@@ -2,8 +2,10 @@
 
 A torch trace of a few steps is tens of MB; loading it whole (``json.load``, or a trace-analysis
 library's DataFrame) costs seconds and several times the file size in memory.  This reader decodes
-one event of ``traceEvents`` at a time with the C JSON scanner and keeps only running totals, so
-memory stays flat whatever the trace's size.  Top-level keys (``distributedInfo``) are read too.
+one event of ``traceEvents`` at a time and keeps only running totals, so memory stays flat whatever
+the trace's size.  Top-level keys (``distributedInfo``) are read too.  ds_profutils writes a run
+trace one event per line: such a line is parsed whole by orjson; anything else (torch's
+pretty-printed per-cycle traces) by the C JSON scanner, which finds where an event ends.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import re
 from statistics import median
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
+
+import orjson
 
 __all__ = ["TraceFormatError", "iter_trace", "summarize_trace"]
 
@@ -52,6 +56,19 @@ def iter_trace(path: Path) -> Iterator[Tuple[str, Any]]:
             position = _SKIP.match(buffer, position).end()
             if position < len(buffer) and buffer[position] == "]":
                 break
+            end = buffer.find("\n", position)
+            if end > 0:
+                line = buffer[position:end].rstrip().rstrip(",")
+                # A line that is one whole object is one event (JSON strings hold no raw newline).
+                if line.startswith("{") and line.endswith("}"):
+                    try:
+                        event = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        pass  # not a whole event on its own line: the scanner below finds its end
+                    else:
+                        position = end
+                        yield "event", event
+                        continue
             try:
                 event, position = decoder.raw_decode(buffer, position)
             except json.JSONDecodeError:
