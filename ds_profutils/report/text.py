@@ -87,7 +87,7 @@ def _header(report: Mapping[str, Any]) -> List[str]:
 
 def _engine_header(name: str, engine: Mapping[str, Any]) -> List[str]:
     records = ", ".join(f"{count:,} {mode}" for mode, count in engine["records"].items()) or "none"
-    clocks = ", ".join(f"{clock} {count:,}" for clock, count in engine["clocks"].items())
+    clocks = ", ".join(f"{clock} {count:,}" for clock, count in engine["clocks"].items()) or "-"
     lines = [""] + _wrap(f"== engine {name}: ranks {rank_ranges(engine['ranks'])} of {engine['world_size']} with "
                          f"records; {len(engine['steps'].global_steps):,} train steps; records: {records}; clock of the "
                          f"records: {clocks}")
