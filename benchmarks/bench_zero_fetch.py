@@ -1,8 +1,7 @@
 """ZeRO-3 fetch profiling, measured against DeepSpeed in one run.
 
     python benchmarks/bench_zero_fetch.py [--pairs 20000] [--per-step 250] [--repeats 25] [--step-pairs 300]
-                                          [--report-mb 1024] [--trace-mb 56] [--skip-train]
-                                          [--hta-python PATH]
+                                          [--skip-train]
 
 (a) ``start_event`` + ``stop_event`` per fetch, as added cost over two empty method calls, with the
     counters reset every ``--per-step`` fetches as DeepSpeed resets them every forward: ours enabled
@@ -15,16 +14,8 @@
     adjacent on/off pairs of the ratio of the second steps' times, per rank (target <= 1.03x).  The
     first step after ``attach`` carries one-off costs a job pays once (garbage from ``attach``, the
     recorder's first record); its ratio is printed too, without a target.
-(d) ``ds-profutils report`` on ``--report-mb`` of generated per-rank records (target: 1 GB < 60 s).
-(e) The report's trace summary on a generated ``--trace-mb`` Chrome trace, against ``json.load`` of
-    the same file (a floor for any loader that parses the trace whole, as HolisticTraceAnalysis does).
-    With ``--hta-python PATH`` (an interpreter that can ``import hta``, kept in its own venv, e.g.
-    ``python3 -m venv ~/.cache/ds_profutils/hta-venv && ~/.cache/ds_profutils/hta-venv/bin/pip install
-    torch==2.13.0 HolisticTraceAnalysis``), also against HolisticTraceAnalysis itself: the trace lies
-    alone in a directory as HTA expects (``.json``, rank from ``distributedInfo``), and a fresh
-    subprocess each runs our ``summarize_trace`` and HTA's ``TraceAnalysis(trace_dir=...)`` (which
-    loads and parses it into a DataFrame per rank). Wall time of the call, and the process's peak RSS,
-    whole and added over its imports (target: HTA's time >= 5x ours, our peak <= HTA's).
+
+The report on these records and the trace summary are measured in ``bench_report.py``.
 
 Micro figures are medians of interleaved repeats, so a noisy neighbour hits all sides alike.
 """
@@ -33,28 +24,21 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List
 
 from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParameterProfiler as DeepSpeedProfiler
 from deepspeed.utils.timer import SynchronizedWallClockTimer
 
-from ds_profutils.outputs import fetch_records_file
-from ds_profutils.report import build_report, render_text
-from ds_profutils.zero3 import NUMEL_UNITS, PartitionedParameterProfiler
-from ds_profutils.report.traces import summarize_trace
+from ds_profutils.zero3 import PartitionedParameterProfiler
 
 REPO = Path(__file__).resolve().parent.parent
-ENABLED_TARGET, DISABLED_TARGET, STEP_TARGET, REPORT_SECONDS_PER_GB = 0.5, 1.0, 1.03, 60.0
-HTA_TIME_TARGET, HTA_MEMORY_TARGET = 5.0, 1.0
+ENABLED_TARGET, DISABLED_TARGET, STEP_TARGET = 0.5, 1.0, 1.03
 EVENT = "forward_fetch_wait"
 
 
@@ -220,175 +204,6 @@ def bench_training_step(pairs: int) -> float:
     return worst
 
 
-# ---------------------------------------------------------------------------------------------------
-# (d) the report on generated records, (e) the trace summary
-# ---------------------------------------------------------------------------------------------------
-
-
-def generate_records(directory: Path, megabytes: int, ranks: int = 8) -> int:
-    """Per-rank JSONL like attach writes (all eight events per step); returns the bytes written."""
-    rng = random.Random(0)
-    per_rank = megabytes * 2**20 // ranks
-    written = 0
-    for rank in range(ranks):
-        variants = []
-        for _ in range(64):
-            events = {}
-            for name, unit in NUMEL_UNITS.items():
-                count, times = rng.randint(1, 40), sorted(rng.uniform(0.001, 5.0) for _ in range(3))
-                numel = rng.randint(1, 10**7)
-                events[name] = {"count": count, "numel": numel, "numel_unit": unit, "bytes": 2 * numel,
-                                "time_ms": times[2] * count / 2, "min_ms": times[0], "max_ms": times[2],
-                                "p50_ms": times[1], "p95_ms": times[2]}
-            variants.append(json.dumps(events, separators=(",", ":")))
-        size, step = 0, 0
-        with open(fetch_records_file(directory, rank), "w") as out:
-            while size < per_rank:
-                lines = "".join(f'{{"step":{s},"global_step":{s},"mode":"train","time":1700000000.{s},"rank":{rank},'
-                                f'"world_size":{ranks},"host":"node-{rank // 4}","dtype":"bfloat16",'
-                                f'"step_time_ms":{250 + s % 17}.5,"events":{variants[s % 64]}}}\n'
-                                for s in range(step, step + 1000))
-                out.write(lines)
-                size += len(lines)
-                step += 1000
-        written += size
-    return written
-
-
-def bench_report(megabytes: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(tmp)
-        size = generate_records(directory, megabytes)
-        began = time.perf_counter()
-        text = render_text(build_report(directory))
-        seconds = time.perf_counter() - began
-    gigabytes = size / 2**30
-    print(f"(d) report on {size / 2**20:,.0f} MB of records ({text.count(chr(10)) + 1} lines of output): "
-          f"{seconds:.1f} s, {size / 2**20 / seconds:.0f} MB/s -> {seconds / gigabytes:.1f} s per GB "
-          f"(target < {REPORT_SECONDS_PER_GB:.0f} s per GB)")
-    return seconds / gigabytes
-
-
-def generate_trace(path: Path, megabytes: int) -> None:
-    """A torch-like Chrome trace: steps, nested CPU ops with args, one event per line."""
-    rng = random.Random(0)
-    names = [f"aten::op_{i}" for i in range(300)]
-    with open(path, "w") as out:
-        out.write('{"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 2}, '
-                  '"traceEvents": [\n')
-        ts, step, first = 0, 0, True
-        while out.tell() < megabytes * 2**20:
-            events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
-                       "ts": ts, "dur": 50_000.0}]
-            for _ in range(2000):
-                events.append({"ph": "X", "cat": "cpu_op", "name": rng.choice(names), "pid": 1, "tid": 1,
-                               "ts": ts + rng.randint(0, 50_000), "dur": rng.uniform(1, 500),
-                               "args": {"External id": rng.randint(1, 10**6), "Record function id": 0,
-                                        "Ev Idx": rng.randint(1, 10**6), "Input Dims": [[8, 128], [128, 128]]}})
-            out.write(("" if first else ",\n") + ",\n".join(json.dumps(e) for e in events))
-            first, ts, step = False, ts + 50_000, step + 1
-        out.write('\n], "traceName": "bench"}\n')
-
-
-def timed_and_peak(fn: Callable[[], Any]) -> Dict[str, float]:
-    began = time.perf_counter()
-    fn()
-    seconds = time.perf_counter() - began
-    tracemalloc.start()
-    fn()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return {"seconds": seconds, "peak_mb": peak / 2**20}
-
-
-# Each runs in a fresh interpreter: argv[1] is the trace (ours) or its directory (HTA); the last line
-# printed is JSON. Peak RSS is the process's high-water mark, VmHWM, read once after the imports and
-# once after the call, so the part the call itself added can be told from the imports. Not ru_maxrss:
-# Linux carries it over fork and exec, so each child would start at this (torch-importing) process's peak.
-_CHILD_PRELUDE = """
-import json, sys, time
-def peak_mb():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
-"""
-OURS_CHILD = _CHILD_PRELUDE + """
-from ds_profutils.report.traces import summarize_trace
-imported_mb = peak_mb()
-began = time.perf_counter()
-summary = summarize_trace(sys.argv[1])
-seconds = time.perf_counter() - began
-print(json.dumps({"seconds": seconds, "imported_mb": imported_mb, "peak_mb": peak_mb(), "rank": summary["rank"],
-                  "events": summary["events"], "steps": len(summary["steps"])}))
-"""
-HTA_CHILD = _CHILD_PRELUDE + """
-from hta.trace_analysis import TraceAnalysis
-imported_mb = peak_mb()
-began = time.perf_counter()
-analysis = TraceAnalysis(trace_dir=sys.argv[1])
-seconds = time.perf_counter() - began
-print(json.dumps({"seconds": seconds, "imported_mb": imported_mb, "peak_mb": peak_mb(),
-                  "rows": {str(rank): len(frame) for rank, frame in analysis.t.traces.items()},
-                  "files": {str(rank): path for rank, path in analysis.t.trace_files.items()}}))
-"""
-
-
-def run_child(python: str, code: str, target: Path, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    began = time.perf_counter()
-    done = subprocess.run([python, "-c", code, str(target)], capture_output=True, text=True, env=env, timeout=3600)
-    wall = time.perf_counter() - began
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"{python} failed on {target} (exit {done.returncode}):\n"
-                         f"{done.stdout[-2000:]}{done.stderr[-4000:]}")
-    return dict(json.loads(lines[-1]), wall=wall)
-
-
-def bench_against_hta(hta_python: str, trace: Path) -> None:
-    """Ours and HTA's load of ``trace`` (alone in its directory), each in a fresh subprocess."""
-    package_root = str(Path(sys.modules["ds_profutils"].__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
-    ours = run_child(sys.executable, OURS_CHILD, trace, env)
-    hta = run_child(hta_python, HTA_CHILD, trace.parent)
-    # HTA logs and skips what it cannot use; make sure it found this file as rank 0 and parsed events from it.
-    if (list(hta["files"]) != ["0"] or Path(hta["files"]["0"]).resolve() != trace.resolve()
-            or hta["rows"].get("0", 0) <= 0):
-        raise SystemExit(f"HTA did not parse {trace} as rank 0: files {hta['files']}, rows {hta['rows']}")
-    if ours["rank"] != 0 or ours["events"] <= 0:
-        raise SystemExit(f"our summary of {trace} found rank {ours['rank']}, {ours['events']} events")
-    time_ratio = hta["seconds"] / ours["seconds"]
-    memory_ratio = ours["peak_mb"] / hta["peak_mb"]
-    added_ratio = (ours["peak_mb"] - ours["imported_mb"]) / max(hta["peak_mb"] - hta["imported_mb"], 1e-9)
-    print(f"    against HolisticTraceAnalysis ({hta_python}), each in a fresh subprocess:")
-    rows = (("ds_profutils summarize_trace", ours, f"{ours['events']:,} events, {ours['steps']} steps"),
-            ("HTA TraceAnalysis(trace_dir)", hta, f"{hta['rows']['0']:,} DataFrame rows for rank 0"))
-    for name, result, what in rows:
-        print(f"    {name:29s} {result['seconds']:6.2f} s (process {result['wall']:6.2f} s)   peak RSS "
-              f"{result['peak_mb']:6.0f} MB ({result['imported_mb']:4.0f} MB after imports, "
-              f"+{result['peak_mb'] - result['imported_mb']:4.0f} MB by the call)   {what}")
-    print(f"    HTA time / ours             {time_ratio:6.2f}x  (target >= {HTA_TIME_TARGET}x)")
-    print(f"    our peak RSS / HTA's        {memory_ratio:6.2f}x  (target <= {HTA_MEMORY_TARGET}x; "
-          f"added by the call alone: {added_ratio:.2f}x)")
-
-
-def bench_trace_summary(megabytes: int, hta_python: Optional[str] = None) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        # The trace alone in its directory, as HTA's TraceAnalysis(trace_dir=...) reads every .json there.
-        path = Path(tmp) / "trace_rank_0.json"
-        generate_trace(path, megabytes)
-        size = path.stat().st_size / 2**20
-        ours = timed_and_peak(lambda: summarize_trace(path))
-        whole = timed_and_peak(lambda: json.loads(path.read_text()))
-        print(f"(e) trace summary of a {size:.0f} MB trace: {ours['seconds']:.2f} s, peak {ours['peak_mb']:.1f} MB; "
-              f"json.load alone: {whole['seconds']:.2f} s, peak {whole['peak_mb']:.0f} MB "
-              f"({whole['seconds'] / ours['seconds']:.1f}x our time, "
-              f"{whole['peak_mb'] / ours['peak_mb']:.0f}x our memory)")
-        if hta_python is None:
-            print("    against HolisticTraceAnalysis: not measured; pass --hta-python PATH, an interpreter that can "
-                  "import hta (its own venv: pip install torch==2.13.0 HolisticTraceAnalysis)")
-        else:
-            bench_against_hta(hta_python, path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=20_000)
@@ -398,10 +213,6 @@ def main() -> None:
     parser.add_argument("--memory-events", type=int, default=200_000)
     parser.add_argument("--step-pairs", type=int, default=300, help="(c) interleaved on/off training steps")
     parser.add_argument("--skip-train", action="store_true", help="skip (c), the launcher run")
-    parser.add_argument("--report-mb", type=int, default=1024, help="(d) size of the generated records")
-    parser.add_argument("--trace-mb", type=int, default=56, help="(e) size of the generated trace")
-    parser.add_argument("--hta-python", metavar="PATH",
-                        help="(e) also compare against HolisticTraceAnalysis, run by this interpreter (its own venv)")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -412,8 +223,6 @@ def main() -> None:
     bench_memory(args.memory_events)
     if not args.skip_train:
         bench_training_step(args.step_pairs)
-    bench_report(args.report_mb)
-    bench_trace_summary(args.trace_mb, args.hta_python)
 
 
 if __name__ == "__main__":

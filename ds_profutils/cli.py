@@ -1,18 +1,19 @@
 """The ``ds-profutils`` command (also ``python -m ds_profutils``).
 
-Each subcommand is one ``_add_<name>`` function that registers its parser and sets ``handler``, plus
-the handler itself; ``main`` knows nothing about them beyond ``_SUBCOMMANDS``.  Handlers return the
-exit code and print user errors as plain lines: a traceback is for bugs, not for a bad config file.
+Each subcommand is one ``_add_<name>`` function that registers its arguments here and names its
+handler by module; the handler's module is imported only when that subcommand runs.  So ``report``
+and ``timeline`` never load pydantic or hjson (``check-config``'s), and no subcommand loads torch or
+DeepSpeed: the command starts in a fraction of a second.  Handlers return the exit code and print
+user errors as plain lines on stderr: a traceback is for bugs, not for a bad file.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
+import os
 import sys
-from typing import Any, Callable, List, Mapping, Optional, Sequence
-
-from .config import (DEEPSPEED_APPLIED_KEYS, ConfigError, ConfigProblem, ProfUtilsConfig, check_ranks,
-                     environment_overrides, load_config, raw_settings)
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 __all__ = ["EXIT_INVALID", "build_parser", "main"]
 
@@ -20,56 +21,30 @@ __all__ = ["EXIT_INVALID", "build_parser", "main"]
 EXIT_INVALID = 2
 
 
-def _render(settings: Mapping[str, Any], indent: str = "") -> List[str]:
-    """Settings as indented ``key: value`` lines, values spelled as in JSON (true, null, "text")."""
-    lines = []
-    for key, value in settings.items():
-        if isinstance(value, Mapping) and value:
-            lines.append(f"{indent}{key}:")
-            lines.extend(_render(value, indent + "  "))
-        else:
-            lines.append(f"{indent}{key}: {json.dumps(value)}")
-    return lines
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a world size of 0 has no ranks to check against)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected an integer >= 1")
+    return value
 
 
-def _rank_problems(config: ProfUtilsConfig, world_size: int) -> List[ConfigProblem]:
-    """Every configured rank list checked against the job's world size, as the features do at run time."""
-    problems: List[ConfigProblem] = []
-    for key, ranks in (("profiler.ranks", config.profiler.ranks),
-                       ("profiler.summary_ranks", config.profiler.summary_ranks),
-                       ("partitioned_param_profiler.ranks", config.partitioned_param_profiler.ranks)):
-        try:
-            check_ranks(key, ranks, world_size)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-    return problems
+def _handler(module: str) -> Callable[[argparse.Namespace], int]:
+    """``module.run``, imported when the subcommand runs."""
+
+    def handle(args: argparse.Namespace) -> int:
+        return importlib.import_module(module, __package__).run(args)
+
+    return handle
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    exit_code = 0
-    overrides = environment_overrides()
-    for path in args.paths:
-        try:
-            config = load_config(path)
-            if args.world_size is not None:
-                problems = _rank_problems(config, args.world_size)
-                if problems:
-                    raise ConfigError(problems, path)
-        except ConfigError as exc:
-            print("\n".join(exc.lines()), file=sys.stderr)
-            exit_code = EXIT_INVALID
-            continue
-        print(f"{path}: valid; resolved ds_profutils settings:")
-        if overrides:
-            print("  (with environment overrides "
-                  f"{', '.join(f'{name}={value}' for name, value in sorted(overrides.items()))})")
-        print("\n".join(_render(config.model_dump(), "  ")))
-        raw, _ = raw_settings(path)
-        theirs = {key: raw[key] for key in DEEPSPEED_APPLIED_KEYS if key in raw}
-        if theirs:
-            print("applied by DeepSpeed, not read by ds_profutils:")
-            print("\n".join(_render(theirs, "  ")))
-    return exit_code
+    from .config.command import check_files
+
+    return 0 if check_files(args.paths, args.world_size) else EXIT_INVALID
 
 
 def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
@@ -78,28 +53,53 @@ def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
         help="validate ds_config files and print the resolved profiling settings",
         description="Validate the ds_profutils sections of DeepSpeed config files (json or hjson, read as "
         "DeepSpeed reads them) with DS_PROFUTILS_* environment overrides applied, and print the resolved "
-        f"settings with defaults filled in. Exits 0 when every file is valid, {EXIT_INVALID} otherwise, "
-        "with one line per problem.")
+        "settings with defaults filled in. Also an error: a top-level key close to one of our section names "
+        "(DeepSpeed ignores it, so the feature would be silently off), the fetch profiler with a ZeRO stage "
+        "other than 3, an output_dir that cannot be created or written. Exits 0 when every file is valid, "
+        f"{EXIT_INVALID} otherwise, with one line per problem.")
     parser.add_argument("paths", nargs="+", metavar="PATH", help="ds_config.json to check")
-    parser.add_argument("--world-size", type=int, metavar="N",
+    parser.add_argument("--world-size", type=_positive_int, metavar="N",
                         help="also check that every configured rank exists in a job of N ranks")
     parser.set_defaults(handler=_check_config)
 
 
 def _add_report(subparsers: argparse._SubParsersAction) -> None:
-    from .report import command
-
     parser = subparsers.add_parser(
         "report",
         help="merge a run's per-rank ZeRO-3 fetch records (and traces) into one report",
-        description="Read the zero_fetch_rank_*.jsonl files written by ds_profutils.attach (and any "
-        "trace_rank_*.json) in DIR and print per-event, per-rank and per-step tables: which fetches cost what, "
-        "on which rank, and how much of each step waits for them. Exits 1 when DIR has nothing to report.")
-    command.add_arguments(parser)
-    parser.set_defaults(handler=command.run)
+        description="Read the zero_fetch_*rank_*.jsonl files written by ds_profutils.attach (and any "
+        "trace_rank_*.json) in DIR and print, per engine: which rank held the others back (the straggler), a "
+        "per-step view of step time, waits and busy time per rank, and which fetches and collectives cost what. "
+        "Names the ranks whose records or traces are missing or incomplete. Exits 1 when DIR has nothing to report.")
+    parser.add_argument("directory", type=Path, metavar="DIR",
+                        help="output_dir of the run (zero_fetch_*rank_*.jsonl, trace_rank_*.json)")
+    parser.add_argument("--json", action="store_true", help="print every number as JSON instead of tables")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png",
+                        help="also draw a rank x step heatmap and a per-rank breakdown (needs matplotlib)")
+    parser.add_argument("--plot-metric", choices=("exposed_wait_ms", "busy_ms"), default="exposed_wait_ms",
+                        help="what the heatmap shows (default: exposed_wait_ms)")
+    parser.add_argument("--steps", type=_positive_int, default=20, metavar="N",
+                        help="rows of the per-step table; with more steps, the N with the largest spread of wait")
+    parser.add_argument("--ranks", type=_positive_int, default=8, metavar="N",
+                        help="ranks listed per table; with more ranks, a summary and the N worst")
+    parser.add_argument("--top", type=_positive_int, default=10, metavar="N", help="operations listed per trace")
+    parser.set_defaults(handler=_handler(".report.command"))
 
 
-_SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (_add_check_config, _add_report)
+def _add_timeline(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "timeline",
+        help="merge the ranks' traces into one Chrome/Perfetto trace, one process per rank",
+        description="Stream every trace_rank_*.json in DIR into one trace (open it in https://ui.perfetto.dev or "
+        "chrome://tracing): one process per rank named 'rank r (host)', each trace placed by its own "
+        "baseTimeNanoseconds; ranks on different hosts are aligned on the end of the last collective all of them "
+        "recorded. Exits 1 when DIR has no trace.")
+    parser.add_argument("directory", type=Path, metavar="DIR", help="output_dir of the run (trace_rank_*.json)")
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.json", help="the merged trace")
+    parser.set_defaults(handler=_handler(".report.timeline_command"))
+
+
+_SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (_add_check_config, _add_report, _add_timeline)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,4 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ds-profutils``: run one subcommand and return its exit code."""
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except BrokenPipeError:  # ``ds-profutils report DIR | head``: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 1

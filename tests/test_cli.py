@@ -130,3 +130,103 @@ def test_usage_errors_exit_2(capsys):
         main(["check-config"])
     assert excinfo.value.code == 2
     assert "PATH" in capsys.readouterr().err
+
+
+def imported_modules(*args: str, cwd=None) -> set:
+    """Top-level modules a fresh ``python -X importtime -m ds_profutils ARGS`` imported (its stderr)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "ds_profutils", *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=cwd)
+    return {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+            if line.startswith("import time:")}
+
+
+def test_report_and_timeline_load_neither_torch_deepspeed_nor_pydantic(tmp_path):
+    (tmp_path / "zero_fetch_rank_0.jsonl").write_text("")
+    for args in (["report", str(tmp_path)], ["report", str(tmp_path), "--json"],
+                 ["timeline", str(tmp_path), "-o", str(tmp_path / "t.json")]):
+        loaded = imported_modules(*args)
+        assert "ds_profutils" in loaded
+        assert not loaded & {"torch", "deepspeed", "pydantic", "pydantic_core", "hjson", "numpy"}, (args, loaded)
+
+
+def test_check_config_loads_neither_torch_nor_deepspeed():
+    loaded = imported_modules("check-config", str(DS_CONFIGS[0]))
+    assert "pydantic" in loaded and not loaded & {"torch", "deepspeed"}
+
+
+def test_json_on_stdout_is_valid_and_alone(tmp_path):
+    (tmp_path / "zero_fetch_rank_0.jsonl").write_text(json.dumps({
+        "schema": 2, "engine": "main", "rank": 0, "world_size": 1, "mode": "train", "global_step": 0,
+        "step_time_ms": 10.0, "fetch_wait_ms": 1.0, "collective_wait_ms": 2.0, "collectives": {}, "events": {}}) + "\n")
+    done = run_module("report", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["engines"]["main"]["ranks"] == [0]
+
+
+def test_world_size_must_be_at_least_one(capsys):
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(SystemExit) as excinfo:
+            main(["check-config", "--world-size", bad, str(DS_CONFIGS[0])])
+        assert excinfo.value.code == 2
+        assert f"--world-size: {bad!r} is not allowed; expected an integer >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key, meant", [("profiller", "profiler"), ("Profiler", "profiler"), ("nvxt", "nvtx"),
+                                        ("partition_param_profiler", "partitioned_param_profiler")])
+def test_a_misspelt_section_is_an_error_with_did_you_mean(tmp_path, capsys, key, meant):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, key: {"enabled": True}}))
+    assert main(["check-config", str(path)]) == EXIT_INVALID
+    captured = capsys.readouterr()
+    assert captured.err == (f"{path}: {key}: unknown top-level key (did you mean {meant}?); DeepSpeed ignores unknown "
+                            f"keys, so its settings are never read and {meant} stays off\n")
+    assert "WARNING" not in captured.err and captured.out == ""
+
+
+def test_deepspeeds_own_keys_near_our_names_are_not_misspellings(tmp_path, capsys):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "flops_profiler": {"enabled": False},
+                                "comms_logger": {"enabled": False}, "profiler": {"enabled": False}}))
+    assert main(["check-config", str(path)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("zero, shown", [({"stage": 2}, "2"), (None, "not set (DeepSpeed's default: 0)")])
+def test_fetch_profiler_without_zero_stage_3_names_both_keys(tmp_path, capsys, zero, shown):
+    config = {"partitioned_param_profiler": {"enabled": True, "output_dir": str(tmp_path / "out")}}
+    if zero is not None:
+        config["zero_optimization"] = zero
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    assert main(["check-config", str(path)]) == EXIT_INVALID
+    assert capsys.readouterr().err == (
+        f"{path}: partitioned_param_profiler.enabled: true needs zero_optimization.stage 3, but "
+        f"zero_optimization.stage is {shown}: below stage 3 ZeRO does not partition parameters, so there are no "
+        "fetches to record\n")
+    config["zero_optimization"] = {"stage": 3}
+    path.write_text(json.dumps(config))
+    assert main(["check-config", str(path)]) == 0
+    assert not (tmp_path / "out").exists()  # checked, not created
+
+
+def test_an_output_dir_that_cannot_be_created_is_an_error(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"profiler": {"output_dir": str(blocker / "traces")},
+                                "partitioned_param_profiler": {"enabled": False, "output_dir": str(blocker / "x")}}))
+    assert main(["check-config", str(path)]) == EXIT_INVALID
+    assert capsys.readouterr().err == (f'{path}: profiler.output_dir: "{blocker}/traces" cannot be created: {blocker} '
+                                       "is not a directory\n")  # the disabled section writes nothing: not checked
+
+
+def test_an_output_dir_that_cannot_be_written_is_an_error(tmp_path, capsys):
+    """sysfs is read-only even for root (CI here runs as root, for whom permission bits do not stop writes)."""
+    read_only = Path("/sys")
+    if not read_only.is_dir():
+        pytest.skip("no /sys here")
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3},
+                                "partitioned_param_profiler": {"enabled": True, "output_dir": str(read_only)}}))
+    assert main(["check-config", str(path)]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err.startswith(f'{path}: partitioned_param_profiler.output_dir: "/sys" cannot be written: /sys: '), err

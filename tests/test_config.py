@@ -439,3 +439,42 @@ def test_config_error_is_a_value_error_with_structured_problems():
     assert isinstance(error, ValueError)
     assert error.lines() == ["x.json: profiler.active: 0 is not allowed", "x.json: whole file"]
     assert str(error) == "x.json: profiler.active: 0 is not allowed\nx.json: whole file"
+
+
+# --- a misspelt section at run time ---------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """Each test starts as a new process would: nothing warned yet."""
+    import ds_profutils.config.checks as checks
+    monkeypatch.setattr(checks, "_warned", set())
+
+
+def test_misspelt_section_is_one_warning_line_on_rank_0(tmp_path, ds_caplog, fresh_warnings, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    path = write(tmp_path, '{"profiller": {"active": 2}, "nvtx": {"enabled": false}}')
+    config = load_config(path)
+    assert not config.profiler.enabled  # what the warning is about
+    load_config(path)  # the decorator and attach both load the config: still one line
+    warnings = [r for r in ds_caplog.records if r.levelname == "WARNING"]
+    assert [r.getMessage() for r in warnings] == [
+        f'ds_profutils: top-level key "profiller" in {path} is not one of our sections (did you mean profiler?); '
+        "DeepSpeed ignores unknown keys, so its settings are never read and profiler stays off"]
+    assert warnings[0].name == "DeepSpeed"
+
+
+def test_misspelt_section_is_not_warned_on_other_ranks(ds_caplog, fresh_warnings, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    load_config({"partitioned_param_profilier": {"enabled": True}})
+    assert not [r for r in ds_caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_real_engines_config_is_checked_for_misspelt_sections(ds_caplog, fresh_warnings):
+    class Engine:  # what load_config reads of a DeepSpeed engine
+        config = {"nvxt": {"enabled": True}, "train_micro_batch_size_per_gpu": 1}
+
+    load_config(Engine())
+    assert [r.getMessage().split(";")[0] for r in ds_caplog.records if r.levelname == "WARNING"] == [
+        'ds_profutils: top-level key "nvxt" is not one of our sections (did you mean nvtx?)']

@@ -1,230 +1,248 @@
-"""``ds-profutils report``: merged tables from synthetic per-rank records and traces, and the bad cases."""
+"""``ds-profutils report``: records and traces read back into per-engine tables, and the bad cases."""
 import json
 import sys
 
 import pytest
 
-import ds_profutils.report.records as records
+import ds_profutils.report.records as records_module
 import ds_profutils.report.traces as trace_summary
 from ds_profutils.cli import main
-from ds_profutils.report import ReportError, build_report, render_text
+from ds_profutils.report import ReportError, build_report, render_text, report_json
 
-
-def event(count, numel, time_ms, unit="shard", element_size=4):
-    return {
-        "count": count,
-        "numel": numel,
-        "numel_unit": unit,
-        "bytes": numel * element_size,
-        "time_ms": time_ms,
-        "min_ms": time_ms / count,
-        "max_ms": time_ms / count,
-        "p50_ms": time_ms / count,
-        "p95_ms": time_ms / count,
-    }
-
-
-def record(rank, step, wait_ms, *, mode="train", world_size=2, step_ms=10.0, host="node-a"):
-    return {
-        "step": step,
-        "global_step": step,
-        "mode": mode,
-        "time": 0.0,
-        "rank": rank,
-        "world_size": world_size,
-        "host": host,
-        "dtype": "float32",
-        "step_time_ms": step_ms,
-        "events": {
-            "forward_fetch_wait": event(4, 800, wait_ms / 2),
-            "backward_fetch_wait": event(4, 800, wait_ms / 2),
-            "forward_all_gather": event(3, 1600, 1.5 + rank, unit="full"),
-        },
-    }
-
-
-def write_rank(directory, rank, records, tail=""):
-    lines = "".join(json.dumps(r) + "\n" for r in records)
-    (directory / f"zero_fetch_rank_{rank}.jsonl").write_text(lines + tail)
+from report_testing import record, records_file, write_records, write_trace
 
 
 def test_tables_across_ranks(tmp_path):
-    write_rank(tmp_path, 0, [record(0, step, 1.0) for step in range(5)])
-    write_rank(tmp_path, 1, [record(1, step, 2.0, host="node-b") for step in range(5)])
+    write_records(tmp_path, 0, [record(0, step, fetch_ms=1.0) for step in range(5)])
+    write_records(tmp_path, 1, [record(1, step, fetch_ms=2.0, host="node-b") for step in range(5)])
     report = build_report(tmp_path)
-    assert report["ranks"] == [0, 1] and report["missing_ranks"] == [] and report["world_size"] == 2
-    gather = report["events"]["train"]["forward_all_gather"]
+    engine = report["engines"]["main"]
+    assert engine["ranks"] == [0, 1] and engine["world_size"] == 2 and report["incomplete"] == []
+    gather = engine["events"]["train"]["forward_all_gather"]
     assert (gather["count"], gather["numel"], gather["bytes"], gather["numel_unit"]) == (15, 8000, 32000, "full")
-    assert gather["time_ms"] == {"min": 7.5, "median": 10.0, "max": 12.5, "slowest_rank": 1}
-    assert report["ranks_summary"][1]["hosts"] == ["node-b"]
-    assert report["ranks_summary"][0]["fetch_wait_share"] == pytest.approx(0.1)
-    assert [row["step"] for row in report["steps"]] == list(range(5))
-    assert report["steps"][0]["fetch_wait_spread"] == {"min": 1.0, "median": 1.5, "max": 2.0, "slowest_rank": 1}
-    assert report["steps"][0]["fetch_wait_share_max"] == pytest.approx(0.2)
-    assert not any(row["straggler"] for row in report["ranks_summary"].values())
+    assert gather["time_ms"] == {"min": 7.5, "median": 10.0, "max": 12.5, "max_rank": 1}
+    assert engine["collectives"]["reduce_scatter_tensor"]["count"] == 5
+    assert report["hosts"] == {"node-a": [0], "node-b": [1]}
+    row = engine["ranks_summary"][1]
+    assert (row["host"], row["steps"], row["step_ms_median"], row["fetch_wait_ms_median"]) == ("node-b", 5, 24.0, 2.0)
+    assert (row["collective_wait_ms_median"], row["exposed_wait_ms_median"], row["busy_ms_median"]) == (2.0, 4.0, 20.0)
+    assert row["exposed_wait_share"] == pytest.approx(4 / 24)
     text = render_text(report)
-    assert "forward_all_gather" in text and "STRAGGLER" not in text and "MISSING" not in text
+    assert "forward_all_gather" in text and "reduce_scatter_tensor" in text and "MISSING" not in text
+    assert "hosts (2): node-a (ranks 0); node-b (ranks 1)" in text
 
 
-def test_straggler_is_a_rank_whose_median_wait_is_over_1_5x_the_median_of_all(tmp_path):
-    for rank, wait in ((0, 1.0), (1, 1.1), (2, 1.7)):
-        write_rank(tmp_path, rank, [record(rank, step, wait, world_size=3) for step in range(3)])
+def test_gradient_accumulation_records_add_up_to_their_global_step(tmp_path):
+    """Two micro steps per optimizer step: two records with one global_step make one step of the view."""
+    write_records(tmp_path, 0, [record(0, step // 2, micro_step=step, fetch_ms=1.0) for step in range(6)])
+    write_records(tmp_path, 1, [record(1, step // 2, micro_step=step, fetch_ms=3.0) for step in range(6)])
     report = build_report(tmp_path)
-    assert [rank for rank, row in report["ranks_summary"].items() if row["straggler"]] == [2]
-    assert "STRAGGLER" in render_text(report)
+    view = report["engines"]["main"]["steps"]
+    assert view.global_steps == [0, 1, 2]
+    assert [view.step_ms.get(0, i) for i in range(3)] == [46.0, 46.0, 46.0]
+    assert [view.fetch_wait_ms.get(1, i) for i in range(3)] == [6.0, 6.0, 6.0]
+    assert [view.busy_ms.get(1, i) for i in range(3)] == [40.0, 40.0, 40.0]
+    assert report["engines"]["main"]["ranks_summary"][0]["records"] == {"train": 6}
 
 
-def test_truncated_last_line_and_bad_lines_are_reported_and_skipped(tmp_path):
-    records = [record(0, step, 1.0) for step in range(3)]
-    write_rank(tmp_path, 0, records, tail='{"step": 3, "global_step": 3, "events": {"forw')
-    bad_value = record(1, 1, 1.0)
+def test_joined_step_view_has_the_traces_step_time_where_the_trace_numbers_steps_globally(tmp_path):
+    write_records(tmp_path, 0, [record(0, step) for step in range(4)])
+    write_records(tmp_path, 1, [record(1, step) for step in range(4)])
+    write_trace(tmp_path / "trace_rank_0.json", {2: 21.5, 3: 22.5}, rank=0)  # profiled steps 2 and 3 only
+    write_trace(tmp_path / "trace_rank_1.json", {2: 30.0}, rank=1, step_numbering="call")
+    report = build_report(tmp_path)
+    view = report["engines"]["main"]["steps"]
+    assert [view.trace_step_ms.get(0, i) for i in range(4)] == [None, None, 21.5, 22.5]
+    assert [view.trace_step_ms.get(1, i) for i in range(4)] == [None] * 4  # counted per call: not joined
+    assert report["trace_steps_joined_to"] == "main"
+    text = render_text(report)
+    step_two_rank_zero = next(line for line in text.splitlines() if line.split()[:2] == ["2", "0"])
+    assert step_two_rank_zero.split()[2:8] == ["23.000", "1.000", "2.000", "3.000", "20.000", "21.500"]
+
+
+def test_engines_are_reported_apart(tmp_path):
+    for rank in (0, 1):
+        write_records(tmp_path, rank, [record(rank, step) for step in range(3)])
+        write_records(tmp_path, rank, [record(rank, step, engine="critic", fetch_ms=5.0) for step in range(2)],
+                      engine="critic")
+    report = build_report(tmp_path)
+    assert list(report["engines"]) == ["main", "critic"]
+    assert report["engines"]["critic"]["steps"].global_steps == [0, 1]
+    assert report["engines"]["critic"]["ranks_summary"][0]["fetch_wait_ms_median"] == 5.0
+    assert report["engines"]["main"]["ranks_summary"][0]["fetch_wait_ms_median"] == 1.0
+    text = render_text(report)
+    assert text.index("== engine main:") < text.index("== engine critic:")
+
+
+def test_missing_and_incomplete_files_are_named_by_rank(tmp_path):
+    write_records(tmp_path, 0, [record(0, step, world_size=4) for step in range(3)],
+                  tail='{"schema": 2, "engine": "main", "global_step": 3, "events": {"forw')
+    write_records(tmp_path, 2, [record(2, 0, world_size=4)])
+    records_file(tmp_path, 3).write_text("")  # attach ran, no step finished
+    write_trace(tmp_path / "trace_rank_0.json", {0: 1.0}, rank=0, world_size=4, profiled_ranks=[0, 1])
+    (tmp_path / "trace_rank_1.json").write_text('{"traceEvents": [{"ph": "X", "name": "a", "dur": 1},')
+    report = build_report(tmp_path)
+    found = {(entry["kind"], entry["rank"]): entry["reason"] for entry in report["incomplete"]}
+    assert found == {
+        ("records", 0): "ends in a torn line (the job stopped mid-write?); the complete records before it are read",
+        ("records", 1): "no file",
+        ("records", 3): "no complete record",
+        ("trace", 1): "does not parse to its end (the trace ends inside \"traceEvents\" (truncated?))",
+    }
+    assert report["engines"]["main"]["ranks_summary"][0]["steps"] == 3  # the records before the torn line count
+    text = render_text(report)
+    assert "MISSING OR INCOMPLETE:" in text
+    assert "  records of engine main, rank 1: no file" in text
+    assert "  records of engine main, rank 0 (zero_fetch_rank_0.jsonl): ends in a torn line" in text
+    assert "  trace, rank 1 (trace_rank_1.json): does not parse to its end" in text
+
+
+def test_an_expected_trace_that_is_absent_is_missing(tmp_path):
+    write_trace(tmp_path / "trace_rank_0.json", {0: 1.0}, rank=0, world_size=3, profiled_ranks=None)
+    assert [(e["kind"], e["rank"], e["reason"]) for e in build_report(tmp_path)["incomplete"]] == [
+        ("trace", 1, "no file"), ("trace", 2, "no file")]
+
+
+def test_bad_lines_are_counted_and_skipped(tmp_path):
+    bad_value = record(1, 1)
     bad_value["events"]["forward_all_gather"]["time_ms"] = "slow"
-    write_rank(tmp_path, 1, records[:1], tail="".join(f"{line}\n" for line in ("not json", json.dumps({"step": 9}),
-                                                                              json.dumps(bad_value))))
+    write_records(tmp_path, 0, [record(0, 0), record(0, 1)])
+    write_records(tmp_path, 1, [record(1, 0)], tail="".join(f"{line}\n" for line in (
+        "not json", json.dumps({"schema": 2, "global_step": 9}), json.dumps(bad_value))))
     report = build_report(tmp_path)
-    assert report["ranks_summary"][0]["records"] == {"train": 3}
-    assert report["problems"][0]["first"] == ["line 4: incomplete last line (job stopped mid-write?), skipped"]
-    assert report["problems"][1]["first"] == [
-        "line 2: not JSON, skipped", "line 3: not a fetch record, skipped", "line 4: not a fetch record, skipped"
-    ]
+    assert report["problems"] == [{"engine": "main", "rank": 1, "file": "zero_fetch_rank_1.jsonl", "count": 3,
+                                   "first": ["line 2: not JSON, skipped", "line 3: not a fetch record, skipped",
+                                             "line 4: not a fetch record, skipped"]}]
     # The bad record changed nothing: one step, and its events counted once.
-    assert [row["step"] for row in report["steps"]] == [0, 1, 2]
-    assert report["steps"][0]["fetch_wait_ms"] == {0: 1.0, 1: 1.0}
-    assert report["events"]["train"]["forward_all_gather"]["per_rank"][1]["count"] == 3
-    assert "incomplete last line" in render_text(report)
-
-
-def test_missing_ranks_from_the_world_size_in_the_records(tmp_path):
-    write_rank(tmp_path, 0, [record(0, 0, 1.0, world_size=4)])
-    write_rank(tmp_path, 2, [record(2, 0, 1.0, world_size=4)])
-    (tmp_path / "zero_fetch_rank_3.jsonl").write_text("")  # attach ran, no step finished
-    report = build_report(tmp_path)
-    assert report["ranks"] == [0, 2]
-    assert report["missing_ranks"] == [1, 3]
-    assert "MISSING ranks (no file or no complete record): 1, 3" in render_text(report)
+    engine = report["engines"]["main"]
+    assert engine["ranks_summary"][1]["steps"] == 1
+    assert engine["events"]["train"]["forward_all_gather"]["per_rank"][1]["count"] == 3
 
 
 def test_ranks_left_out_by_the_runs_ranks_setting_are_not_missing(tmp_path):
-    records = [dict(record(0, step, 1.0, world_size=4), recording_ranks=[0, 2]) for step in range(2)]
-    write_rank(tmp_path, 0, records)
-    report = build_report(tmp_path)
-    assert report["missing_ranks"] == [2] and "MISSING ranks (no file or no complete record): 2" in render_text(report)
-    write_rank(tmp_path, 2, [dict(record(2, 0, 1.0, world_size=4), recording_ranks=[0, 2])])
-    assert build_report(tmp_path)["missing_ranks"] == []
+    write_records(tmp_path, 0, [record(0, step, world_size=4, recording_ranks=[0, 2]) for step in range(2)])
+    assert [(e["rank"], e["reason"]) for e in build_report(tmp_path)["incomplete"]] == [(2, "no file")]
+    write_records(tmp_path, 2, [record(2, 0, world_size=4, recording_ranks=[0, 2])])
+    assert build_report(tmp_path)["incomplete"] == []
 
 
-def test_two_forwards_before_one_step_make_one_step(tmp_path):
-    """A model called twice per step writes two records with the same step; the report adds them up."""
-    write_rank(tmp_path, 0, [record(0, 0, 1.0), record(0, 0, 9.0, step_ms=5.0), record(0, 1, 2.0)])
-    write_rank(tmp_path, 1, [record(1, 0, 3.0), record(1, 1, 2.0)])
+def test_eval_records_get_their_own_table_and_stay_out_of_steps(tmp_path):
+    write_records(tmp_path, 0, [record(0, 0), record(0, 1, mode="eval", fetch_ms=5.0), record(0, 1)])
+    engine = build_report(tmp_path)["engines"]["main"]
+    assert list(engine["events"]) == ["train", "eval"]
+    assert engine["events"]["eval"]["forward_fetch_wait"]["time_ms"]["max"] == 2.5
+    assert engine["steps"].global_steps == [0, 1]
+    assert engine["records"] == {"train": 2, "eval": 1}
+
+
+def test_records_of_an_older_ds_profutils_are_read_best_effort(tmp_path):
+    old = record(0, 0)
+    for key in ("schema", "engine", "micro_step", "fetch_wait_ms", "collective_wait_ms", "exposed_wait_ms",
+                "collectives", "clock"):
+        del old[key]
+    old["step"] = 0
+    write_records(tmp_path, 0, [old])
     report = build_report(tmp_path)
-    assert [row["step"] for row in report["steps"]] == [0, 1]
-    assert report["steps"][0]["fetch_wait_ms"] == {0: 10.0, 1: 3.0}
-    assert report["steps"][0]["step_ms"] == {0: 15.0, 1: 10.0}
-    summary = report["ranks_summary"][0]
-    assert summary["steps"] == 2 and summary["records"] == {"train": 3}
-    assert summary["fetch_wait_ms_median"] == 6.0  # median of the steps' 10.0 and 2.0
+    engine = report["engines"]["main"]
+    assert engine["old_format_records"] == 1 and engine["ranks_summary"][0]["fetch_wait_ms_median"] == 1.0
+    assert "1 records of an older ds_profutils" in render_text(report)
+
+
+def test_clocks_and_the_comms_logger_are_reported(tmp_path):
+    write_records(tmp_path, 0, [record(0, 0, clock="device"), record(0, 1, clock="host-fallback", comms_logger=True)])
+    report = build_report(tmp_path)
+    assert report["engines"]["main"]["clocks"] == {"device": 1, "host-fallback": 1}
+    text = " ".join(render_text(report).split())  # prose is wrapped
+    assert "clock of the records: device 1, host-fallback 1" in text
+    assert "WARNING: DeepSpeed's comms logger was on in 1 records" in text
+
+
+def test_step_table_shows_the_widest_spread_steps_when_long(tmp_path):
+    write_records(tmp_path, 0, [record(0, step, collective_ms=9.0 if step in (7, 30) else 2.0) for step in range(40)])
+    write_records(tmp_path, 1, [record(1, step) for step in range(40)])
+    text = render_text(build_report(tmp_path), max_steps=2)
+    assert "(2 of 40 steps: the largest spread of exposed wait)" in text
+    step_rows = text.split("Steps (")[1].split("\n\n")[0].splitlines()[2:]
+    assert sorted({int(line.split()[0]) for line in step_rows}) == [7, 30]
 
 
 def test_empty_or_absent_directory_is_a_clear_message(tmp_path, capsys):
     with pytest.raises(ReportError, match="no ZeRO-3 fetch records"):
         build_report(tmp_path)
     assert main(["report", str(tmp_path)]) == 1
-    assert "partitioned_param_profiler" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "partitioned_param_profiler" in captured.err and captured.out == ""
     assert main(["report", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
 
 
-def test_eval_records_get_their_own_table_and_stay_out_of_steps(tmp_path):
-    write_rank(tmp_path, 0, [record(0, 0, 1.0), record(0, 1, 5.0, mode="eval"), record(0, 1, 1.0)])
-    report = build_report(tmp_path)
-    assert list(report["events"]) == ["train", "eval"]
-    assert report["events"]["eval"]["forward_fetch_wait"]["count"] == 4
-    assert [row["step"] for row in report["steps"]] == [0, 1]
-    assert report["ranks_summary"][0]["records"] == {"train": 2, "eval": 1}
-
-
-def test_step_table_shows_the_slowest_steps_when_long(tmp_path):
-    write_rank(tmp_path, 0, [record(0, step, 9.0 if step in (7, 30) else 1.0) for step in range(40)])
-    text = render_text(build_report(tmp_path), max_steps=2)
-    assert "(2 of 40 steps: the largest fetch-wait)" in text
-    step_rows = text.split("Steps (")[1].splitlines()[2:]
-    assert [int(line.split()[0]) for line in step_rows] == [7, 30]
-
-
-def test_json_output(tmp_path, capsys):
-    write_rank(tmp_path, 0, [record(0, 0, 1.0)])
+def test_json_output_is_the_report_alone_and_complete(tmp_path, capsys):
+    write_records(tmp_path, 0, [record(0, step) for step in range(3)])
+    write_records(tmp_path, 1, [record(1, step) for step in range(2)])
     assert main(["report", str(tmp_path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["events"]["train"]["forward_fetch_wait"]["per_rank"]["0"]["count"] == 4
-    assert data["missing_ranks"] == [1]
+    engine = data["engines"]["main"]
+    assert engine["events"]["train"]["forward_fetch_wait"]["per_rank"]["0"]["count"] == 12
+    steps = engine["steps"]
+    assert steps["ranks"] == [0, 1] and steps["global_steps"] == [0, 1, 2]
+    assert steps["busy_ms"] == [[20.0, 20.0, 20.0], [20.0, 20.0, None]]  # rank 1 has no step 2
+    assert set(steps) >= {"step_ms", "fetch_wait_ms", "collective_wait_ms", "exposed_wait_ms", "trace_step_ms",
+                          "straggler", "spread_ms", "threshold_ms"}
+    assert json.loads(report_json(build_report(tmp_path))) == data
 
 
-def write_trace(path, steps=3, header_first=True):
-    events = []
-    for step in range(steps):
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step + 5}", "ts": step * 100,
-                       "dur": 1000.0 * (step + 1)})
-        # On a GPU torch draws the step on the device timeline too; it is not another step.
-        events.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{step + 5}",
-                       "ts": step * 100 + 10, "dur": 7.0})
-        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": step * 100, "dur": 250.0})
-        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": step * 100, "dur": 50.0})
-        events.append({"ph": "i", "name": "instant", "ts": step})
-    info = '"distributedInfo": {"rank": 1, "world_size": 2}'
-    body = '"traceEvents": [\n' + ",\n".join(json.dumps(e) for e in events) + "\n]"
-    path.write_text("{" + (f"{info}, {body}" if header_first else f"{body}, {info}") + "}\n")
+def write_plain_trace(path, steps=3, header_first=True):
+    write_trace(path, {step + 5: float(step + 1) for step in range(steps)}, rank=1, header_first=header_first)
 
 
 @pytest.mark.parametrize("header_first", [True, False])
 def test_trace_summary_streams_events_across_chunks(tmp_path, monkeypatch, header_first):
     monkeypatch.setattr(trace_summary, "_CHUNK", 64)  # every event straddles a chunk boundary
-    write_trace(tmp_path / "trace_rank_1.json", header_first=header_first)
+    write_plain_trace(tmp_path / "trace_rank_1.json", header_first=header_first)
     summary = trace_summary.summarize_trace(tmp_path / "trace_rank_1.json")
-    assert summary["rank"] == 1 and summary["events"] == 15
+    assert (summary["rank"], summary["host"], summary["step_numbering"], summary["events"]) == (1, "node-0", "global", 15)
     assert summary["steps"] == [{"step": 5, "ms": 1.0}, {"step": 6, "ms": 2.0}, {"step": 7, "ms": 3.0}]
     assert summary["step_ms"] == {"median": 2.0, "max": 3.0}
     assert summary["top_ops"][0] == {"name": "aten::mm", "cat": "cpu_op", "count": 3, "total_ms": 0.75}
 
 
-def test_report_summarises_traces_and_reports_a_truncated_one(tmp_path):
-    write_rank(tmp_path, 0, [record(0, 0, 1.0)])
-    write_trace(tmp_path / "trace_rank_0.json")
-    (tmp_path / "trace_rank_1.json").write_text('{"traceEvents": [{"ph": "X", "name": "a", "dur": 1},')
+def test_a_pretty_printed_trace_reads_as_the_compact_one(tmp_path):
+    """torch writes its per-cycle traces one key per line; ds_profutils' run trace one event per line."""
+    write_plain_trace(tmp_path / "compact.json")
+    (tmp_path / "pretty.json").write_text(json.dumps(json.loads((tmp_path / "compact.json").read_text()), indent=2))
+    compact, pretty = (trace_summary.summarize_trace(tmp_path / name) for name in ("compact.json", "pretty.json"))
+    assert {**pretty, "file": None} == {**compact, "file": None} and compact["events"] == 15
+
+
+def test_ranges_of_one_step_number_add_up(tmp_path):
+    """With gradient accumulation, step_profiler(engine) closes a range per micro step under one N."""
+    path = tmp_path / "trace_rank_0.json"
+    path.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "ts": 0, "dur": 1000.0},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "ts": 2000, "dur": 1500.0}]}))
+    assert trace_summary.summarize_trace(path)["steps"] == [{"step": 4, "ms": 2.5}]
+
+
+def test_traces_alone_are_enough_to_report(tmp_path):
+    write_plain_trace(tmp_path / "trace_rank_0.json")
     report = build_report(tmp_path)
-    assert report["traces"][0]["step_ms"]["max"] == 3.0
-    assert "truncated" in report["problems"][1]["first"][0]
+    assert report["engines"] == {}
     text = render_text(report)
     assert "Trace of rank 0" in text and "aten::mm" in text
 
 
-def test_traces_alone_are_enough_to_report(tmp_path):
-    write_trace(tmp_path / "trace_rank_0.json")
-    report = build_report(tmp_path)
-    assert report["world_size"] is None and report["steps"] == []
-    assert "Trace of rank 0" in render_text(report)
-
-
 def test_plot_needs_matplotlib_and_says_how_to_get_it(tmp_path, monkeypatch, capsys):
-    write_rank(tmp_path, 0, [record(0, 0, 1.0)])
+    write_records(tmp_path, 0, [record(0, 0)])
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     assert main(["report", str(tmp_path), "--plot", str(tmp_path / "fetch.png")]) == 1
     assert "pip install 'ds-profutils[plot]'" in capsys.readouterr().err
 
 
-def test_plot_writes_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
-    write_rank(tmp_path, 0, [record(0, step, 1.0) for step in range(4)])
-    write_rank(tmp_path, 1, [record(1, step, 2.0) for step in range(4)])
-    assert main(["report", str(tmp_path), "--plot", str(tmp_path / "fetch.png")]) == 0
-    assert (tmp_path / "fetch.png").read_bytes()[:4] == b"\x89PNG"
-
-
 def test_large_runs_read_ranks_in_parallel_with_the_same_result(tmp_path, monkeypatch):
     for rank in range(3):
-        write_rank(tmp_path, rank, [record(rank, step, 1.0 + rank, world_size=3) for step in range(20)])
-    sequential = build_report(tmp_path)
-    monkeypatch.setattr(records, "_PARALLEL_BYTES", 0)
-    monkeypatch.setattr(records.os, "cpu_count", lambda: 2)
-    assert build_report(tmp_path) == sequential
+        write_records(tmp_path, rank, [record(rank, step, fetch_ms=1.0 + rank, world_size=3) for step in range(20)])
+    sequential = report_json(build_report(tmp_path))
+    monkeypatch.setattr(records_module, "_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(records_module.os, "cpu_count", lambda: 2)
+    assert report_json(build_report(tmp_path)) == sequential

@@ -350,10 +350,11 @@ def test_real_engine_attach_is_idempotent_and_refuses_zero1(zero3_run, rank):
 
 def test_real_engine_report(zero3_run):
     report = build_report(zero3_run.out / "records")
-    assert report["ranks"] == [0, 1] and report["missing_ranks"] == [] and report["problems"] == {}
-    assert [row["step"] for row in report["steps"]] == [0, 1, 2, 3]
-    assert set(report["events"]) == {"train", "eval"}
-    gather = report["events"]["train"]["forward_all_gather"]
+    engine = report["engines"]["main"]
+    assert engine["ranks"] == [0, 1] and report["incomplete"] == [] and report["problems"] == []
+    assert engine["steps"].global_steps == [0, 1, 2, 3]
+    assert set(engine["events"]) == {"train", "eval"}
+    gather = engine["events"]["train"]["forward_all_gather"]
     assert gather["per_rank"][0]["numel"] == sum(r["events"].get("forward_all_gather", {}).get("numel", 0)
                                                  for r in zero3_run.records[0] if r["mode"] == "train")
 
@@ -375,8 +376,9 @@ def test_real_engine_rank_subset_and_our_timers(zero3_run, rank):
 
 def test_real_engine_report_of_a_rank_subset(zero3_run):
     report = build_report(zero3_run.out / "rank0_only")
-    assert report["ranks"] == [0] and report["missing_ranks"] == [] and report["problems"] == {}
-    assert len(report["steps"]) == 2
+    engine = report["engines"]["engine1"]  # the second engine this process attached without a name
+    assert engine["ranks"] == [0] and report["incomplete"] == [] and report["problems"] == []
+    assert len(engine["steps"].global_steps) == 2
 
 
 # --------------------------------------------------------------------------------------------------

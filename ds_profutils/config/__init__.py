@@ -3,7 +3,9 @@
 Import from here: ``from ds_profutils.config import load_config, ProfilerConfig, ConfigError``.  Each
 concern has its module: :mod:`.file` reads a file as DeepSpeed does, :mod:`.models` holds the
 sections, :mod:`.env` the ``DS_PROFUTILS_*`` overrides, :mod:`.loading` the order they apply in,
-:mod:`.errors` the wording of problems.  Nothing here imports torch or DeepSpeed.
+:mod:`.errors` the wording of problems, :mod:`.checks` what would switch a feature off silently (a
+misspelt section) or fail only once the job runs, :mod:`.command` the ``check-config`` subcommand.
+Nothing here imports torch or DeepSpeed.
 """
 from .env import BOOL_FALSE, BOOL_TRUE, ENV_PREFIX, environment_overrides
 from .errors import ConfigError, ConfigProblem

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from .env import apply_environment, read_environment
 from .errors import ConfigError, ConfigProblem, not_allowed, problems_from
+from .checks import warn_misspelt_sections
 from .file import read_config_file
 from .models import SECTIONS, ProfUtilsConfig, Section
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-__all__ = ["ConfigSource", "load_config", "raw_settings", "resolve_section"]
+__all__ = ["ConfigSource", "config_from_raw", "load_config", "raw_settings", "resolve_section"]
 
 SectionT = TypeVar("SectionT", bound=Section)
 
@@ -64,11 +65,20 @@ def load_config(source: ConfigSource = None) -> ProfUtilsConfig:
     ``source`` is a path to a ds_config json/hjson, a ds_config dict, a DeepSpeed engine (or its
     DeepSpeedConfig), the ``args`` of ``deepspeed.add_config_arguments`` (``args.deepspeed_config``), a
     ``ProfUtilsConfig`` (returned as is), or None (no config: every feature off unless the
-    environment says otherwise).  Raises :class:`ConfigError` listing every problem found.
+    environment says otherwise).  Raises :class:`ConfigError` listing every problem found.  A
+    top-level key that looks like a misspelt section of ours is logged as a WARNING on rank 0
+    (``check-config`` reports it as an error).
     """
     if isinstance(source, ProfUtilsConfig):
         return source
     raw, origin = raw_settings(source)
+    if source is not None:
+        warn_misspelt_sections(raw, origin)
+    return config_from_raw(raw, origin)
+
+
+def config_from_raw(raw: Any, origin: Optional[str] = None) -> ProfUtilsConfig:
+    """Our settings in a raw ds_config (``raw_settings``), environment applied; errors name ``origin``."""
     overrides, problems = read_environment(SECTIONS)
     config = None
     if not isinstance(raw, Mapping):

@@ -1,17 +1,24 @@
-"""The report's numbers, as plain data (what ``--json`` prints): per event, per rank, per step, per trace."""
+"""The report's numbers, as data (what ``--json`` prints): per engine, per event, rank and step; per trace.
+
+Everything is plain data except each engine's step view (:class:`.steps.StepView`), which stays in
+compact arrays however many ranks and steps there are; :mod:`.jsonout` writes it out row by row.
+"""
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from statistics import median
-from typing import Any, Dict, Iterable, List, Mapping, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
-from .records import RankRecords, read_all
+from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
+from .steps import (STRAGGLER_MIN_SPREAD_MS, STRAGGLER_OVERALL_SHARE, STRAGGLER_STEP_SHARE, StepView, is_straggler,
+                    step_view, straggler_rule)
 from .traces import TraceFormatError, summarize_trace
 
-__all__ = ["STRAGGLER_FACTOR", "ReportError", "build_report"]
+__all__ = ["ReportError", "build_report"]
 
-STRAGGLER_FACTOR = 1.5
+TORN = "ends in a torn line (the job stopped mid-write?); the complete records before it are read"
 
 
 class ReportError(ValueError):
@@ -21,139 +28,192 @@ class ReportError(ValueError):
 def _spread(values: Mapping[int, float]) -> Dict[str, Any]:
     """min / median / max of per-rank values, and the rank with the largest."""
     ordered = list(values.values())
-    return {
-        "min": min(ordered),
-        "median": median(ordered),
-        "max": max(ordered),
-        "slowest_rank": max(values, key=values.__getitem__),
-    }
+    return {"min": min(ordered), "median": median(ordered), "max": max(ordered),
+            "max_rank": max(values, key=values.__getitem__)}
 
 
-def _median_total(values: Iterable[int]) -> float:
+def _median_total(values: Iterable[float]) -> float:
     """Median of per-rank totals, kept an integer when it is one (ranks usually agree)."""
     middle = median(values)
     return int(middle) if middle == int(middle) else middle
 
 
-def _event_tables(ranks: Sequence[RankRecords]) -> Dict[str, Dict[str, Any]]:
-    tables: Dict[str, Dict[str, Any]] = {}
-    for records in ranks:
-        for (mode, name), totals in records.events.items():
-            tables.setdefault(mode, {}).setdefault(name, {})[records.rank] = totals
+def _event_tables(files: Sequence[FileRecords]) -> Dict[str, Dict[str, Any]]:
+    tables: Dict[str, Dict[str, Dict[int, List[Any]]]] = {}
+    units: Dict[str, Optional[str]] = {}
+    for records in files:
+        units.update(records.units)
+        for mode, events in records.events.items():
+            for name, totals in events.items():
+                tables.setdefault(mode, {}).setdefault(name, {})[records.rank] = totals
     report: Dict[str, Dict[str, Any]] = {}
     for mode, events in sorted(tables.items(), key=lambda item: item[0] != "train"):
         report[mode] = {}
         for name, per_rank in sorted(events.items()):
             totals = list(per_rank.values())
             report[mode][name] = {
-                "numel_unit": totals[0].unit,
-                "count": _median_total(t.count for t in totals),
-                "numel": _median_total(t.numel for t in totals),
-                "bytes": None if any(t.bytes is None for t in totals) else _median_total(t.bytes for t in totals),
-                "time_ms": _spread({rank: t.time_ms for rank, t in per_rank.items()}),
-                "per_rank": {
-                    rank: {
-                        "count": t.count,
-                        "numel": t.numel,
-                        "bytes": t.bytes,
-                        "time_ms": t.time_ms,
-                        "min_ms": t.min_ms,
-                        "max_ms": t.max_ms
-                    }
-                    for rank, t in per_rank.items()
-                },
+                "numel_unit": units.get(name),
+                "count": _median_total(t[COUNT] for t in totals),
+                "numel": _median_total(t[NUMEL] for t in totals),
+                "bytes": None if any(t[BYTES] is None for t in totals) else _median_total(t[BYTES] for t in totals),
+                "time_ms": _spread({rank: t[TIME] for rank, t in per_rank.items()}),
+                "per_rank": {rank: {"count": t[COUNT], "numel": t[NUMEL], "bytes": t[BYTES], "time_ms": t[TIME],
+                                    "min_ms": t[MIN] if t[MIN] <= t[MAX] else None,
+                                    "max_ms": t[MAX] if t[MIN] <= t[MAX] else None}
+                             for rank, t in per_rank.items()},
             }
     return report
 
 
-def _rank_table(ranks: Sequence[RankRecords]) -> Dict[int, Dict[str, Any]]:
+def _collective_table(files: Sequence[FileRecords]) -> Dict[str, Any]:
+    """Blocking deepspeed.comm collectives in train steps: count and time per rank, by operation."""
+    ops: Dict[str, Dict[int, List[float]]] = {}
+    for records in files:
+        for op, totals in records.collectives.items():
+            ops.setdefault(op, {})[records.rank] = totals
+    return {op: {"count": _median_total(count for count, _ in per_rank.values()),
+                 "time_ms": _spread({rank: time_ms for rank, (_, time_ms) in per_rank.items()}),
+                 "per_rank": {rank: {"count": count, "time_ms": time_ms} for rank, (count, time_ms) in per_rank.items()}}
+            for op, per_rank in sorted(ops.items())}
+
+
+def _median_of(values: Iterable[float]) -> Optional[float]:
+    present = [value for value in values if value == value]
+    return median(present) if present else None
+
+
+def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[str, Any]]:
     table = {}
-    for records in ranks:
-        steps = len(records.steps)
+    for records in files:
+        rank = records.rank
+        exposed = [fetch + other for fetch, other in zip(records.fetch_wait_ms, records.collective_wait_ms)]
         total_step_ms = sum(records.step_ms)
-        table[records.rank] = {
-            "hosts": sorted(records.hosts),
+        table[rank] = {
+            "host": max(records.hosts, key=records.hosts.__getitem__),
             "records": dict(records.modes),
-            "steps": steps,
-            "fetch_wait_ms_median": median(records.fetch_wait_ms) if steps else None,
-            "step_ms_median": median(records.step_ms) if steps else None,
-            "fetch_wait_share": sum(records.fetch_wait_ms) / total_step_ms if total_step_ms > 0 else None,
-            "straggler": False,
+            "steps": len(records.global_steps),
+            "step_ms_median": _median_of(records.step_ms),
+            "fetch_wait_ms_median": _median_of(records.fetch_wait_ms),
+            "collective_wait_ms_median": _median_of(records.collective_wait_ms),
+            "exposed_wait_ms_median": _median_of(exposed),
+            "busy_ms_median": _median_of(step - wait for step, wait in zip(records.step_ms, exposed)),
+            "exposed_wait_share": sum(exposed) / total_step_ms if total_step_ms > 0 else None,
+            "straggler_steps": view.straggler_steps.get(rank, 0),
+            "attributed_wait_ms": view.attributed_ms.get(rank, 0.0),
+            "waited_for_stragglers_ms": view.waited_ms.get(rank, 0.0),
+            "straggler": is_straggler(view, rank),
         }
-    medians = [row["fetch_wait_ms_median"] for row in table.values() if row["fetch_wait_ms_median"] is not None]
-    if medians:
-        threshold = STRAGGLER_FACTOR * median(medians)
-        for row in table.values():
-            wait = row["fetch_wait_ms_median"]
-            row["straggler"] = wait is not None and threshold > 0 and wait > threshold
     return table
 
 
-def _step_table(ranks: Sequence[RankRecords]) -> List[Dict[str, Any]]:
-    by_step: Dict[int, Dict[str, Any]] = {}
-    for records in ranks:
-        rank = records.rank
-        for step, global_step, wait, gather, step_ms in zip(records.steps, records.global_steps,
-                                                            records.fetch_wait_ms, records.all_gather_ms,
-                                                            records.step_ms):
-            row = by_step.get(step)
-            if row is None:
-                row = by_step[step] = {
-                    "step": step,
-                    "global_step": global_step,
-                    "fetch_wait_ms": {},
-                    "all_gather_ms": {},
-                    "step_ms": {}
-                }
-            row["fetch_wait_ms"][rank] = wait
-            row["all_gather_ms"][rank] = gather
-            row["step_ms"][rank] = step_ms
-    rows = [by_step[step] for step in sorted(by_step)]
-    for row in rows:
-        row["fetch_wait_spread"] = _spread(row["fetch_wait_ms"])
-        shares = [
-            wait / row["step_ms"][rank] for rank, wait in row["fetch_wait_ms"].items() if row["step_ms"][rank] > 0
-        ]
-        row["fetch_wait_share_max"] = max(shares) if shares else None
-    return rows
+def _sum_counts(counters: Iterable[Mapping[str, int]]) -> Dict[str, int]:
+    total: Counter = Counter()
+    for counter in counters:
+        total.update(counter)
+    return dict(total)
+
+
+def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[int, float]],
+                   incomplete: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One engine's tables; its missing and incomplete files are appended to ``incomplete``."""
+    by_rank = {records.rank: records for records in files}
+    with_records = [records for records in files if records.complete_records]
+    world = max([records.world_size for records in files] + [max(by_rank) + 1])
+    # Ranks left out by the run's "ranks" setting are not missing; without it, every rank records.
+    recording = next((records.recording_ranks for records in with_records if records.recording_ranks is not None),
+                     range(world))
+    for rank in recording:
+        records = by_rank.get(rank)
+        reason = ("no file" if records is None else "no complete record" if not records.complete_records else None)
+        if reason is not None:
+            incomplete.append({"kind": "records", "engine": name, "rank": rank,
+                               "file": None if records is None else Path(records.path).name, "reason": reason})
+    for records in files:
+        if records.torn:
+            incomplete.append({"kind": "records", "engine": name, "rank": records.rank,
+                               "file": Path(records.path).name, "reason": TORN})
+    view = step_view(with_records, trace_steps)
+    return {
+        "world_size": world,
+        "recording_ranks": None if isinstance(recording, range) else list(recording),
+        "ranks": [records.rank for records in with_records],
+        "records": _sum_counts(records.modes for records in files),
+        "clocks": _sum_counts(records.clocks for records in files),
+        "old_format_records": sum(records.old_format for records in files),
+        "comms_logger_records": sum(records.comms_logger for records in files),
+        "straggler_ranks": [rank for rank in view.ranks if is_straggler(view, rank)],
+        "ranks_summary": _rank_table(with_records, view),
+        "events": _event_tables(with_records),
+        "collectives": _collective_table(with_records),
+        "steps": view,
+    }
+
+
+def _traces(found: Mapping[int, Path], top_ops: int, incomplete: List[Dict[str, Any]]) -> Dict[int, Any]:
+    traces: Dict[int, Any] = {}
+    for rank, path in found.items():
+        try:
+            traces[rank] = summarize_trace(path, top_ops)
+        except (OSError, TraceFormatError) as exc:
+            incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": path.name,
+                               "reason": f"does not parse to its end ({str(exc).replace(str(path) + ': ', '')})"})
+    # Which ranks should have a trace: the profiler's "ranks" setting, as the traces record it.
+    expected = set()
+    for summary in traces.values():
+        if "profiled_ranks" in summary and summary["world_size"]:
+            expected |= set(summary["profiled_ranks"] or range(summary["world_size"]))
+    for rank in sorted(expected - set(found)):
+        incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": None, "reason": "no file"})
+    return traces
+
+
+def _joined_engine(engines: Sequence[str]) -> Optional[str]:
+    """The engine whose steps a trace's ``ProfilerStep#N`` numbers: ``step_profiler(engine)`` is given one
+    engine, the main one in any usual script; with a single engine, that one."""
+    if MAIN_ENGINE in engines:
+        return MAIN_ENGINE
+    return engines[0] if len(engines) == 1 else None
 
 
 def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
-    """Every number the report shows, as plain data (what ``--json`` prints)."""
+    """Every number the report shows, as data (what ``--json`` prints)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ReportError(f"{directory}: no such directory")
-    engines = fetch_records_files(directory)
-    record_files = engines.get(MAIN_ENGINE) or next(iter(engines.values()), {})
+    record_files = fetch_records_files(directory)
     traces_found = trace_files(directory)
     if not record_files and not traces_found:
         raise ReportError(f"{directory}: no ZeRO-3 fetch records (zero_fetch_*rank_*.jsonl) and no traces "
                           f"(trace_rank_*.json); is \"partitioned_param_profiler\" enabled with this "
                           "output_dir, and did ds_profutils.attach(engine) run?")
-    ranks = read_all(record_files)
-    with_records = [records for records in ranks if records.modes]
-    world = max([records.world_size for records in ranks] + [max(record_files, default=-1) + 1])
-    # Ranks left out by the run's "ranks" setting are not missing; without it, every rank records.
-    recording = next((records.recording_ranks for records in with_records if records.recording_ranks is not None),
-                     range(world))
-    problems = {records.rank: {"count": records.problem_count, "first": records.problems} for records in ranks
-                if records.problem_count}
-    traces: Dict[int, Any] = {}
-    for rank, path in traces_found.items():
-        try:
-            traces[rank] = summarize_trace(path, top_ops)
-        except (OSError, TraceFormatError) as exc:
-            problems.setdefault(rank, {"count": 0, "first": []})
-            problems[rank]["count"] += 1
-            problems[rank]["first"].append(f"{path.name}: {exc}")
+    incomplete: List[Dict[str, Any]] = []
+    traces = _traces(traces_found, top_ops, incomplete)
+    trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
+                   if summary["step_numbering"] == "global"}
+    files = read_all(record_files)
+    names = sorted(record_files, key=lambda name: (name != MAIN_ENGINE, name))  # the main engine first
+    joined = _joined_engine(names)
+    engines = {name: _engine_report(name, [f for f in files if f.engine == name],
+                                    trace_steps if name == joined else {}, incomplete)
+               for name in names}
+    hosts: Dict[str, set] = {}
+    for records in files:
+        for host in records.hosts:
+            hosts.setdefault(host, set()).add(records.rank)
+    for rank, summary in traces.items():
+        if summary["host"] is not None:
+            hosts.setdefault(summary["host"], set()).add(rank)
     return {
         "directory": str(directory),
-        "world_size": world if record_files else None,
-        "ranks": [records.rank for records in with_records],
-        "missing_ranks": sorted(set(recording) - {records.rank for records in with_records}) if record_files else [],
-        "problems": problems,
-        "events": _event_tables(with_records),
-        "ranks_summary": _rank_table(with_records),
-        "steps": _step_table(with_records),
+        "straggler_rule": {"text": straggler_rule(), "min_spread_ms": STRAGGLER_MIN_SPREAD_MS,
+                           "min_spread_share_of_median_step": STRAGGLER_STEP_SHARE,
+                           "overall_share_of_steps": STRAGGLER_OVERALL_SHARE},
+        "hosts": {host: sorted(ranks) for host, ranks in sorted(hosts.items())},
+        "incomplete": sorted(incomplete, key=lambda entry: (entry["kind"], entry["engine"] or "", entry["rank"])),
+        "problems": [{"engine": records.engine, "rank": records.rank, "file": Path(records.path).name,
+                      "count": records.problem_count, "first": records.problems}
+                     for records in files if records.problem_count],
+        "engines": engines,
+        "trace_steps_joined_to": joined if trace_steps else None,
         "traces": traces,
     }

@@ -1,12 +1,27 @@
-"""The report as aligned text tables."""
+"""The report as aligned text tables that stay readable at 1024 ranks.
+
+Beyond a handful of ranks, a table shows a summary across ranks and the worst ranks (those that held
+the others back most), never one row per rank; ``--json`` has every number.
+"""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from statistics import median
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .build import STRAGGLER_FACTOR
+from .steps import StepView
 
-__all__ = ["render_text"]
+__all__ = ["rank_ranges", "render_text"]
+
+# Up to this many ranks, the step table has one row per (step, rank).
+_RANK_ROWS = 8
+_HOSTS_SHOWN = 6
+_WIDTH = 110  # prose is wrapped to this; tables are as wide as their columns
+
+
+def _wrap(text: str) -> List[str]:
+    return textwrap.wrap(text, _WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> List[str]:
@@ -20,10 +35,10 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> List[str]:
 
 
 def _cell(value: Any) -> str:
-    if value is None:
+    if value is None or (isinstance(value, float) and value != value):
         return "-"
     if isinstance(value, float):
-        return f"{value:.3f}" if value < 1000 else f"{value:,.0f}"
+        return f"{value:.3f}" if abs(value) < 1000 else f"{value:,.0f}"
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
@@ -33,60 +48,204 @@ def _percent(share: Optional[float]) -> Optional[str]:
     return None if share is None else f"{100 * share:.1f}%"
 
 
-def _ranks_text(ranks: Iterable[int]) -> str:
-    return ", ".join(str(rank) for rank in ranks) or "none"
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``0-3, 5, 7-9``: a set of ranks in a line whatever its size."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return "none"
+    parts, start, previous = [], ordered[0], ordered[0]
+    for rank in ordered[1:] + [None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    return ", ".join(parts)
 
 
-def _steps_shown(steps: List[Dict[str, Any]], limit: int) -> Tuple[List[Dict[str, Any]], str]:
-    if len(steps) <= limit:
-        return steps, ""
-    slowest = sorted(steps, key=lambda row: row["fetch_wait_spread"]["max"], reverse=True)[:limit]
-    return sorted(slowest, key=lambda row: row["step"]), f" ({limit} of {len(steps)} steps: the largest fetch-wait)"
+def _header(report: Mapping[str, Any]) -> List[str]:
+    lines = [f"ds-profutils report: {report['directory']}"]
+    hosts = sorted(report["hosts"].items(), key=lambda item: (min(item[1], default=-1), item[0]))
+    if hosts:
+        shown = [f"{host} (ranks {rank_ranges(ranks)})" for host, ranks in hosts]
+        if len(shown) > _HOSTS_SHOWN:
+            shown[_HOSTS_SHOWN - 1:-1] = [f"... {len(shown) - _HOSTS_SHOWN} more ..."]
+        lines += _wrap(f"hosts ({len(hosts)}): " + "; ".join(shown))
+    if report["incomplete"]:
+        lines.append("MISSING OR INCOMPLETE:")
+        for entry in report["incomplete"]:
+            what = "trace" if entry["kind"] == "trace" else f"records of engine {entry['engine']}"
+            where = f" ({entry['file']})" if entry["file"] else ""
+            lines.append(f"  {what}, rank {entry['rank']}{where}: {entry['reason']}")
+    for found in report["problems"]:
+        lines.extend(f"{found['file']}: {message}" for message in found["first"])
+        if found["count"] > len(found["first"]):
+            lines.append(f"{found['file']}: ... and {found['count'] - len(found['first'])} more problems")
+    return lines
 
 
-def render_text(report: Mapping[str, Any], max_steps: int = 20) -> str:
-    """The report as aligned text tables, at most ``max_steps`` rows in the per-step table."""
-    lines = [f"ZeRO-3 fetch report: {report['directory']}"]
-    if report["world_size"] is not None:
-        lines.append(f"ranks with records: {_ranks_text(report['ranks'])} of {report['world_size']}")
-        if report["missing_ranks"]:
-            lines.append(f"MISSING ranks (no file or no complete record): {_ranks_text(report['missing_ranks'])}")
-    for rank, found in sorted(report["problems"].items()):
-        extra = found["count"] - len(found["first"])
-        lines.extend(f"rank {rank}: {message}" for message in found["first"])
-        if extra > 0:
-            lines.append(f"rank {rank}: ... and {extra} more problems")
+def _engine_header(name: str, engine: Mapping[str, Any]) -> List[str]:
+    records = ", ".join(f"{count:,} {mode}" for mode, count in engine["records"].items()) or "none"
+    clocks = ", ".join(f"{clock} {count:,}" for clock, count in engine["clocks"].items()) or "-"
+    lines = [""] + _wrap(f"== engine {name}: ranks {rank_ranges(engine['ranks'])} of {engine['world_size']} with "
+                         f"records; {len(engine['steps'].global_steps):,} train steps; records: {records}; clock of the "
+                         f"records: {clocks}")
+    if engine["old_format_records"]:
+        lines += _wrap(f"{engine['old_format_records']:,} records of an older ds_profutils (no \"schema\"): no "
+                       "blocking collectives recorded, so their exposed wait is the fetch wait alone")
+    if engine["comms_logger_records"]:
+        lines += _wrap(f"WARNING: DeepSpeed's comms logger was on in {engine['comms_logger_records']:,} records; it "
+                       "synchronizes after every collective, which lengthens step times and waits")
+    return lines
 
-    for mode, events in report["events"].items():
-        lines += ["", f"Events ({mode} records; totals per rank; numel as DeepSpeed counts it: shard or full):"]
-        lines += _table(("event", "numel unit", "count", "numel", "bytes", "time ms min", "median", "max", "slowest"),
+
+def _stragglers(engine: Mapping[str, Any]) -> List[str]:
+    summary, view = engine["ranks_summary"], engine["steps"]
+    steps = len(view.global_steps)
+    if not steps:
+        return ["No train steps recorded."]
+    named = engine["straggler_ranks"]
+    lines = []
+    for rank in named:
+        row = summary[rank]
+        lines += _wrap(f"STRAGGLER: rank {rank} ({row['host']}) held the others back in {row['straggler_steps']} of "
+                       f"{steps} steps; their waiting beyond its own in those steps: {row['attributed_wait_ms']:,.1f} ms")
+    if not named:
+        occasional = sorted((rank for rank, row in summary.items() if row["straggler_steps"]),
+                            key=lambda rank: -summary[rank]["straggler_steps"])
+        detail = ", ".join(f"rank {rank} in {summary[rank]['straggler_steps']}" for rank in occasional[:5])
+        lines += _wrap(f"No straggler: no rank held the others back in at least half of the {steps} steps"
+                       + (f" (step stragglers: {detail}{', ...' if len(occasional) > 5 else ''})." if detail else "."))
+    return lines
+
+
+def _worst_ranks(summary: Mapping[int, Mapping[str, Any]], limit: int) -> List[int]:
+    """Ranks by how much they held the others back, then by busy time: the ones worth a look first."""
+    return sorted(summary, key=lambda rank: (-summary[rank]["straggler_steps"], -summary[rank]["attributed_wait_ms"],
+                                             -(summary[rank]["busy_ms_median"] or 0.0), rank))[:limit]
+
+
+_RANK_COLUMNS = ("step_ms_median", "fetch_wait_ms_median", "collective_wait_ms_median", "exposed_wait_ms_median",
+                 "busy_ms_median")
+
+
+def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
+    summary = engine["ranks_summary"]
+    headers = ("rank", "host", "steps", "step ms", "fetch wait", "collective wait", "exposed wait", "busy",
+               "exposed share", "straggler steps", "others' wait ms", "")
+    shown = sorted(summary) if len(summary) <= limit else _worst_ranks(summary, limit)
+    rows: List[Tuple[Any, ...]] = [
+        (rank, row["host"], row["steps"], *(row[column] for column in _RANK_COLUMNS),
+         _percent(row["exposed_wait_share"]), row["straggler_steps"], row["attributed_wait_ms"],
+         "STRAGGLER" if row["straggler"] else "") for rank, row in ((rank, summary[rank]) for rank in shown)]
+    note = ""
+    if len(summary) > limit:
+        note = (f"; {limit} of {len(summary)} ranks shown: those that held the others back most, then the busiest "
+                "(every rank: --json)")
+        for label, pick in (("min", min), ("median", median), ("max", max)):
+            rows.append((f"{label} of all", "", None, *(_over_ranks(summary, column, pick) for column in _RANK_COLUMNS),
+                         None, None, None, ""))
+    return ["", *_wrap(f"Ranks (median per train step, ms; exposed wait = fetch wait + blocking collectives; busy = "
+                       f"step - exposed; others' wait = what the ranks waited beyond this one in its straggler "
+                       f"steps){note}:"), *_table(headers, rows)]
+
+
+def _over_ranks(summary: Mapping[int, Mapping[str, Any]], column: str, pick: Any) -> Optional[float]:
+    values = [row[column] for row in summary.values() if row[column] is not None]
+    return pick(values) if values else None
+
+
+def _steps_shown(view: StepView, limit: int) -> Tuple[List[int], str]:
+    count = len(view.global_steps)
+    if count <= limit:
+        return list(range(count)), ""
+    by_spread = sorted(range(count), key=lambda index: -(view.spread_ms[index] or 0.0))[:limit]
+    return sorted(by_spread), f" ({limit} of {count} steps: the largest spread of exposed wait)"
+
+
+def _steps(view: StepView, limit: int) -> List[str]:
+    shown, note = _steps_shown(view, limit)
+    if not shown:
+        return []
+    if len(view.ranks) <= _RANK_ROWS:
+        headers = ("step", "rank", "step ms", "fetch wait", "collective wait", "exposed wait", "busy",
+                   "trace step ms", "")
+        rows = []
+        for index in shown:
+            for rank_index, rank in enumerate(view.ranks):
+                values = [matrix.get(rank_index, index) for matrix in view.columns().values()]
+                if values[0] is None:
+                    continue
+                rows.append((view.global_steps[index], rank, *values,
+                             "straggler" if view.straggler[index] == rank else ""))
+        return ["", f"Steps (per global step and rank, ms){note}:", *_table(headers, rows)]
+    headers = ("step", "ranks", "step ms median", "exposed wait min", "median", "max", "busy median", "straggler")
+    rows = []
+    for index in shown:
+        exposed = [value for value in view.exposed_wait_ms.step_column(index) if value == value]
+        step_ms = [value for value in view.step_ms.step_column(index) if value == value]
+        busy = [value for value in view.busy_ms.step_column(index) if value == value]
+        straggler = view.straggler[index]
+        rows.append((view.global_steps[index], len(exposed), median(step_ms), min(exposed), median(exposed),
+                     max(exposed), median(busy), "-" if straggler is None else f"rank {straggler}"))
+    return ["", f"Steps (across ranks, ms){note}:", *_table(headers, rows)]
+
+
+def _events(engine: Mapping[str, Any]) -> List[str]:
+    lines = []
+    for mode, events in engine["events"].items():
+        lines += ["", *_wrap(f"Events ({mode} records; totals per rank, median across ranks; numel as DeepSpeed "
+                             "counts it: shard or full):")]
+        lines += _table(("event", "numel unit", "count", "numel", "bytes", "time ms min", "median", "max", "max at"),
                         [(name, row["numel_unit"], row["count"], row["numel"], row["bytes"], row["time_ms"]["min"],
-                          row["time_ms"]["median"], row["time_ms"]["max"], f"rank {row['time_ms']['slowest_rank']}")
+                          row["time_ms"]["median"], row["time_ms"]["max"], f"rank {row['time_ms']['max_rank']}")
                          for name, row in events.items()])
+    if engine["collectives"]:
+        lines += ["", "Blocking collectives (train steps; totals per rank, median across ranks):"]
+        lines += _table(("collective", "count", "time ms min", "median", "max", "max at"),
+                        [(op, row["count"], row["time_ms"]["min"], row["time_ms"]["median"], row["time_ms"]["max"],
+                          f"rank {row['time_ms']['max_rank']}") for op, row in engine["collectives"].items()])
+    return lines
 
-    summary = report["ranks_summary"]
-    if report["steps"]:
-        lines += ["", "Ranks (train steps; share = time waiting for fetches / step time; 0% = fully overlapped):"]
-        lines += _table(("rank", "hosts", "steps", "fetch-wait ms/step (median)", "step ms (median)", "share", ""),
-                        [(rank, ",".join(row["hosts"]), row["steps"], row["fetch_wait_ms_median"],
-                          row["step_ms_median"], _percent(row["fetch_wait_share"]),
-                          f"STRAGGLER (>{STRAGGLER_FACTOR}x the median of all ranks)" if row["straggler"] else "")
-                         for rank, row in summary.items()])
-        shown, note = _steps_shown(report["steps"], max_steps)
-        lines += ["", f"Steps (fetch-wait ms across ranks){note}:"]
-        lines += _table(("step", "global step", "fetch-wait min", "median", "max", "slowest", "max share"),
-                        [(row["step"], row["global_step"], row["fetch_wait_spread"]["min"],
-                          row["fetch_wait_spread"]["median"], row["fetch_wait_spread"]["max"],
-                          f"rank {row['fetch_wait_spread']['slowest_rank']}", _percent(row["fetch_wait_share_max"]))
-                         for row in shown])
-    elif report["world_size"] is not None:
-        lines += ["", "No train steps recorded."]
 
-    for rank, trace in sorted(report["traces"].items()):
+def _traces(traces: Mapping[int, Mapping[str, Any]], limit: int) -> List[str]:
+    if not traces:
+        return []
+    if len(traces) > limit:
+        by_step = sorted(traces, key=lambda rank: -((traces[rank]["step_ms"] or {}).get("median") or 0.0))[:limit]
+        lines = ["", f"Traces: {len(traces)} ranks; the {limit} with the longest median step:"]
+        lines += _table(("rank", "host", "events", "steps", "step ms median", "max"),
+                        [(rank, traces[rank]["host"], traces[rank]["events"], len(traces[rank]["steps"]),
+                          (traces[rank]["step_ms"] or {}).get("median"), (traces[rank]["step_ms"] or {}).get("max"))
+                         for rank in by_step])
+        traces = {min(traces): traces[min(traces)]}
+    else:
+        lines = []
+    for rank, trace in sorted(traces.items()):
         step_ms = trace["step_ms"]
         steps = (f"{len(trace['steps'])} profiler steps, step ms median {step_ms['median']:.3f}, "
                  f"max {step_ms['max']:.3f}" if step_ms else "no ProfilerStep# events")
         lines += ["", f"Trace of rank {rank} ({Path(trace['file']).name}, {trace['events']:,} events): {steps}"]
         lines += _table(("top ops by total time", "category", "count", "total ms"),
                         [(op["name"], op["cat"], op["count"], op["total_ms"]) for op in trace["top_ops"]])
+    return lines
+
+
+def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int = 8) -> str:
+    """The report as text: at most ``max_steps`` steps and ``max_ranks`` ranks per table."""
+    lines = _header(report)
+    if report["engines"]:
+        lines += ["", *_wrap(f"Straggler rule: {report['straggler_rule']['text']}.")]
+    for name, engine in report["engines"].items():
+        lines += _engine_header(name, engine)
+        lines += _stragglers(engine)
+        if engine["ranks_summary"]:
+            lines += _ranks(engine, max_ranks)
+            lines += _steps(engine["steps"], max_steps)
+        lines += _events(engine)
+    joined = report["trace_steps_joined_to"]
+    if joined is not None:
+        lines += ["", *_wrap(f"The traces' step times (ProfilerStep#N, N = global step) are joined to engine {joined}.")]
+    lines += _traces(report["traces"], max_ranks)
     return "\n".join(lines)

@@ -2,8 +2,10 @@
 
 A torch trace of a few steps is tens of MB; loading it whole (``json.load``, or a trace-analysis
 library's DataFrame) costs seconds and several times the file size in memory.  This reader decodes
-one event of ``traceEvents`` at a time with the C JSON scanner and keeps only running totals, so
-memory stays flat whatever the trace's size.  Top-level keys (``distributedInfo``) are read too.
+one event of ``traceEvents`` at a time and keeps only running totals, so memory stays flat whatever
+the trace's size.  Top-level keys (``distributedInfo``) are read too.  ds_profutils writes a run
+trace one event per line: such a line is parsed whole by orjson; anything else (torch's
+pretty-printed per-cycle traces) by the C JSON scanner, which finds where an event ends.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import re
 from statistics import median
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
+
+import orjson
 
 __all__ = ["TraceFormatError", "iter_trace", "summarize_trace"]
 
@@ -30,7 +34,12 @@ class TraceFormatError(ValueError):
 
 
 def iter_trace(path: Path) -> Iterator[Tuple[str, Any]]:
-    """Yield ``("event", event)`` for each trace event, then ``("header", dict)`` of the other top-level keys."""
+    """Yield ``("head", dict)`` of the top-level keys before ``traceEvents``, ``("event", event)`` for each
+    trace event, then ``("header", dict)`` of every other top-level key (before and after the events).
+
+    A trace that ends early raises :class:`TraceFormatError` after its last complete event: what
+    came before (the head too, where torch and ds_profutils put ``baseTimeNanoseconds``) is usable.
+    """
     decoder = json.JSONDecoder()
     with open(path, encoding="utf-8") as source:
         buffer = source.read(_CHUNK)
@@ -42,10 +51,24 @@ def iter_trace(path: Path) -> Iterator[Tuple[str, Any]]:
             buffer += more
             match = _EVENTS_KEY.search(buffer)
         head, position = buffer[:match.start()], match.end()
+        yield "head", _header(head, "")
         while True:
             position = _SKIP.match(buffer, position).end()
             if position < len(buffer) and buffer[position] == "]":
                 break
+            end = buffer.find("\n", position)
+            if end > 0:
+                line = buffer[position:end].rstrip().rstrip(",")
+                # A line that is one whole object is one event (JSON strings hold no raw newline).
+                if line.startswith("{") and line.endswith("}"):
+                    try:
+                        event = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        pass  # not a whole event on its own line: the scanner below finds its end
+                    else:
+                        position = end
+                        yield "event", event
+                        continue
             try:
                 event, position = decoder.raw_decode(buffer, position)
             except json.JSONDecodeError:
@@ -81,15 +104,18 @@ def _header(head: str, tail: str) -> Dict[str, Any]:
 def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
     """Profiler steps (``ProfilerStep#N`` durations) and the ``top`` operations by total time.
 
-    Times are inclusive (an op's children count in it), in ms.  ``rank`` comes from the trace's
-    ``distributedInfo`` when present.
+    Times are inclusive (an op's children count in it), in ms.  Ranges of the same N (one per micro
+    step when ``step_profiler(engine)`` numbers steps by the engine's optimizer steps) add up to one
+    step.  ``rank`` comes from the trace's ``ds_profutils`` metadata, else its ``distributedInfo``;
+    ``step_numbering`` is ``"global"`` when N is the engine's global step (only then does the report
+    put the trace's step time beside the records').
     """
-    steps: List[Dict[str, Any]] = []
+    steps: Dict[int, float] = {}
     ops: Dict[Tuple[str, str], List[float]] = {}
     events = 0
     header: Dict[str, Any] = {}
     for kind, item in iter_trace(path):
-        if kind == "header":
+        if kind != "event":
             header = item
             continue
         events += 1
@@ -102,7 +128,8 @@ def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
             # On a GPU, torch also draws each step on the device timeline (gpu_user_annotation): the
             # host range is the step.
             if category != _DEVICE_STEP_CATEGORY:
-                steps.append({"step": _step_number(name), "ms": duration / _US_PER_MS})
+                number = _step_number(name)
+                steps[number] = steps.get(number, 0.0) + duration / _US_PER_MS
             continue
         if category in _OP_CATEGORIES:
             totals = ops.get((category, name))
@@ -112,16 +139,22 @@ def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
                 totals[0] += 1
                 totals[1] += duration
     ranked = sorted(ops.items(), key=lambda item: item[1][1], reverse=True)[:top]
-    step_ms = [step["ms"] for step in steps]
+    ours = header.get("ds_profutils") if isinstance(header.get("ds_profutils"), dict) else {}
+    torch_info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     return {
         "file": str(path),
-        "rank": (header.get("distributedInfo") or {}).get("rank"),
+        "rank": ours.get("rank", torch_info.get("rank")),
+        "host": ours.get("host"),
+        "world_size": ours.get("world_size", torch_info.get("world_size")),
+        "step_numbering": ours.get("step_numbering"),
+        # null: every rank was profiled; absent: the trace does not say (an older ds_profutils)
+        **({"profiled_ranks": ours["profiled_ranks"]} if "profiled_ranks" in ours else {}),
         "events": events,
-        "steps": sorted(steps, key=lambda step: step["step"]),
+        "steps": [{"step": step, "ms": ms} for step, ms in sorted(steps.items())],
         "step_ms": {
-            "median": median(step_ms),
-            "max": max(step_ms)
-        } if step_ms else None,
+            "median": median(steps.values()),
+            "max": max(steps.values())
+        } if steps else None,
         "top_ops": [{
             "name": name,
             "cat": category,

@@ -1,0 +1,117 @@
+"""What in a ds_config silently switches a feature off, or fails it only once the job runs.
+
+DeepSpeed accepts unknown top-level keys, so a misspelt section (``"profiller"``) is read by nobody
+and its feature is off without a word.  ``check-config`` reports such keys as errors; a running job
+logs the same finding as one WARNING line on rank 0 (:func:`warn_misspelt_sections`, called by
+:func:`~.loading.load_config`).  ``check-config`` also catches, before a long job starts, what the
+features would refuse at run time: the fetch profiler without ZeRO stage 3, and an ``output_dir``
+that cannot be created or written.
+"""
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, List, Mapping, Optional, Set, Tuple
+
+from ..outputs import process_identity
+from .errors import ConfigProblem, show_value
+from .models import SECTIONS, ProfUtilsConfig
+
+__all__ = ["misspelt_sections", "output_dir_problems", "warn_misspelt_sections", "zero_stage_problems"]
+
+# difflib's similarity ratio from which a top-level key counts as a misspelling of one of our sections.
+# 0.75 takes "profiller", "proflier", "nvxt", "partition_param_profiler"; DeepSpeed's own top-level keys
+# stay below it ("flops_profiler": 0.73 to "profiler").
+_CLOSE = 0.75
+_warned: Set[Tuple[str, str]] = set()
+
+
+def _meant(key: str) -> Optional[str]:
+    """The section ``key`` looks like a misspelling of, or None."""
+    if key in SECTIONS:
+        return None
+    close = difflib.get_close_matches(key.lower().replace("-", "_"), list(SECTIONS), n=1, cutoff=_CLOSE)
+    return close[0] if close else None
+
+
+def _misspelt(raw: Any) -> List[Tuple[str, str]]:
+    if not isinstance(raw, Mapping):
+        return []
+    return [(str(key), meant) for key in raw if (meant := _meant(str(key))) is not None]
+
+
+def _why(raw: Mapping[str, Any], meant: str) -> str:
+    off = "" if meant in raw else f" and {meant} stays off"
+    return f"DeepSpeed ignores unknown keys, so its settings are never read{off}"
+
+
+def misspelt_sections(raw: Any) -> List[ConfigProblem]:
+    """Top-level keys close to one of our section names (and that section absent), as errors."""
+    return [ConfigProblem(key, f"unknown top-level key (did you mean {meant}?); {_why(raw, meant)}")
+            for key, meant in _misspelt(raw)]
+
+
+def warn_misspelt_sections(raw: Any, origin: Optional[str]) -> None:
+    """One WARNING line per misspelt section, on rank 0 only and once per process, on DeepSpeed's logger."""
+    found = [(key, meant) for key, meant in _misspelt(raw) if (key, meant) not in _warned]
+    if not found or process_identity().rank != 0:
+        return
+    logger = logging.getLogger("DeepSpeed")
+    for key, meant in found:
+        _warned.add((key, meant))
+        where = f" in {origin}" if origin else ""
+        logger.warning("ds_profutils: top-level key %s%s is not one of our sections (did you mean %s?); %s",
+                       show_value(key), where, meant, _why(raw, meant))
+
+
+def zero_stage_problems(raw: Mapping[str, Any], config: ProfUtilsConfig) -> List[ConfigProblem]:
+    """The fetch profiler enabled where ZeRO does not partition parameters (stage below 3): no fetches."""
+    if not config.partitioned_param_profiler.enabled:
+        return []
+    zero = raw.get("zero_optimization")
+    stage = zero.get("stage") if isinstance(zero, Mapping) else None
+    if stage == 3:
+        return []
+    stage_text = ("not set (DeepSpeed's default: 0)" if stage is None else show_value(stage))
+    return [ConfigProblem("partitioned_param_profiler.enabled",
+                          f"true needs zero_optimization.stage 3, but zero_optimization.stage is {stage_text}: "
+                          "below stage 3 ZeRO does not partition parameters, so there are no fetches to record")]
+
+
+def _output_dir_problem(key: str, directory: str) -> Optional[ConfigProblem]:
+    """Why ``directory`` could not be created or written, or None.  Creates nothing: a probe file is
+    written (and removed) in the directory, or in its nearest existing parent when it does not exist yet."""
+    path = Path(directory)
+    relative = "" if path.is_absolute() else f" (relative to {os.getcwd()}, as here; a job resolves it from its own)"
+    existing = path.absolute()
+    try:
+        while not existing.exists():
+            existing = existing.parent
+    except OSError as exc:
+        return ConfigProblem(key, f"{show_value(directory)} cannot be reached{relative}: {exc.strerror}")
+    if not existing.is_dir():
+        return ConfigProblem(key, f"{show_value(directory)} cannot be created{relative}: {existing} is not a "
+                             "directory")
+    try:
+        probe, name = tempfile.mkstemp(dir=existing, prefix=f".write_probe.{process_identity().tag}.")
+        os.close(probe)
+        os.unlink(name)
+    except OSError as exc:
+        verb = "written" if existing == path.absolute() else "created"
+        return ConfigProblem(key, f"{show_value(directory)} cannot be {verb}{relative}: {existing}: {exc.strerror}")
+    return None
+
+
+def output_dir_problems(config: ProfUtilsConfig) -> List[ConfigProblem]:
+    """Each enabled section's ``output_dir`` that cannot be created or written (a disabled one writes nothing)."""
+    problems = []
+    for name, section in (("profiler", config.profiler), ("partitioned_param_profiler",
+                                                          config.partitioned_param_profiler)):
+        if section.enabled:
+            problem = _output_dir_problem(f"{name}.output_dir", section.output_dir)
+            if problem is not None:
+                problems.append(problem)
+    return problems

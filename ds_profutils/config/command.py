@@ -1,0 +1,86 @@
+"""``ds-profutils check-config``: each file checked as a job would read it, then what would fail later.
+
+Beyond what loading checks (syntax, duplicate keys, each value), a file is refused for what would
+otherwise switch a feature off silently or stop the job once it runs: a misspelt section name, the
+fetch profiler without ZeRO stage 3, an output directory that cannot be written, and (with
+``--world-size``) a configured rank the job does not have.  Problems go to stderr, one line each;
+the resolved settings of a valid file go to stdout.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, List, Mapping, Optional, Sequence
+
+from .checks import misspelt_sections, output_dir_problems, zero_stage_problems
+from .env import environment_overrides
+from .errors import ConfigError, ConfigProblem
+from .loading import config_from_raw, raw_settings
+from .models import DEEPSPEED_APPLIED_KEYS, ProfUtilsConfig, check_ranks
+
+__all__ = ["check_files"]
+
+
+def _render(settings: Mapping[str, Any], indent: str = "") -> List[str]:
+    """Settings as indented ``key: value`` lines, values spelled as in JSON (true, null, "text")."""
+    lines = []
+    for key, value in settings.items():
+        if isinstance(value, Mapping) and value:
+            lines.append(f"{indent}{key}:")
+            lines.extend(_render(value, indent + "  "))
+        else:
+            lines.append(f"{indent}{key}: {json.dumps(value)}")
+    return lines
+
+
+def _rank_problems(config: ProfUtilsConfig, world_size: int) -> List[ConfigProblem]:
+    """Every configured rank list checked against the job's world size, as the features do at run time."""
+    problems: List[ConfigProblem] = []
+    for key, ranks in (("profiler.ranks", config.profiler.ranks),
+                       ("profiler.summary_ranks", config.profiler.summary_ranks),
+                       ("partitioned_param_profiler.ranks", config.partitioned_param_profiler.ranks)):
+        try:
+            check_ranks(key, ranks, world_size)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    return problems
+
+
+def _check(path: str, world_size: Optional[int]) -> ProfUtilsConfig:
+    """The resolved settings of a file that passes every check; ConfigError with every problem otherwise."""
+    raw, origin = raw_settings(path)
+    misspelt = misspelt_sections(raw)
+    try:
+        config = config_from_raw(raw, origin)
+    except ConfigError as exc:
+        raise ConfigError(misspelt + list(exc.problems), origin) from None
+    problems = misspelt + zero_stage_problems(raw, config) + output_dir_problems(config)
+    if world_size is not None:
+        problems += _rank_problems(config, world_size)
+    if problems:
+        raise ConfigError(problems, origin)
+    return config
+
+
+def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
+    """Check each file, print its resolved settings or its problems; True when every file is valid."""
+    valid = True
+    overrides = environment_overrides()
+    for path in paths:
+        try:
+            config = _check(path, world_size)
+        except ConfigError as exc:
+            print("\n".join(exc.lines()), file=sys.stderr)
+            valid = False
+            continue
+        print(f"{path}: valid; resolved ds_profutils settings:")
+        if overrides:
+            print("  (with environment overrides "
+                  f"{', '.join(f'{name}={value}' for name, value in sorted(overrides.items()))})")
+        print("\n".join(_render(config.model_dump(), "  ")))
+        raw, _ = raw_settings(path)
+        theirs = {key: raw[key] for key in DEEPSPEED_APPLIED_KEYS if key in raw}
+        if theirs:
+            print("applied by DeepSpeed, not read by ds_profutils:")
+            print("\n".join(_render(theirs, "  ")))
+    return valid
