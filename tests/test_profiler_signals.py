@@ -208,7 +208,7 @@ def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_pa
     finally:
         job.kill()
     assert job.returncode == -signal.SIGTERM, output  # "killed by SIGTERM", as without the profiler
-    assert "interrupted at step" in output and "was not written" not in output
+    assert "rank 0 interrupted at step" in output and "was not written" not in output
     _assert_complete_trace(tmp_path)
 
 
@@ -220,7 +220,7 @@ def test_a_second_sigterm_and_a_dying_dataloader_worker_do_not_cut_the_write(tmp
         worker, = psutil.Process(job.pid).children()
         job.send_signal(signal.SIGTERM)
         for line in job.stdout:
-            if "interrupted at step" in line:
+            if "rank 0 interrupted at step" in line:
                 break
         worker.terminate()
         worker.wait(timeout=30)

@@ -109,7 +109,8 @@ def profiler(config: ConfigSource = None,
              ranks: Optional[Any] = None,
              summary_ranks: Optional[Any] = None,
              summary_sort_by: Optional[str] = None,
-             summary_row_limit: Optional[int] = None) -> Profiler:
+             summary_row_limit: Optional[int] = None,
+             peak_tflops: Optional[float] = None) -> Profiler:
     """A profiler configured from ``config`` (a ds_config path or dict, an engine, launcher ``args``)
     and the keyword arguments, which override the config's ``"profiler"`` section.
 
@@ -123,7 +124,7 @@ def profiler(config: ConfigSource = None,
                    with_modules=with_modules, record_shapes=record_shapes, profile_memory=profile_memory,
                    nsight_enabled=nsight_enabled, nsight_output=nsight_output, ranks=ranks,
                    summary_ranks=summary_ranks, summary_sort_by=summary_sort_by,
-                   summary_row_limit=summary_row_limit)
+                   summary_row_limit=summary_row_limit, peak_tflops=peak_tflops)
     loaded = load_config(config)  # None: no file, only DS_PROFUTILS_* variables
     if loaded.nvtx is not None:  # the job's "nvtx" section holds also when only the profiler reads the config
         configure_nvtx(loaded.nvtx.enabled, loaded.nvtx.domain)

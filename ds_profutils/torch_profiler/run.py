@@ -257,8 +257,8 @@ class ProfilerRun:
         profile = self._stop_torch()
         interrupted = self.signals.interrupted or (self._ended and not self._returned)
         if interrupted:
-            logger.warning("profiler: interrupted at step %d; writing the steps recorded so far (SIGTERM and SIGINT "
-                           "wait until the files are written)", self.step)
+            logger.warning("profiler: rank %d interrupted at step %d; writing the steps recorded so far (SIGTERM and "
+                           "SIGINT wait until the files are written)", writer.identity.rank, self.step)
         writer.save_cycle(profile, path, entry, renames, interrupted, metadata)
 
     def _discard_warmup(self) -> None:

@@ -126,7 +126,7 @@ class OperatorSummary:
         line = (f"counted-operator FLOP/s: {si_number(rate)}FLOP/s ({si_number(self.flops / self.steps)} FLOPs in "
                 f"{self.step_ns / self.steps / _NS_PER_MS:.3f} ms per recorded step)")
         if peak_tflops:
-            line += f", {100 * rate / (peak_tflops * 1e12):.2f}% of peak_tflops {peak_tflops:g}"
+            line += f", {100 * rate / (peak_tflops * 1e12):.3g}% of peak_tflops {peak_tflops:g}"
         return [line, "  torch counts matrix multiplication and convolution FLOPs only (not attention kernels such as "
                 "SDPA) and counts recomputation again: this is not model FLOPs utilisation (MFU)"]
 
