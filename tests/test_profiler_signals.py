@@ -94,6 +94,24 @@ def test_sigint_while_writing_is_held_until_the_window_is_on_disk(tmp_path, hand
     assert profiler_calls._current is None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_signal_while_the_first_window_starts_still_ends_the_run_cleanly(tmp_path, handlers, monkeypatch):
+    enter = torch.autograd.profiler.record_function.__enter__
+
+    def ctrl_c_then_enter(self):  # the step range opens with the handlers in place
+        if self.name == "ProfilerStep#0":
+            os.kill(os.getpid(), signal.SIGINT)  # held until the transition is done, then delivered
+        return enter(self)
+
+    monkeypatch.setattr(torch.autograd.profiler.record_function, "__enter__", ctrl_c_then_enter)
+    ran = []
+    with pytest.raises(KeyboardInterrupt):
+        profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=0, active=2)(lambda: ran.append(1))()
+    assert ran == []  # raised as the call began, before the function ran
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [0]
+    assert profiler_calls._current is None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
 @pytest.mark.parametrize("signums, deadline, cause", [
     ((signal.SIGINT, ) * 3, 25.0, "SIGINT received 3 times"),
     ((signal.SIGINT, ), 0.0, "0 s passed since the first SIGTERM/SIGINT"),

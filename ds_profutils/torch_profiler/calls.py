@@ -110,6 +110,11 @@ class RunBlock:
         except BaseException:
             _release(run)
             raise
+        try:
+            run.catch_up()  # a window may begin at step 0, and a signal held meanwhile be delivered
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return run
 
     @ends_a_run

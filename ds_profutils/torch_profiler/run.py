@@ -100,7 +100,7 @@ class ProfilerRun:
     # ---- driven by calls.RunBlock and step_profiler ----------------------------------------------------
 
     def begin(self) -> None:
-        """Check the output directory (raising ConfigError), then enter step 0."""
+        """Check the output directory (raising ConfigError); ``catch_up()`` then enters step 0."""
         output_dir = self.settings.output_dir
         try:
             probe_writable(Path(output_dir), process_identity())
@@ -117,7 +117,6 @@ class ProfilerRun:
                       flush=True)
         self.owner = threading.get_ident()
         self._plan_next()
-        self.catch_up()
 
     def catch_up(self) -> None:
         """Fire every event due at the current step (step_profiler calls this at a boundary)."""
