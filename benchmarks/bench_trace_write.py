@@ -65,7 +65,7 @@ _RANK = textwrap.dedent("""
 """)
 
 
-def _run_case(name: str, active: int, cycles: int, ranks: int, verify: bool) -> bool:
+def _run_case(name: str, active: int, cycles: int, ranks: int, verify: bool) -> None:
     with tempfile.TemporaryDirectory() as output_dir:
         jobs = []
         for rank in range(ranks):
@@ -95,23 +95,22 @@ def _run_case(name: str, active: int, cycles: int, ranks: int, verify: bool) -> 
         for reader in readers:
             reader.join()
         print(f"({name}) {ranks} ranks, {cycles} cycle(s) of {active} steps, SIGTERM to all at once")
-        ok = True
         for rank, job in enumerate(jobs):
             cycle_files = sorted((Path(output_dir) / f"rank_{rank}").glob("*.pt.trace.json"))
             window_mb = cycle_files[-1].stat().st_size / 1e6 if cycle_files else 0.0
             run_trace = Path(output_dir) / f"trace_rank_{rank}.json"
             torch_times = [line.strip() for line in lines[rank] if line.startswith("torch ")][-2:]
             within = ended[rank] <= TARGET_S and job.returncode == -signal.SIGTERM
-            ok = ok and within
+            verdict = "ok" if within else "OVER TARGET"
             print(f"    rank {rank}: window {window_mb:6.1f} MB, run trace {run_trace.stat().st_size / 1e6:6.1f} MB, "
-                  f"SIGTERM to exit {ended[rank]:5.1f} s (target <= {TARGET_S:g}: {'ok' if within else 'OVER TARGET'}), "
+                  f"SIGTERM to exit {ended[rank]:5.1f} s (target <= {TARGET_S:g}: {verdict}), "
                   f"exit {job.returncode}; {', '.join(torch_times)}")
             if verify:
                 with open(run_trace) as handle:
                     events = json.load(handle)["traceEvents"]
                 steps = sum(1 for e in events if e.get("name", "").startswith("ProfilerStep#"))
-                print(f"             run trace parses: {len(events)} events, {steps} steps (expected {cycles * active})")
-        return ok
+                print(f"             run trace parses: {len(events)} events, {steps} steps "
+                      f"(expected {cycles * active})")
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import torch
 
 from ds_profutils import profiler, step_profiler
 from ds_profutils.torch_profiler import calls as profiler_calls
-from ds_profutils.torch_profiler.run import TAIL_RANGE
+from ds_profutils.torch_profiler import writer
 from ds_profutils.config import ConfigError
 from profiler_testing import profiler_steps, read_trace, train_step
 
@@ -180,3 +180,15 @@ def test_profiler_that_cannot_start_stops_profiling_not_training(tmp_path, monke
     assert steps == list(range(8))
     assert "profiling stops for this run" in ds_caplog.text
     _assert_idle()
+
+
+def test_a_failed_rename_keeps_the_exported_trace(tmp_path, monkeypatch, ds_caplog):
+
+    def broken(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(writer, "rename_trace_events", broken)
+    profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=1, active=10)(
+        lambda: [step_profiler() for _ in range(3)])()
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [1, 2, 3]  # the tail keeps its name
+    assert "keeps its step names as recorded (OSError: [Errno 5] Input/output error)" in ds_caplog.text

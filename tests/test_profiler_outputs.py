@@ -3,7 +3,6 @@ json-level merge, streaming renames, and the end-of-run printout with the comms 
 import json
 
 import pytest
-import torch
 
 from ds_profutils import profiler, step_profiler
 from ds_profutils.comms_logging import CommsLogger

@@ -97,7 +97,7 @@ class ProfilerRun:
         self._ended = False
         self._returned = False  # set by end(): the profiled call returned (rather than raised)
 
-    # ---- driven by calls.RunBlock and step_profiler ----------------------------------------------------
+    # ---- driven by calls.RunBlock and step_profiler ---------------------------------------------
 
     def begin(self) -> None:
         """Check the output directory (raising ConfigError); ``catch_up()`` then enters step 0."""

@@ -85,7 +85,10 @@ class RunWriter:
             with atomic_path(path, self.identity) as temporary:
                 profile.export_chrome_trace(str(temporary))
                 if renames:
-                    rename_trace_events(temporary, renames, self.identity, self.guard.check)
+                    try:
+                        rename_trace_events(temporary, renames, self.identity, self.guard.check)
+                    except (Exception, WriteAbandoned) as exc:  # the trace is whole, a step's name is off
+                        logger.error("profiler: %s keeps its step names as recorded (%s)", path, _cause(exc))
             written = True
         if written:
             self.cycles.append(entry)
