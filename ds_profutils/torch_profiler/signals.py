@@ -10,8 +10,8 @@ be lost.  While a window holds unsaved steps, :class:`SignalGuard`'s handler ins
   ends "killed by SIGTERM" (the exit status the launcher and schedulers expect);
 * turns SIGINT into ``KeyboardInterrupt``, so a program's ``except KeyboardInterrupt:`` still runs;
 * calls a handler the program installed itself instead (Python's default SIGINT handler is one);
-  leaves an ignored signal ignored (``nohup`` starts Python with SIGINT ignored); and leaves alone a
-  handler installed outside Python, which could not be put back.
+  leaves an ignored signal ignored (a job started in the background has SIGINT ignored); and leaves
+  alone a handler installed outside Python, which could not be put back.
 
 From the moment a run ends (``holding``, set before any call a signal could interrupt) and during
 every step of the state machine, the handler raises nothing: SIGTERM and SIGINT are held and
