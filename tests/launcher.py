@@ -5,13 +5,18 @@ script checks many things in one run and writes its findings as JSON for the tes
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 DIST_SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
@@ -22,6 +27,23 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _command(script: os.PathLike | str, args: Sequence[str], num_gpus: int) -> List[str]:
+    return [
+        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus",
+        str(num_gpus), "--master_port",
+        str(free_port()),
+        str(script), *args
+    ]
+
+
+def _environment(env: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
+    full_env.update(env or {})
+    return full_env
 
 
 def run_deepspeed(script: os.PathLike | str,
@@ -37,19 +59,10 @@ def run_deepspeed(script: os.PathLike | str,
     With ``check`` a non-zero exit fails with the tail of the combined output, which is what one
     needs to see when a rank dies.
     """
-    command = [
-        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus",
-        str(num_gpus), "--master_port",
-        str(free_port()),
-        str(script), *args
-    ]
-    full_env = dict(os.environ)
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
-    full_env.update(env or {})
+    command = _command(script, args, num_gpus)
     proc = subprocess.run(command,
                           cwd=cwd or REPO,
-                          env=full_env,
+                          env=_environment(env),
                           stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT,
                           text=True,
@@ -59,6 +72,84 @@ def run_deepspeed(script: os.PathLike | str,
         raise AssertionError(f"deepspeed launcher exited {proc.returncode}: {' '.join(command)}\n{tail}")
     return proc
 
+
+class LauncherJob:
+    """A ``deepspeed`` job started in its own session (as a terminal or a batch system starts it), so a
+    test can signal the whole process group, the launcher or one rank while it runs.
+
+    Its output is read as it comes; :meth:`wait_for` waits for lines a script prints, :meth:`finish`
+    for every process of the job to end (they all hold the output pipe).  Leaving the ``with`` block
+    kills whatever is left.
+    """
+
+    def __init__(self, script: os.PathLike | str, args: Sequence[str] = (), *, num_gpus: int = 2,
+                 env: Optional[Mapping[str, str]] = None) -> None:
+        self.process = subprocess.Popen(_command(script, args, num_gpus),
+                                        cwd=REPO,
+                                        env=_environment(env),
+                                        stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT,
+                                        text=True,
+                                        start_new_session=True)
+        self._lines: List[str] = []
+        self._ended = False
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            with self._changed:
+                self._lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self._changed:
+            return "".join(self._lines)
+
+    def wait_for(self, pattern: str, count: int = 1, timeout: float = 180) -> List["re.Match[str]"]:
+        """The first ``count`` matches of ``pattern`` in the output, waiting for them to be printed.
+
+        Processes share the output pipe, and Python unbuffered writes a line's text and its newline
+        apart, so two processes' lines may share one: matches are counted in the text, not per line.
+        """
+        regex, deadline = re.compile(pattern), time.monotonic() + timeout
+        with self._changed:
+            while True:
+                matches = list(regex.finditer("".join(self._lines)))
+                if len(matches) >= count:
+                    return matches[:count]
+                remaining = deadline - time.monotonic()
+                if self._ended or remaining <= 0:
+                    raise AssertionError(f"{count} line(s) matching {pattern!r} never came:\n{self._tail()}")
+                self._changed.wait(remaining)
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to every process of the job (a terminal's Ctrl-C, ``timeout``, a batch system)."""
+        os.killpg(self.process.pid, signum)
+
+    def finish(self, timeout: float = 180) -> int:
+        """Wait for every process of the job to end; return the exit status of the ``deepspeed`` runner."""
+        self._reader.join(timeout)
+        if self._reader.is_alive():
+            raise AssertionError(f"the job did not end within {timeout} s:\n{self._tail()}")
+        return self.process.wait(timeout)
+
+    def _tail(self) -> str:
+        return "".join(self._lines[-80:])
+
+    def __enter__(self) -> "LauncherJob":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.process.stdout.close()
 
 def namespaces_permitted() -> Optional[str]:
     """None when this process may give a child its own hostname and pids (unshare), else why not."""
@@ -82,8 +173,7 @@ def run_two_nodes(script: os.PathLike | str,
     hostfile = workdir / "hostfile"
     hostfile.write_text("".join(f"node-{i} slots={slots}\n" for i in range(2)))
     port = free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env = _environment(None)
     nodes = []
     for node in range(2):
         runner = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), "--no_ssh",

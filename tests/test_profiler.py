@@ -10,7 +10,8 @@ import ds_profutils
 from ds_profutils import nvtx, profiler, step_profiler
 from ds_profutils.config import ConfigError
 from ds_profutils.nvtx import instrument_w_nvtx, ranges_active
-from ds_profutils.torch_profiler import run as profiler_run
+from ds_profutils.torch_profiler import calls as profiler_calls
+from ds_profutils.torch_profiler.run import TAIL_RANGE
 from ds_profutils.torch_profiler.decorator import Profiler
 from profiler_testing import profiler_steps, read_trace, train_step
 
@@ -57,7 +58,7 @@ def test_torch_profiler_starts_only_at_the_warmup_step(tmp_path, monkeypatch):
     class SpyProfile(torch.profiler.profile):
 
         def prepare_trace(self):
-            started_at.append(profiler_run._current.step)
+            started_at.append(profiler_calls._current.step)
             super().prepare_trace()
 
     monkeypatch.setattr(torch.profiler, "profile", SpyProfile)
@@ -130,8 +131,8 @@ def test_returning_inside_a_window_leaves_no_step_that_never_ran(tmp_path, steps
     profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=1, active=10)(_train)(steps)
     merged = read_trace(tmp_path / "trace_rank_0.json")
     assert profiler_steps(merged) == work_marks(merged) == recorded
-    assert [e["name"] for e in merged["traceEvents"] if e.get("name") == profiler_run.TAIL_RANGE] == \
-        [profiler_run.TAIL_RANGE]
+    assert [e["name"] for e in merged["traceEvents"] if e.get("name") == TAIL_RANGE] == \
+        [TAIL_RANGE]
     assert [c["steps"] for c in merged["ds_profutils"]["cycles"]] == [[1, steps - 1] if recorded else []]
     assert profiler_steps(read_trace(next((tmp_path / "rank_0").iterdir()))) == recorded
 
@@ -151,36 +152,58 @@ def test_context_manager_form(tmp_path):
     assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [1]
 
 
-def test_follows_engine_optimizer_steps(tmp_path):
+class FakeEngine:
+    """DeepSpeed's step counting with gradient accumulation over 2 micro-steps, from ``global_steps``
+    (a resumed checkpoint restores it)."""
 
-    class FakeEngine:
-        """Gradient accumulation over 2 micro-steps, as DeepSpeed counts it."""
-        global_steps = 0
-        micro_steps = 0
+    def __init__(self, global_steps: int = 0) -> None:
+        self.global_steps = global_steps
+        self.micro_steps = 0
 
-        def step(self):
-            self.micro_steps += 1
-            if self.micro_steps % 2 == 0:
-                self.global_steps += 1
+    def step(self):
+        self.micro_steps += 1
+        if self.micro_steps % 2 == 0:
+            self.global_steps += 1
 
-        def was_step_applied(self):
-            return self.micro_steps % 2 == 0
+    def was_step_applied(self):
+        return self.micro_steps % 2 == 0
 
-    engine = FakeEngine()
 
-    def loop():
-        for _ in range(12):
-            train_step()
-            engine.step()
-            step_profiler(engine)
+def _engine_loop(engine, micro_steps):
+    for _ in range(micro_steps):
+        train_step()
+        engine.step()
+        step_profiler(engine)
 
-    profiler(output_dir=str(tmp_path), skip_first=1, wait=0, warmup=1, active=2)(loop)()
+
+@pytest.mark.parametrize("skip_first, resumed_at, recorded", [
+    (1, 0, [2, 3]),
+    (1, 40, [42, 43]),  # numbers continue from a resumed checkpoint; the schedule counts from the call
+    (0, 40, [40, 41]),  # step 0's range opens before the engine is seen: renamed once it is
+])
+def test_follows_engine_optimizer_steps_under_global_numbers(tmp_path, skip_first, resumed_at, recorded):
+    engine = FakeEngine(resumed_at)
+    profiler(output_dir=str(tmp_path), skip_first=skip_first, wait=0, warmup=1 if skip_first else 0,
+             active=2)(_engine_loop)(engine, 12)
     trace = read_trace(tmp_path / "trace_rank_0.json")
-    assert profiler_steps(trace) == [2, 3]
-    step_2 = next(e for e in trace["traceEvents"] if e["name"] == "ProfilerStep#2")
+    assert profiler_steps(trace) == recorded
+    assert trace["ds_profutils"]["step_numbering"] == "global"
+    assert [c["steps"] for c in trace["ds_profutils"]["cycles"]] == [[recorded[0], recorded[-1]]]
+    first = next(e for e in trace["traceEvents"] if e["name"] == f"ProfilerStep#{recorded[0]}")
     backwards = [e for e in trace["traceEvents"] if e["name"] == "autograd::engine::evaluate_function: AddmmBackward0"
-                 and step_2["ts"] <= e["ts"] <= step_2["ts"] + step_2["dur"]]
+                 and first["ts"] <= e["ts"] <= first["ts"] + first["dur"]]
     assert len(backwards) == 2  # both micro-steps inside one profiler step
+
+
+def test_numbers_continue_across_calls_and_metadata_says_which(tmp_path):
+    engine = FakeEngine()
+    for call in ("first", "second"):
+        profiler(output_dir=str(tmp_path / call), skip_first=1, wait=0, warmup=0, active=1)(_engine_loop)(engine, 6)
+    assert profiler_steps(read_trace(tmp_path / "second" / "trace_rank_0.json")) == [4]
+    profiler(output_dir=str(tmp_path / "call"), ranks=[0], skip_first=1, wait=0, warmup=0, active=1)(_train)(3)
+    metadata = read_trace(tmp_path / "call" / "trace_rank_0.json")["ds_profutils"]
+    assert (metadata["step_numbering"], metadata["profiled_ranks"], metadata["rank"]) == ("call", [0], 0)
+    assert read_trace(tmp_path / "first" / "trace_rank_0.json")["ds_profutils"]["profiled_ranks"] is None
 
 
 def test_settings_come_from_config_then_keywords(tmp_path):
@@ -204,10 +227,8 @@ def _plain(x):
 @pytest.mark.parametrize("make", [
     pytest.param(lambda: profiler(enabled=False), id="enabled=False"),
     pytest.param(lambda: profiler(config={"train_batch_size": 1}), id="config-without-section"),
-    pytest.param(lambda: profiler(ranks=[1]), id="other-rank"),
 ])
-def test_disabled_profiler_returns_the_function_itself(make, monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
+def test_disabled_profiler_returns_the_function_itself(make):
     assert make()(_plain) is _plain
 
 
@@ -216,10 +237,26 @@ def test_environment_switches_it_off_over_keywords(monkeypatch):
     assert profiler(enabled=True)(_plain) is _plain
 
 
-def test_rank_outside_world_size_is_refused_at_decoration(monkeypatch):
+def test_which_rank_profiles_is_decided_at_the_first_call(tmp_path, monkeypatch):
+    """Under mpirun or SLURM the rank may only be known once the job runs: decorating reads nothing."""
+    kept = profiler(output_dir=str(tmp_path / "kept"), ranks=[1], skip_first=0, wait=0, warmup=0, active=1)(_train)
+    left_out = profiler(output_dir=str(tmp_path / "left_out"), ranks=[0], skip_first=0, wait=0, warmup=0,
+                        active=1)(_train)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    kept(2)
+    left_out(2)
+    assert profiler_steps(read_trace(tmp_path / "kept" / "trace_rank_1.json")) == [0]
+    assert not (tmp_path / "left_out").exists()
+
+
+def test_rank_outside_world_size_is_refused_at_the_first_call(monkeypatch):
+    ran = []
+    decorated = profiler(ranks=[0, 2])(lambda: ran.append(1))
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=r"profiler\.ranks: ranks \[2\] are outside the world size 2"):
-        profiler(ranks=[0, 2])
+        decorated()
+    assert ran == []
 
 
 def test_decorator_keeps_name_doc_and_wrapped(tmp_path):
@@ -233,6 +270,6 @@ def test_decorator_keeps_name_doc_and_wrapped(tmp_path):
 
 def test_step_profiler_is_idle_again_after_a_run(tmp_path):
     profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=0, active=1)(_train)(2)
-    assert profiler_run._current is None
+    assert profiler_calls._current is None
     assert ds_profutils.step_profiler is step_profiler
     step_profiler()  # no run: nothing happens

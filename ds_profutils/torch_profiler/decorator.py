@@ -15,12 +15,13 @@ Settings follow the package-wide order: ``DS_PROFUTILS_PROFILER_*`` environment 
 the config's ``"profiler"`` section > off.  A config without a ``"profiler"`` section switches it off;
 with no config at all the section's defaults apply, since decorating is itself the request.
 
-Whether this rank profiles is decided once, here: a profiler that is off, or for another rank,
-returns the decorated function itself, so it costs nothing.
+A profiler that is off returns the decorated function itself, so it costs nothing.  Whether this rank
+is one of ``ranks`` is decided at the first call (under mpirun or SLURM the rank may only be known
+then); a rank left out runs the function as it is, and never enters a collective on the profiler's
+account.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from types import TracebackType
 from typing import Any, Callable, List, Optional, Type, TypeVar
@@ -28,7 +29,8 @@ from typing import Any, Callable, List, Optional, Type, TypeVar
 from ..config import ConfigSource, ProfilerConfig, check_ranks, load_config, resolve_section
 from ..nvtx import configure_nvtx
 from ..outputs import process_identity
-from .run import profiled_run, step_profiler
+from .calls import RunBlock, step_profiler
+from .signals import ends_a_run
 
 __all__ = ["Profiler", "profiler", "step_profiler"]
 
@@ -45,32 +47,47 @@ class Profiler:
     def __init__(self, settings: ProfilerConfig, enabled: bool) -> None:
         self.settings = settings
         self.enabled = enabled
-        self._blocks: List[contextlib.AbstractContextManager] = []
+        self._profiles_this_rank: Optional[bool] = None
+        self._blocks: List[Optional[RunBlock]] = []
+
+    def profiles_this_rank(self) -> bool:
+        """Whether this rank records, decided at the first call from the rank known then.
+
+        Raises ConfigError (on every rank alike, before the call runs) for a rank outside the world size.
+        """
+        if self._profiles_this_rank is None:
+            identity = process_identity()
+            check_ranks("profiler.ranks", self.settings.ranks, identity.world_size)
+            check_ranks("profiler.summary_ranks", self.settings.summary_ranks, identity.world_size)
+            self._profiles_this_rank = self.settings.profiles_rank(identity.rank)
+        return self._profiles_this_rank
 
     def __call__(self, func: F) -> F:
         if not self.enabled:
             return func
-        settings = self.settings
 
         @functools.wraps(func)
         def profiled(*args: Any, **kwargs: Any) -> Any:
-            with profiled_run(settings):
+            if not self.profiles_this_rank():
+                return func(*args, **kwargs)
+            with RunBlock(self.settings):
                 return func(*args, **kwargs)
 
         return profiled  # type: ignore[return-value]
 
     def __enter__(self) -> "Profiler":
-        if self.enabled:
-            block = profiled_run(self.settings)
+        block = RunBlock(self.settings) if self.enabled and self.profiles_this_rank() else None
+        if block is not None:
             block.__enter__()
-            self._blocks.append(block)
+        self._blocks.append(block)
         return self
 
+    @ends_a_run
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                 traceback: Optional[TracebackType]) -> Optional[bool]:
-        if not self.enabled:
-            return None
-        return self._blocks.pop().__exit__(exc_type, exc, traceback)
+                 traceback: Optional[TracebackType]) -> None:
+        block = self._blocks.pop()
+        if block is not None:
+            block.__exit__(exc_type, exc, traceback)
 
 
 def profiler(config: ConfigSource = None,
@@ -92,29 +109,25 @@ def profiler(config: ConfigSource = None,
              ranks: Optional[Any] = None,
              summary_ranks: Optional[Any] = None,
              summary_sort_by: Optional[str] = None,
-             summary_row_limit: Optional[int] = None) -> Profiler:
+             summary_row_limit: Optional[int] = None,
+             peak_tflops: Optional[float] = None) -> Profiler:
     """A profiler configured from ``config`` (a ds_config path or dict, an engine, launcher ``args``)
     and the keyword arguments, which override the config's ``"profiler"`` section.
 
     The keywords are the section's keys (see docs/profiler.md); None leaves a setting to the config.
     The config's ``"nvtx"`` section, if any, is applied too.
-    ``ranks="all"`` profiles every rank.  Raises ConfigError for a bad value or a rank outside the
-    world size, before any training runs.
+    ``ranks="all"`` profiles every rank.  Raises ConfigError for a bad value here, and for a rank
+    outside the world size at the first call, before the function runs.
     """
     options = dict(enabled=enabled, output_dir=output_dir, skip_first=skip_first, wait=wait, warmup=warmup,
                    active=active, repeat=repeat, with_stack=with_stack, with_flops=with_flops,
                    with_modules=with_modules, record_shapes=record_shapes, profile_memory=profile_memory,
                    nsight_enabled=nsight_enabled, nsight_output=nsight_output, ranks=ranks,
                    summary_ranks=summary_ranks, summary_sort_by=summary_sort_by,
-                   summary_row_limit=summary_row_limit)
+                   summary_row_limit=summary_row_limit, peak_tflops=peak_tflops)
     loaded = load_config(config)  # None: no file, only DS_PROFUTILS_* variables
     if loaded.nvtx is not None:  # the job's "nvtx" section holds also when only the profiler reads the config
         configure_nvtx(loaded.nvtx.enabled, loaded.nvtx.domain)
     section = ProfilerConfig() if config is None else loaded.profiler
     settings = resolve_section(section, options)
-    if not settings.enabled:
-        return Profiler(settings, enabled=False)
-    identity = process_identity()
-    check_ranks("profiler.ranks", settings.ranks, identity.world_size)
-    check_ranks("profiler.summary_ranks", settings.summary_ranks, identity.world_size)
-    return Profiler(settings, enabled=settings.profiles_rank(identity.rank))
+    return Profiler(settings, enabled=settings.enabled)

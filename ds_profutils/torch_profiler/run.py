@@ -1,14 +1,16 @@
 """One profiled call: torch.profiler driven through the schedule's windows as training steps end.
 
-Steps are numbered from 0 when the profiled call begins; each ``step_profiler()`` ends one step and
-begins the next.  torch.profiler is created only at the first warmup step of a window and stopped
-after its last active step, so the steps outside the windows cost a counter compare.  The active
-steps are wrapped in ``ProfilerStep#N`` ranges with N the training step, so the trace holds exactly
-the active steps, under their own numbers.
+The schedule counts steps from 0 when the profiled call begins; each ``step_profiler()`` ends one
+step and begins the next.  torch.profiler is created only at the first warmup step of a window and
+stopped after its last active step, so the steps outside the windows cost a counter compare.  The
+active steps are wrapped in ``ProfilerStep#N`` ranges, so the trace holds exactly the active steps.
+N is the training step: with ``step_profiler(engine)`` the engine's ``global_steps`` before the step
+(numbers continue across calls and resumed checkpoints), else the schedule's count.
 
 The run is a small state machine; every (state, event) pair it can meet is in ``_TRANSITIONS`` and
-anything else is a bug that raises.  A failure inside a transition (torch cannot start, a disk is
-full) is logged and ends profiling for the run; it never reaches the training loop.
+anything else is a bug that raises.  Signals are held while a transition runs (:mod:`.signals`), so
+none lands half-way through one.  A failure inside a transition (torch cannot start) is logged and
+ends profiling for the run; it never reaches the training loop.  Writing is :mod:`.writer`'s.
 
 ``step_profiler()`` outside a run is one global load and a None test; inside a run but outside the
 windows, a counter and one compare.
@@ -17,34 +19,30 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import json
-import logging
 import threading
+import json
 from pathlib import Path
-from threading import get_ident
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.autograd.profiler import record_function
 
 from ..config import ConfigError, ConfigProblem, ProfilerConfig
-from ..logging import log_dist, logger
+from ..logging import logger
 from ..nvtx import set_torch_profiler_recording
-from ..outputs import (ProcessIdentity, atomic_path, cycle_dir, cycle_trace_file, probe_writable, process_identity,
-                       summary_file, trace_file)
-from .export import merge_traces, rename_trace_events
+from ..outputs import cycle_trace_file, probe_writable, process_identity
 from .nsight import NsightCapture, nsys_command
 from .schedule import ProfilerSchedule, Window
-from .signals import ExitOnSignal
-from .summary import OperatorSummary
+from .signals import SignalGuard
+from .writer import RunWriter, show_comms_summary
 
-__all__ = ["TAIL_RANGE", "ProfilerRun", "profiled_run", "step_profiler"]
+__all__ = ["TAIL_RANGE", "ProfilerRun"]
 
 _NEVER = -1  # a boundary no step number reaches
+_STEP = "ProfilerStep#"
 TAIL_RANGE = "ds_profutils: after the last step_profiler()"
 """What the step range open when the profiled call returns is renamed to in its trace: no step_profiler()
 ended it, so it holds whatever ran after the last training step, not a step."""
-_ALL_RANKS = [-1]  # log_dist: every rank logs
 
 
 class _State(enum.Enum):
@@ -63,20 +61,12 @@ class _Event(enum.Enum):
     RUN_ENDS = "profiled call returned or raised"
 
 
-@contextlib.contextmanager
-def _errors_logged(what: str) -> Iterator[None]:
-    """Log (never raise) a failure to write an output: profiling must not break training."""
-    try:
-        yield
-    except Exception:
-        logger.exception("profiler: %s failed; training goes on", what)
-
-
 class ProfilerRun:
     """The profiler of one profiled call, advanced by ``step_profiler()``."""
 
-    def __init__(self, settings: ProfilerConfig) -> None:
+    def __init__(self, settings: ProfilerConfig, on_done: Callable[["ProfilerRun"], None]) -> None:
         self.settings = settings
+        self._on_done = on_done  # called once no window is left: step_profiler() goes idle
         self.schedule = ProfilerSchedule(skip_first=settings.skip_first,
                                          wait=settings.wait,
                                          warmup=settings.warmup,
@@ -89,26 +79,28 @@ class ProfilerRun:
         self.next_boundary = 0
         self.owner: Optional[int] = None
         self.shared = False
-        self._unprofiled_calls = 0
+        self.unprofiled_calls = 0
+        self.warned_nested = False
+        self.signals = SignalGuard()
         self._state = _State.COUNTING
         self._window: Optional[Window] = self.schedule.window(0)
         self._next_event: Optional[_Event] = None
         self._torch: Optional[torch.profiler.profile] = None
         self._step_range: Optional[record_function] = None
         self._nsight: Optional[NsightCapture] = None
-        self._signals = ExitOnSignal()
-        self._identity: Optional[ProcessIdentity] = None
-        self._summary: Optional[OperatorSummary] = None
-        self._cycles: List[Dict[str, Any]] = []
-        self._recorded = False
+        self._writer: Optional[RunWriter] = None
+        self._engine: Any = None  # the engine step_profiler(engine) follows, once seen
         self._engine_steps: Optional[int] = None
-        self._warned_nested = False
+        self._opened: List[Tuple[str, int]] = []  # (name as opened, step number) of this window's step ranges
+        self._renames: Dict[str, str] = {}
+        self._recorded = False
+        self._ended = False
         self._returned = False  # set by end(): the profiled call returned (rather than raised)
 
-    # ---- driven by profiled_run and step_profiler ------------------------------------------------
+    # ---- driven by calls.RunBlock and step_profiler ---------------------------------------------
 
     def begin(self) -> None:
-        """Check the output directory (raising ConfigError), then enter step 0."""
+        """Check the output directory (raising ConfigError); ``catch_up()`` then enters step 0."""
         output_dir = self.settings.output_dir
         try:
             probe_writable(Path(output_dir), process_identity())
@@ -123,9 +115,8 @@ class ProfilerRun:
                 print(f"ds_profutils profiler: Nsight capture ranges bracket each active window; record them with: "
                       f"{nsys_command(self.settings.nsight_output)} <your launch command>",
                       flush=True)
-        self.owner = get_ident()
+        self.owner = threading.get_ident()
         self._plan_next()
-        self.catch_up()
 
     def catch_up(self) -> None:
         """Fire every event due at the current step (step_profiler calls this at a boundary)."""
@@ -133,41 +124,32 @@ class ProfilerRun:
             self._fire(self._next_event)
 
     def end(self, returned: bool) -> None:
-        """Stop recording and write every output; called once when the profiled call returned or raised.
+        """Stop recording and write what is unsaved; called once, with ``signals.holding`` already set.
 
-        The signal handlers are put back whatever happens, also when a second signal cuts the export short.
+        Then the held signals are delivered (a SIGTERM turned into SystemExit is raised again with the
+        default action), and at a normal end the comms logger's summary is shown.
         """
-        self._returned = returned
+        self._ended, self._returned = True, returned
         try:
             self._fire(_Event.RUN_ENDS)
         finally:
-            self._signals.restore()
+            self.signals.release(restore=True)
+        if returned:
+            show_comms_summary(self.settings, process_identity())
 
-    @contextlib.contextmanager
-    def unprofiled_call(self) -> Iterator[None]:
-        """A profiled call started while this run is active: it runs unprofiled, this run untouched.
+    def engine_stepped(self, engine: Any) -> bool:
+        """True when the engine took an optimizer step since the previous call.
 
-        While it runs, only this run's thread's ``step_profiler()`` calls count, and none at all when
-        it is nested on this run's own thread.
+        On the first call there is no previous count, so DeepSpeed's ``was_step_applied()`` decides, and
+        the engine's count names the steps from now on (see ``_follow_engine``).
         """
-        if not self._warned_nested:
-            self._warned_nested = True
-            logger.warning("profiler: a profiled call started while another one is running (nested, or in "
-                           "another thread); it runs unprofiled and the running profiler is unaffected")
-        nested = self.owner == get_ident()
-        with _claim_lock:
-            self._unprofiled_calls += 1
-            self.shared = True
-            if nested:
-                self.owner = None
-        try:
-            yield
-        finally:
-            with _claim_lock:
-                if nested:
-                    self.owner = get_ident()
-                self._unprofiled_calls -= 1
-                self.shared = self._unprofiled_calls > 0
+        steps, previous = engine.global_steps, self._engine_steps
+        self._engine_steps = steps
+        if previous is not None:
+            return steps != previous
+        applied = engine.was_step_applied()
+        self._follow_engine(engine, steps - 1 if applied else steps)
+        return applied
 
     # ---- the state machine -----------------------------------------------------------------------
 
@@ -176,15 +158,24 @@ class ProfilerRun:
         if transition is None:
             raise RuntimeError(f"profiler: internal error, no transition from {self._state} on {event}")
         actions, next_state = transition
+        signals = self.signals
+        releases = not signals.holding  # end() holds from before this call until everything is written
+        signals.holding = True
         try:
             for action in actions:
                 action(self)
-        except Exception:
-            logger.exception("profiler: %s failed at step %d; profiling stops for this run", event.value, self.step)
+            self._state = next_state
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                logger.exception("profiler: %s failed at step %d; profiling stops for this run", event.value,
+                                 self.step)
             self._abandon()
-            return
-        self._state = next_state
-        self._plan_next()
+            if not isinstance(exc, Exception):  # an interruption from a handler the profiler does not hold
+                raise
+        finally:
+            self._plan_next()
+            if releases:
+                signals.release(restore=self._state is not _State.RECORDING)
 
     def _plan_next(self) -> None:
         """Set the step at which the next event happens, and which event it is."""
@@ -208,16 +199,17 @@ class ProfilerRun:
         for stop in (self._close_step, self._stop_capture, self._stop_torch):
             with contextlib.suppress(Exception):
                 stop()
-        with _errors_logged("finishing the profiler outputs"):
-            self._finalize()
         self._state = _State.DONE
-        self._plan_next()
+        try:
+            self._finalize()
+        except Exception:
+            logger.exception("profiler: finishing the profiler outputs failed; training goes on")
 
     # ---- actions ----------------------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        if self._identity is None:
-            self._bind_outputs()
+        if self._writer is None:  # the rank that names the files is read now, not at decoration
+            self._writer = RunWriter(self.settings, process_identity(), self.signals)
         self._torch = torch.profiler.profile(activities=self._activities(),
                                              record_shapes=self.settings.record_shapes,
                                              profile_memory=self.settings.profile_memory,
@@ -225,19 +217,18 @@ class ProfilerRun:
                                              with_flops=self.settings.with_flops,
                                              with_modules=self.settings.with_modules)
         self._torch.prepare_trace()
-        self._signals.install()
 
     def _start_recording(self) -> None:
         self._recorded = True
         self._torch.start_trace()
-        identity = self._identity
-        self._torch.add_metadata_json("ds_profutils", json.dumps(self._metadata()))
+        identity = self._writer.identity
         if identity.source != "torch.distributed":  # torch records distributedInfo only from torch.distributed
             self._torch.add_metadata_json("distributedInfo",
                                           json.dumps({"rank": identity.rank, "world_size": identity.world_size}))
         set_torch_profiler_recording(True)
         if self._nsight is not None:
             self._nsight.start()
+        self.signals.install()  # from now on the window holds unsaved steps
         self._open_step()
 
     def _next_step(self) -> None:
@@ -245,29 +236,29 @@ class ProfilerRun:
         self._open_step()
 
     def _save_window(self) -> None:
+        """Stop recording and write the cycle (the last step cut where it stopped, or renamed as the tail)."""
         self._close_step()
         self._stop_capture()
-        profile = self._stop_torch()
-        if profile is None:  # stopped already: a signal cut short the transition that did it
-            return
         window, self._window = self._window, self.schedule.window(self._window.cycle + 1)
-        # A run that raised inside the window ends in the step that raised, which keeps its name; one
-        # that returned ends in the tail after its last step_profiler(), which is not a step.
-        tail = self._returned and self.step < window.stop
-        last_step = self.step - 1 if tail else min(self.step, window.stop - 1)
-        with _errors_logged(f"writing the trace of cycle {window.cycle}"):
-            path = cycle_trace_file(self.settings.output_dir, self._identity.rank)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(path, self._identity) as temporary:
-                profile.export_chrome_trace(str(temporary))
-                if tail:  # cosmetic: a failure keeps the exported trace as it is
-                    with _errors_logged(f"renaming the unfinished step of cycle {window.cycle}"):
-                        rename_trace_events(temporary, f"ProfilerStep#{self.step}", TAIL_RANGE)
-            steps = [window.active_start, last_step] if last_step >= window.active_start else []
-            self._cycles.append({"cycle": window.cycle, "steps": steps, "trace": str(path)})
-        if self._summary is not None:
-            with _errors_logged(f"summarising cycle {window.cycle}"):
-                self._summary.add_cycle(profile)
+        opened, self._opened = self._opened, []
+        renames, self._renames = self._renames, {}
+        if self._returned and opened:  # returned inside the window: the open range is the tail, not a step
+            renames[opened.pop()[0]] = TAIL_RANGE
+        steps = [opened[0][1], opened[-1][1]] if opened else []
+        writer = self._writer
+        path = cycle_trace_file(self.settings.output_dir, writer.identity.rank)
+        entry = {"cycle": window.cycle, "steps": steps, "trace": str(path)}
+        metadata = self._metadata()
+        try:
+            self._torch.add_metadata_json("ds_profutils", json.dumps({**metadata, "cycles": [entry]}))
+        except Exception as exc:  # the cycle is still worth writing without it
+            logger.error("profiler: the ds_profutils metadata of %s was not added (%s)", path, exc)
+        profile = self._stop_torch()
+        interrupted = self.signals.interrupted or (self._ended and not self._returned)
+        if interrupted:
+            logger.warning("profiler: rank %d interrupted at step %d; writing the steps recorded so far (SIGTERM and "
+                           "SIGINT wait until the files are written)", writer.identity.rank, self.step)
+        writer.save_cycle(profile, path, entry, renames, interrupted, metadata)
 
     def _discard_warmup(self) -> None:
         profile, self._torch = self._torch, None
@@ -275,11 +266,12 @@ class ProfilerRun:
         profile.stop_trace()
 
     def _finalize(self) -> None:
-        _release(self)
-        try:
-            self._write_run_outputs()
-        finally:
-            self._signals.restore()
+        self._on_done(self)
+        if self._writer is not None:
+            self._writer.finish(self.step, self._recorded)
+        elif not self._recorded:
+            logger.warning("profiler: the run ended at step %d, before any active step; nothing was recorded",
+                           self.step)
 
     _TRANSITIONS: Dict[Tuple[_State, Optional[_Event]], Tuple[Tuple[Callable[["ProfilerRun"], None], ...], _State]] = {
         (_State.COUNTING, _Event.WARMUP_BEGINS): ((_prepare, ), _State.WARMING_UP),
@@ -295,14 +287,13 @@ class ProfilerRun:
 
     # ---- helpers ----------------------------------------------------------------------------------
 
-    def _bind_outputs(self) -> None:
-        """Name the outputs by the global rank, read when torch.profiler first starts (not at decoration,
-        when torch.distributed may not be up yet)."""
-        self._identity = process_identity()
-        rank = self._identity.rank
-        summary_ranks = self.settings.summary_ranks
-        if summary_ranks is None or rank in summary_ranks:
-            self._summary = OperatorSummary(self.settings.summary_sort_by, self.settings.summary_row_limit)
+    def _follow_engine(self, engine: Any, first_step: int) -> None:
+        """Name steps by ``engine.global_steps`` from now on; ``first_step`` is the number of the call's
+        step 0, whose range may have been opened before the engine was known (renamed when written)."""
+        self._engine = engine
+        if self._opened and self._opened[0] == (f"{_STEP}0", 0):
+            self._opened[0] = (self._opened[0][0], first_step)
+            self._renames[f"{_STEP}0"] = f"{_STEP}{first_step}"
 
     def _activities(self) -> List[torch.profiler.ProfilerActivity]:
         if self._nsight is not None:  # CUPTI serves one client: on the active steps that is Nsight
@@ -310,14 +301,19 @@ class ProfilerRun:
         return sorted(torch.profiler.supported_activities(), key=lambda activity: activity.value)
 
     def _metadata(self) -> Dict[str, Any]:
-        identity = self._identity
-        return {"host": identity.host, "rank": identity.rank, "world_size": identity.world_size, "pid": identity.pid}
+        identity = self._writer.identity
+        return {"host": identity.host, "rank": identity.rank, "world_size": identity.world_size, "pid": identity.pid,
+                "step_numbering": "call" if self._engine is None else "global",
+                "profiled_ranks": self.settings.ranks}
 
     def _open_step(self) -> None:
-        self._step_range = record_function(f"ProfilerStep#{self.step}")
+        number = self.step if self._engine is None else self._engine.global_steps
+        name = f"{_STEP}{number}"
+        self._opened.append((name, number))
+        self._step_range = record_function(name)
         self._step_range.__enter__()
         if self._nsight is not None:
-            self._nsight.push_step(self.step)
+            self._nsight.push_step(number)
 
     def _close_step(self) -> None:
         step_range, self._step_range = self._step_range, None
@@ -337,103 +333,3 @@ class ProfilerRun:
         if profile is not None:
             profile.stop_trace()
         return profile
-
-    def _write_run_outputs(self) -> None:
-        if not self._cycles:
-            if not self._recorded:  # (otherwise every export failed, and each failure was logged)
-                log_dist(f"profiler: the run ended at step {self.step}, before any active step; nothing was "
-                         f"recorded", ranks=_ALL_RANKS, level=logging.WARNING)
-            return
-        output_dir, identity = self.settings.output_dir, self._identity
-        merged = trace_file(output_dir, identity.rank)
-        with _errors_logged("writing the merged trace"):
-            merge_traces([Path(cycle["trace"]) for cycle in self._cycles], merged,
-                         {"ds_profutils": {**self._metadata(), "cycles": self._cycles}}, identity)
-        table = self._summary.table() if self._summary is not None else None
-        if table is not None:
-            summary = summary_file(output_dir, identity.rank)
-            with _errors_logged("writing the operator summary"):
-                with atomic_path(summary, identity) as temporary:
-                    temporary.write_text(table)
-            logger.info("profiler: operator summary of rank %d (%s)\n%s", identity.rank, summary, table)
-        log_dist(f"profiler: {len(self._cycles)} cycle(s) recorded; run trace {merged}, per-cycle traces in "
-                 f"{cycle_dir(output_dir, identity.rank)}/ (open with TensorBoard or https://ui.perfetto.dev)",
-                 ranks=_ALL_RANKS)
-
-    def engine_stepped(self, engine: Any) -> bool:
-        """True when the engine took an optimizer step since the previous call.
-
-        On the first call there is no previous count, so DeepSpeed's ``was_step_applied()`` decides.
-        """
-        steps, previous = engine.global_steps, self._engine_steps
-        self._engine_steps = steps
-        return engine.was_step_applied() if previous is None else steps != previous
-
-
-# ---- one active run per process, and step_profiler's routing to it ---------------------------------
-
-_claim_lock = threading.Lock()
-_current: Optional[ProfilerRun] = None
-
-
-def step_profiler(engine: Any = None) -> None:
-    """End the current training step for the running profiler; call it once per step.
-
-    With ``engine`` (a DeepSpeed engine), only calls after which the engine has taken an optimizer step
-    count, so the micro-steps of gradient accumulation make one profiler step.  Without a running
-    profiler this costs a None test.  Outside the windows it is the whole cost of a step, so it is
-    written out here rather than calling a method: a counter and one compare.
-    """
-    run = _current
-    if run is None or (run.shared and run.owner != get_ident()):
-        return
-    if engine is not None and not run.engine_stepped(engine):
-        return
-    run.step += 1
-    if run.step == run.next_boundary:
-        run.catch_up()
-
-
-def _claim(run: ProfilerRun) -> ProfilerRun:
-    """Make ``run`` the process's active run, unless one is active already; return the active run."""
-    global _current
-    with _claim_lock:
-        if _current is None:
-            _current = run
-        return _current
-
-
-def _release(run: ProfilerRun) -> None:
-    global _current
-    with _claim_lock:
-        if _current is run:
-            _current = None
-
-
-@contextlib.contextmanager
-def profiled_run(settings: ProfilerConfig) -> Iterator[Optional[ProfilerRun]]:
-    """Profile the block with ``settings``; yields the run, or None when another run is active.
-
-    Raises ConfigError before the block when ``output_dir`` cannot be written.  Whatever way the block
-    ends (return, exception, SIGTERM/SIGINT turned into SystemExit), the outputs are written first.
-    """
-    run = ProfilerRun(settings)
-    active = _claim(run)
-    if active is not run:
-        with active.unprofiled_call():
-            yield None
-        return
-    try:
-        run.begin()
-    except BaseException:
-        _release(run)
-        raise
-    returned = False
-    try:
-        yield run
-        returned = True
-    finally:
-        try:
-            run.end(returned)
-        finally:
-            _release(run)

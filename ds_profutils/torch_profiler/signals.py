@@ -1,57 +1,176 @@
-"""Turn SIGTERM/SIGINT into an exception while a profiler has unsaved data.
+"""Interruptions while a window holds unsaved steps, and while the profiler writes them.
 
-The launcher stops a job with SIGTERM (SIGKILL 30 s later) and a user with Ctrl-C.  Python's default
-SIGTERM action kills the process on the spot, skipping every ``finally``, so the trace being recorded
-is lost.  While installed, the handler here raises ``SystemExit(128 + signal)`` instead, and the
-profiler's ``finally`` writes the files on the way out.  Nothing is written inside the handler: it
-may interrupt any line, including the profiler's own.
+DeepSpeed's launcher stops a rank with SIGTERM to its whole process tree (DataLoader workers too)
+and sends SIGKILL 30 s later; a user stops a job with Ctrl-C (SIGINT).  Python's default SIGTERM
+action kills the process on the spot, skipping every ``finally``, so the steps being recorded would
+be lost.  While a window holds unsaved steps, :class:`SignalGuard`'s handler instead
 
-A handler the program installed itself (a Python callable, like Python's default SIGINT handler
-that raises KeyboardInterrupt) is called instead, so its behaviour is kept; an ignored signal
-(``SIG_IGN``, as for SIGINT in a background job) stays ignored.
+* turns SIGTERM into ``SystemExit(143)``, which unwinds to the profiler's ``finally`` where the files
+  are written; once they are, SIGTERM is raised again with the default action, so the process still
+  ends "killed by SIGTERM" (the exit status the launcher and schedulers expect);
+* turns SIGINT into ``KeyboardInterrupt``, so a program's ``except KeyboardInterrupt:`` still runs;
+* calls a handler the program installed itself instead (Python's default SIGINT handler is one);
+  leaves an ignored signal ignored (a job started in the background has SIGINT ignored); and leaves
+  alone a handler installed outside Python, which could not be put back.
+
+From the moment a run ends (``holding``, set before any call a signal could interrupt) and during
+every step of the state machine, the handler raises nothing: SIGTERM and SIGINT are held and
+delivered when the files are on disk.  Two things bound the wait: a third SIGINT, or
+:data:`DEADLINE_S` after the first signal, make the writer give up (it checks between chunks, and
+says which file it could not write).  torch's DataLoader installs a Python SIGCHLD handler that
+raises into whatever runs when a worker dies; the launcher kills the workers with the rank, so while
+a window is open that handler is called through this one, and not at all while the profiler writes.
+
+Handlers are installed only while a window holds unsaved steps, put back only where this guard's is
+still the installed one, and never outside the main thread, where Python allows none.
 """
 from __future__ import annotations
 
 import signal
+import sys
 import threading
-from types import FrameType
-from typing import Any, Dict, Optional
+import time
+from types import CodeType, FrameType
+from typing import Any, Callable, Dict, List, Optional, Set, TypeVar
 
 from ..logging import logger
 
-__all__ = ["ExitOnSignal"]
+__all__ = ["DEADLINE_S", "SignalGuard", "WriteAbandoned", "ends_a_run"]
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DEADLINE_S = 25.0
+"""Seconds after the first SIGTERM/SIGINT after which writing gives up: the launcher's SIGKILL comes at
+30 s, and a rank that gives up in time can still say so and end with its own exit status."""
+_GIVE_UP_SIGINTS = 3
+_STOPPING = (signal.SIGTERM, signal.SIGINT)
+_SIGCHLD: Optional[int] = getattr(signal, "SIGCHLD", None)
+
+F = TypeVar("F", bound=Callable[..., Any])
+_RUN_ENDINGS: Set[CodeType] = set()
 
 
-class ExitOnSignal:
-    """Installs the handlers with ``install()`` and puts the previous ones back with ``restore()``."""
+def ends_a_run(function: F) -> F:
+    """Mark a function the interpreter calls as a profiled block ends (a context manager's ``__exit__``).
+
+    A pending signal may be handled at the very first instruction of such a function, before it can
+    set ``holding``; one handled anywhere in a marked function is held as if ``holding`` were set.
+    """
+    _RUN_ENDINGS.add(function.__code__)
+    return function
+
+
+class WriteAbandoned(BaseException):
+    """The writer gave up (a third SIGINT, or the deadline): raised by :meth:`SignalGuard.check` only."""
+
+
+class SignalGuard:
+    """The signal handling of one profiled run (see the module doc)."""
 
     def __init__(self) -> None:
+        self.holding = False
         self._previous: Dict[int, Any] = {}
+        self._installed: List[int] = []
+        self._handler = self._handle  # one bound method, so "is ours still installed" is an equality test
+        self._pending: List[int] = []
+        self._reraise: Optional[int] = None
+        self._signalled_at: Optional[float] = None
+        self._sigints = 0
+        self._give_up: Optional[str] = None
+        self._warned: Set[str] = set()
+
+    @property
+    def interrupted(self) -> bool:
+        """True once a SIGTERM/SIGINT arrived that has not been delivered yet (or was turned into an exception)."""
+        return bool(self._pending) or self._reraise is not None or self._signalled_at is not None
 
     def install(self) -> None:
-        """Install on SIGTERM and SIGINT; a no-op outside the main thread, where Python forbids it."""
-        if self._previous or threading.current_thread() is not threading.main_thread():
+        """Install the handler (a window begins holding unsaved steps)."""
+        if self._installed:
             return
-        for signum in _SIGNALS:
-            if signal.getsignal(signum) == signal.SIG_IGN:
+        if threading.current_thread() is not threading.main_thread():
+            self._warn_once("thread", "profiler: running outside the main thread, where Python allows no signal "
+                            "handlers: a SIGTERM or SIGINT while a window is recorded loses that window's steps")
+            return
+        for signum in (*_STOPPING, _SIGCHLD):
+            if signum is None:
+                continue
+            current = signal.getsignal(signum)
+            if signum == _SIGCHLD and not callable(current):
+                continue  # only a Python handler (torch's DataLoader's) is ever set aside
+            if current == signal.SIG_IGN:
+                continue  # an ignored signal stays ignored
+            if current is None:
+                self._warn_once(str(signum), f"profiler: {signal.Signals(signum).name} has a handler installed "
+                                "outside Python, which is left in place: that signal loses the window being recorded")
                 continue
             try:
-                self._previous[signum] = signal.signal(signum, self._handle)
+                signal.signal(signum, self._handler)
             except (ValueError, OSError) as exc:  # e.g. an embedded interpreter without signals
-                logger.debug("profiler: cannot handle signal %s: %s", signum, exc)
+                self._warn_once(str(signum), f"profiler: cannot handle {signal.Signals(signum).name} ({exc})")
+                continue
+            self._previous[signum] = current
+            self._installed.append(signum)
 
     def restore(self) -> None:
-        """Put back the handlers that were there before ``install()``."""
-        while self._previous:
-            signum, previous = self._previous.popitem()
-            # None: the previous handler was installed outside Python and cannot be put back.
-            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        """Put back the program's handlers, where ours is still the one installed."""
+        installed, self._installed = self._installed, []
+        for signum in installed:
+            if signal.getsignal(signum) == self._handler:
+                signal.signal(signum, self._previous[signum])
+
+    def release(self, restore: bool) -> None:
+        """End a hold: put the program's handlers back if ``restore`` (no unsaved steps are left), then
+        deliver the held signals, SIGTERM turned into an exception first, to whatever handles them now."""
+        reraise = None
+        if restore:
+            self.restore()
+            reraise, self._reraise = self._reraise, None
+        self.holding = False
+        pending, self._pending = self._pending, []
+        self._signalled_at, self._sigints, self._give_up = None, 0, None
+        if reraise is not None or pending:
+            for stream in (sys.stdout, sys.stderr):  # the default action ends the process without flushing
+                try:
+                    stream.flush()
+                except Exception:  # a closed or broken stream
+                    pass
+        for signum in ([reraise] if reraise is not None else []) + pending:
+            signal.raise_signal(signum)
+
+    def check(self) -> None:
+        """Raise WriteAbandoned if the writer should give up (called between chunks of a write)."""
+        if self._give_up is None and self._signalled_at is not None \
+                and time.monotonic() - self._signalled_at > DEADLINE_S:
+            self._give_up = (f"{DEADLINE_S:g} s passed since the first SIGTERM/SIGINT (DeepSpeed's launcher "
+                             f"sends SIGKILL at 30 s)")
+        if self._give_up is not None:
+            raise WriteAbandoned(self._give_up)
 
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        held = self.holding or (frame is not None and frame.f_code in _RUN_ENDINGS)
+        if signum == _SIGCHLD:
+            if not held:
+                self._previous[signum](signum, frame)
+            return
+        if self._signalled_at is None:
+            self._signalled_at = time.monotonic()
+        if signum == signal.SIGINT:
+            self._sigints += 1
+            if self._sigints >= _GIVE_UP_SIGINTS:
+                self._give_up = f"SIGINT received {self._sigints} times"
+        if held:
+            if signum not in self._pending:
+                self._pending.append(signum)
+            return
         previous = self._previous.get(signum)
         if callable(previous):
             previous(signum, frame)
             return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self._reraise = signum
         raise SystemExit(128 + signum)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)

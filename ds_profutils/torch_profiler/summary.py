@@ -118,8 +118,21 @@ class OperatorSummary:
             return None
         return self.flops / (self.step_ns / 1e9)
 
-    def table(self) -> Optional[str]:
-        """The top ``row_limit`` operators by ``sort_by`` as aligned text (None before any cycle)."""
+    def flops_lines(self, peak_tflops: Optional[float]) -> List[str]:
+        """The counted operators' achieved FLOP/s per step, labelled as what it is (none without FLOPs)."""
+        rate = self.achieved_flops_per_second()
+        if rate is None:
+            return []
+        line = (f"counted-operator FLOP/s: {si_number(rate)}FLOP/s ({si_number(self.flops / self.steps)} FLOPs in "
+                f"{self.step_ns / self.steps / _NS_PER_MS:.3f} ms per recorded step)")
+        if peak_tflops:
+            line += f", {100 * rate / (peak_tflops * 1e12):.3g}% of peak_tflops {peak_tflops:g}"
+        return [line, "  torch counts matrix multiplication and convolution FLOPs only (not attention kernels such as "
+                "SDPA) and counts recomputation again: this is not model FLOPs utilisation (MFU)"]
+
+    def table(self, peak_tflops: Optional[float] = None) -> Optional[str]:
+        """The top ``row_limit`` operators by ``sort_by`` as aligned text, then the FLOP/s lines (None before
+        any cycle)."""
         if not self.operators:
             return None
         ranked = sorted(self.operators.items(), key=lambda item: item[1].sort_value(self.sort_by),
@@ -133,4 +146,4 @@ class OperatorSummary:
                  for row in [header, *rows]]
         lines.insert(1, "-" * len(lines[0]))
         lines.append(f"sorted by {self.sort_by}; {self.steps} recorded steps, {self.step_ns / _NS_PER_MS:.3f} ms")
-        return "\n".join(lines)
+        return "\n".join(lines + self.flops_lines(peak_tflops))

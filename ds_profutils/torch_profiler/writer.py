@@ -1,0 +1,175 @@
+"""Everything one profiled run writes on one rank, written as each cycle ends, and what it says at the end.
+
+When a cycle ends (the window is over, or the run ends inside it, however it ends) its trace is
+exported to ``rank_{r}/``, ``trace_rank_{r}.json`` is brought up to date by streaming
+(:class:`~.export.MergedTrace`), and the operator summary takes in the cycle's events.  So a job
+killed later loses nothing already recorded, and the cycle in flight is all an interruption has to
+write.  Building the summary from a large window takes seconds: on interruption it is skipped, with
+a line saying so.
+
+A file that cannot be written is named in one ERROR line with the cause, whatever the exception
+(the launcher's second SIGTERM, a full disk, the writer giving up at the deadline), and training
+goes on.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from ..config import ProfilerConfig
+from ..logging import log_dist, logger
+from ..outputs import ProcessIdentity, atomic_path, cycle_dir, summary_file, trace_file
+from .export import MergedTrace, rename_trace_events
+from .signals import SignalGuard, WriteAbandoned
+from .summary import OperatorSummary
+
+__all__ = ["RunWriter", "show_comms_summary"]
+
+_ALL_RANKS = [-1]  # log_dist: every rank logs
+
+
+def _cause(exc: BaseException) -> str:
+    if isinstance(exc, WriteAbandoned):
+        return f"gave up writing: {exc}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _steps_text(entries: List[Dict[str, Any]]) -> str:
+    ranges = [f"{first}-{last}" if first != last else f"{first}" for first, last in
+              (entry["steps"] for entry in entries if entry["steps"])]
+    return ", ".join(ranges) or "none"
+
+
+class RunWriter:
+    """The files of one run on one rank: per-cycle traces, the run trace, the operator summary."""
+
+    def __init__(self, settings: ProfilerConfig, identity: ProcessIdentity, guard: SignalGuard) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.guard = guard
+        self.trace = MergedTrace(trace_file(settings.output_dir, identity.rank), identity)
+        self.summary: Optional[OperatorSummary] = None
+        if settings.summary_ranks is None or identity.rank in settings.summary_ranks:
+            self.summary = OperatorSummary(settings.summary_sort_by, settings.summary_row_limit)
+        self.summary_path: Optional[Path] = None
+        self.cycles: List[Dict[str, Any]] = []  # every cycle whose own trace was written
+        self._in_trace: List[Dict[str, Any]] = []  # the cycles trace_rank_{r}.json holds
+        self._unmerged: List[Tuple[Path, Dict[str, Any]]] = []  # written, not yet in the run trace
+        self.failed: List[Path] = []
+
+    @contextlib.contextmanager
+    def _written(self, path: Path) -> Iterator[None]:
+        """Log a failure to write ``path`` as one ERROR line; re-raise only an interruption from elsewhere."""
+        try:
+            yield
+        except BaseException as exc:
+            self.failed.append(path)
+            logger.error("profiler: %s was not written (%s); training goes on", path, _cause(exc))
+            logger.debug("profiler: the failed write of %s", path, exc_info=True)
+            if not isinstance(exc, (Exception, WriteAbandoned)):
+                raise  # e.g. SystemExit from a program's handler of a signal the profiler does not hold
+
+    def save_cycle(self, profile: Any, path: Path, entry: Dict[str, Any], renames: Mapping[str, str],
+                   interrupted: bool, metadata: Mapping[str, Any]) -> None:
+        """Write a stopped cycle's trace to ``path``, then the run trace and the summary.
+
+        ``renames`` maps event names as recorded to their names in the files; ``entry`` describes the
+        cycle in the run trace's ``ds_profutils`` metadata, ``metadata`` the run.
+        """
+        written = False
+        with self._written(path):
+            self.guard.check()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(path, self.identity) as temporary:
+                profile.export_chrome_trace(str(temporary))
+                if renames:
+                    try:
+                        rename_trace_events(temporary, renames, self.identity, self.guard.check)
+                    except (Exception, WriteAbandoned) as exc:  # the trace is whole, a step's name is off
+                        logger.error("profiler: %s keeps its step names as recorded (%s)", path, _cause(exc))
+            written = True
+        if written:
+            self.cycles.append(entry)
+            self._unmerged.append((path, entry))
+            with self._written(self.trace.path):
+                pending = [e for _, e in self._unmerged]
+                self.trace.add([p for p, _ in self._unmerged], {**metadata, "cycles": self._in_trace + pending},
+                               self.guard.check)
+                self._in_trace += pending
+                self._unmerged = []
+        if self.summary is None:
+            return
+        if interrupted:
+            logger.warning("profiler: the operator summary leaves out cycle %d: the run was interrupted, and "
+                           "building it takes seconds a stopping job may not have", entry["cycle"])
+            return
+        path = summary_file(self.settings.output_dir, self.identity.rank)
+        with self._written(path):
+            self.summary.add_cycle(profile)
+            with atomic_path(path, self.identity) as temporary:
+                temporary.write_text(self.summary.table(self.settings.peak_tflops) or "")
+            self.summary_path = path
+
+    def finish(self, step: int, recorded: bool) -> None:
+        """Say where the files went: a log line on every rank, and on the reporting rank a printout."""
+        if not self.cycles:
+            if not recorded:  # (otherwise every export failed, and each failure was logged)
+                log_dist(f"profiler: the run ended at step {step}, before any active step; nothing was recorded",
+                         ranks=_ALL_RANKS, level=logging.WARNING)
+            return
+        output_dir, rank = self.settings.output_dir, self.identity.rank
+        log_dist(f"profiler: {len(self.cycles)} cycle(s) recorded; run trace {self.trace.path}, per-cycle traces in "
+                 f"{cycle_dir(output_dir, rank)}/ (open with TensorBoard or https://ui.perfetto.dev)", ranks=_ALL_RANKS)
+        ranks = self.settings.ranks
+        if rank != (min(ranks) if ranks else 0):
+            return
+        try:
+            print(self._printout(), flush=True)
+        except Exception:  # stdout closed or a broken pipe: the files and the log line remain
+            logger.debug("profiler: the end-of-run printout failed", exc_info=True)
+
+    def _printout(self) -> str:
+        output_dir, rank = self.settings.output_dir, self.identity.rank
+        ranks = self.settings.ranks
+        lines = [f"ds_profutils profiler: rank {rank} recorded steps {_steps_text(self.cycles)} "
+                 f"({len(self.cycles)} cycle(s))"]
+        if self.trace.cycles:
+            lines.append(f"  run trace         {self.trace.path}   (open at https://ui.perfetto.dev)")
+        lines.append(f"  per-cycle traces  {cycle_dir(output_dir, rank)}/   (tensorboard --logdir {output_dir})")
+        if self.summary_path is not None:
+            lines.append(f"  operator summary  {self.summary_path}")
+        lines += [f"  not written       {path} (see the ERROR line)" for path in self.failed]
+        lines.append(f"  every profiled rank r ({'all ranks' if ranks is None else f'ranks {ranks}'}) writes "
+                     f"trace_rank_{{r}}.json and rank_{{r}}/ in {output_dir}")
+        table = self.summary.table(self.settings.peak_tflops) if self.summary is not None else None
+        if table:
+            lines += ["", table]
+        return "\n".join(lines)
+
+
+def show_comms_summary(settings: ProfilerConfig, identity: ProcessIdentity) -> None:
+    """Print DeepSpeed's comms logger summary at the normal end of a run, when that logger is on.
+
+    ``deepspeed.comm.log_summary`` has barriers, so it is called on every rank, and only when every
+    rank profiles: a rank left out by ``ranks`` never reaches this point, and must never be waited for.
+    """
+    from deepspeed import comm as dist
+    from deepspeed.comm import comm as ds_comm
+
+    if not getattr(ds_comm.comms_logger, "enabled", False):
+        return
+    ranks = settings.ranks
+    if ranks is not None and not set(range(identity.world_size)) <= set(ranks):
+        if identity.rank == min(ranks):
+            logger.warning("profiler: comms_logger summary not shown: it has barriers every rank must reach, and "
+                           "profiler.ranks leaves ranks out; call deepspeed.comm.log_summary() on every rank")
+        return
+    try:
+        if dist.is_initialized():
+            dist.log_summary()
+        else:
+            ds_comm.comms_logger.log_all()
+    except Exception:
+        logger.exception("profiler: the comms_logger summary failed; training goes on")
