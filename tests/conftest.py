@@ -1,4 +1,5 @@
 """Fixtures every test file shares."""
+import json
 import logging
 import os
 
@@ -6,6 +7,8 @@ import pytest
 
 import ds_profutils
 from ds_profutils.outputs import LAUNCHER_VARIABLES
+from launcher import DIST_SCRIPTS, run_deepspeed
+from profiler_testing import PROFILED_JOB_ACTIVE, PROFILED_JOB_REPEAT
 
 # Set by the README's commands for tox itself, not a setting of ours.
 _NOT_A_SETTING = "DS_PROFUTILS_TOX_DIR"
@@ -27,3 +30,26 @@ def ds_caplog(caplog):
     caplog.set_level(logging.DEBUG, logger="DeepSpeed")
     yield caplog
     ds_profutils.logger.removeHandler(caplog.handler)
+
+
+@pytest.fixture(scope="session")
+def profiled_job(tmp_path_factory):
+    """One 2-rank job under the launcher (tests/dist_scripts/profiler_two_ranks.py), read by the profiler's and
+    the timeline's tests: (traces of the first call, outputs of the second, the job's output)."""
+    out = tmp_path_factory.mktemp("profiled_job")
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+        "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": 1},
+        "comms_logger": {"enabled": True},
+        "profiler": {"output_dir": str(out / "profiles"), "skip_first": 1, "wait": 1, "warmup": 1,
+                     "active": PROFILED_JOB_ACTIVE, "repeat": PROFILED_JOB_REPEAT, "with_flops": True,
+                     "summary_ranks": [0]},
+    }
+    config_path = out / "ds_config.json"
+    config_path.write_text(json.dumps(config))
+    job = run_deepspeed(DIST_SCRIPTS / "profiler_two_ranks.py",
+                        ["--deepspeed_config", str(config_path), "--second_output_dir", str(out / "second")])
+    return out / "profiles", out / "second", job.stdout

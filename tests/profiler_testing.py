@@ -7,6 +7,9 @@ from typing import Any, Dict, List
 
 import torch
 
+PROFILED_JOB_ACTIVE, PROFILED_JOB_REPEAT = 2, 2
+"""The schedule of the shared 2-rank launcher job (conftest.profiled_job)."""
+
 MODEL = torch.nn.Linear(16, 16)
 BATCH = torch.randn(4, 16)
 

@@ -3,35 +3,13 @@ rank, each with the right ``distributedInfo.rank`` and exactly ``active * repeat
 under the engine's global step numbers (gradient accumulation 2), rank 0's summary has a FLOPs
 column, rank 0 prints where the files went, and the comms logger's summary is shown at the end.  A
 second profiled call continues the step numbers, with rank 1 left out and never waited for."""
-import json
-
 import pytest
 
-from launcher import DIST_SCRIPTS, run_deepspeed
+from profiler_testing import PROFILED_JOB_ACTIVE as ACTIVE
+from profiler_testing import PROFILED_JOB_REPEAT as REPEAT
 from profiler_testing import profiler_steps, read_trace
 
-ACTIVE, REPEAT = 2, 2
 RANKS = (0, 1)
-
-
-@pytest.fixture(scope="module")
-def profiled_job(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profiled_job")
-    config = {
-        "train_micro_batch_size_per_gpu": 4,
-        "gradient_accumulation_steps": 2,
-        "steps_per_print": 10**6,
-        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
-        "zero_optimization": {"stage": 1},
-        "comms_logger": {"enabled": True},
-        "profiler": {"output_dir": str(out / "profiles"), "skip_first": 1, "wait": 1, "warmup": 1,
-                     "active": ACTIVE, "repeat": REPEAT, "with_flops": True, "summary_ranks": [0]},
-    }
-    config_path = out / "ds_config.json"
-    config_path.write_text(json.dumps(config))
-    job = run_deepspeed(DIST_SCRIPTS / "profiler_two_ranks.py",
-                        ["--deepspeed_config", str(config_path), "--second_output_dir", str(out / "second")])
-    return out / "profiles", out / "second", job.stdout
 
 
 @pytest.mark.parametrize("rank", RANKS)

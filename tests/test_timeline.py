@@ -11,25 +11,14 @@ import pytest
 from ds_profutils.cli import main
 from ds_profutils.report.timeline import align, scan_trace
 
-from launcher import DIST_SCRIPTS, run_deepspeed
 
 OFFSET_NS = 5_000_000_000  # the other host's clock runs 5 s ahead
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    out = tmp_path_factory.mktemp("timeline_job")
-    config = {
-        "train_micro_batch_size_per_gpu": 4,
-        "steps_per_print": 10**6,
-        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
-        "zero_optimization": {"stage": 1},
-        "profiler": {"output_dir": str(out / "profiles"), "skip_first": 1, "wait": 1, "warmup": 1, "active": 2,
-                     "repeat": 1, "summary_ranks": []},
-    }
-    (out / "ds_config.json").write_text(json.dumps(config))
-    run_deepspeed(DIST_SCRIPTS / "profiler_two_ranks.py", ["--deepspeed_config", str(out / "ds_config.json")])
-    return out / "profiles"
+def traces(profiled_job):
+    """The run traces of the 2-rank job shared with the profiler's launcher tests (2 cycles each)."""
+    return profiled_job[0]
 
 
 def load(path):
