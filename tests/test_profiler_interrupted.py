@@ -1,10 +1,12 @@
-"""A killed job keeps every rank's traces, under the real deepspeed launcher (2 ranks, gloo, a DataLoader
-with a worker process), however it is stopped.
+"""A killed job keeps every rank's traces and fetch records, under the real deepspeed launcher (2 ranks,
+gloo, ZeRO-3, a DataLoader with a worker process), however it is stopped.
 
 DeepSpeed's launch.py, on SIGINT/SIGTERM or a rank exiting non-zero, SIGTERMs each rank's whole process
 tree in turn and SIGKILLs it 30 s later; the ``deepspeed`` runner has no handler on one node.  After
 each interruption every rank has a parseable ``trace_rank_{r}.json`` holding exactly its recorded
 steps under their ``ProfilerStep#N`` numbers, and its per-cycle files; no file is named as unwritten.
+Its fetch records hold every step that finished, one whole line each, and the interrupted step's
+record is complete or absent.
 """
 import json
 import os
@@ -31,8 +33,10 @@ def _job(tmp_path, output_dir, *args):
         "train_micro_batch_size_per_gpu": 4,
         "steps_per_print": 10**6,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
         "profiler": {"output_dir": str(output_dir), "skip_first": 0, "wait": 0, "warmup": 1, "active": CYCLE - 1,
                      "repeat": 0},
+        "partitioned_param_profiler": {"enabled": True, "output_dir": str(output_dir)},
     }
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps(config))
@@ -55,7 +59,19 @@ def _assert_each_rank_kept_its_steps(output_dir, output, last=None):
         assert (trace["ds_profutils"]["rank"], trace["ds_profutils"]["step_numbering"]) == (rank, "global")
         cycles = [profiler_steps(read_trace(p)) for p in sorted((output_dir / f"rank_{rank}").glob("*.pt.trace.json"))]
         assert [step for cycle in cycles for step in cycle] == steps and len(cycles) == steps[-1] // CYCLE + 1
+        _assert_records_hold_every_finished_step(output_dir, rank, interrupted_step=steps[-1])
     assert not list(output_dir.rglob(".*")), "temporary files left behind"
+
+
+def _assert_records_hold_every_finished_step(output_dir, rank, interrupted_step):
+    """Steps before the one in flight finished: each is one whole line.  The step in flight is there only if
+    its engine.step() returned before the interruption."""
+    text = (output_dir / f"zero_fetch_rank_{rank}.jsonl").read_text()
+    assert text.endswith("\n"), "a torn last line"
+    records = [json.loads(line) for line in text.splitlines()]
+    global_steps = [record["global_step"] for record in records]
+    assert global_steps == list(range(len(records))) and len(records) in (interrupted_step, interrupted_step + 1)
+    assert all(record["mode"] == "train" and record["rank"] == rank and record["events"] for record in records)
 
 
 def test_sigterm_to_the_whole_process_group_as_timeout_and_slurm_send(tmp_path, output_dir):

@@ -6,6 +6,7 @@ from statistics import median
 
 import pytest
 
+from ds_profutils.report import build_report
 from launcher import DIST_SCRIPTS, run_deepspeed
 
 TICK_MS = 3.0  # the stand-in device clock moves this much per recorded event
@@ -87,3 +88,12 @@ def test_the_rank_that_waits_for_a_slowed_peer_records_the_wait(straggler_run):
         assert record["collective_wait_ms"] == pytest.approx(sum(c["time_ms"] for c in record["collectives"].values()))
         assert record["exposed_wait_ms"] == pytest.approx(record["fetch_wait_ms"] + record["collective_wait_ms"])
     assert any("reduce_scatter_tensor" in record["collectives"] for record in records)  # the gradient reduction
+
+
+def test_the_report_names_the_slowed_rank_and_no_rank_of_a_calm_run(straggler_run):
+    report = build_report(straggler_run / "records")
+    slowed, calm = report["engines"]["slowed"], report["engines"]["calm"]
+    assert slowed["straggler_ranks"] == [1]  # the rank that slept, never the one that waited for it
+    assert slowed["ranks_summary"][1]["straggler"] and not slowed["ranks_summary"][0]["straggler"]
+    assert calm["straggler_ranks"] == []
+    assert not any(row["straggler"] for row in calm["ranks_summary"].values())

@@ -1,8 +1,8 @@
 """Run under the deepspeed launcher (2 ranks), to be interrupted by the test while it records.
 
-A real engine on gloo, fed by a DataLoader with a worker process, trains until stopped under
-``@profiler(config=args)``; the config's schedule records cycles of one warmup and ten active steps,
-endlessly.  Once a cycle is on disk and the next one records, each rank prints
+A real ZeRO-3 engine on gloo, fed by a DataLoader with a worker process, trains until stopped under
+``@profiler(config=args)``, with fetch records from ``attach``; the config's schedule records cycles of
+one warmup and ten active steps, endlessly.  Once a cycle is on disk and the next one records, each rank prints
 ``recording rank R pid P`` and the test interrupts the job.  ``--mode``:
 
 * ``train``: train until stopped;
@@ -22,7 +22,7 @@ import time
 import deepspeed
 import torch
 
-from ds_profutils import profiler, step_profiler
+from ds_profutils import attach, profiler, step_profiler
 
 recording = False
 
@@ -44,6 +44,7 @@ def train(args: argparse.Namespace) -> None:
     rank = torch.distributed.get_rank()
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     engine, *_ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+    attach(engine)  # closed at exit, however the process ends
     data = torch.utils.data.TensorDataset(torch.randn(100_000, 16))
     loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=1, persistent_workers=True)
     for step, (features, ) in enumerate(loader):

@@ -26,7 +26,10 @@ import ds_profutils
 
 TICK_MS = 3.0
 STEPS = 3
-STRAGGLER_STEPS = 10
+# Enough steps that scheduling noise on two busy cores, which makes either rank the step straggler now and
+# then, cannot reach the report's bar (straggler in at least half the steps) by chance.
+STRAGGLER_STEPS = 30
+STRAGGLER_WIDTH, STRAGGLER_BATCH = 256, 256
 SLOW_SECONDS = 0.03
 
 
@@ -90,8 +93,8 @@ def engine_for(width: int, records: Path, accumulation: int = 1):
     return engine
 
 
-def micro_step(engine, generator: torch.Generator) -> None:
-    engine.backward(engine(torch.randn(4, 16, generator=generator)).pow(2).mean())
+def micro_step(engine, generator: torch.Generator, batch: int = 4) -> None:
+    engine.backward(engine(torch.randn(batch, 16, generator=generator)).pow(2).mean())
     engine.step()
 
 
@@ -116,12 +119,12 @@ def device_mode(records: Path, rank: int) -> dict:
 def straggler_mode(records: Path, rank: int) -> dict:
     generator = torch.Generator().manual_seed(rank)
     for name, slowed in (("slowed", True), ("calm", False)):
-        engine = engine_for(32, records)
+        engine = engine_for(STRAGGLER_WIDTH, records)
         if slowed and rank == 1:
             engine.module.register_forward_hook(lambda *_: time.sleep(SLOW_SECONDS))
         recorder = ds_profutils.attach(engine, name=name)
         for _ in range(STRAGGLER_STEPS):
-            micro_step(engine, generator)
+            micro_step(engine, generator, STRAGGLER_BATCH)
         recorder.close()
     return {"slowed_rank": 1, "slow_ms": SLOW_SECONDS * 1e3}
 
