@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from ds_profutils.report import build_report
 from launcher import DIST_SCRIPTS, namespaces_permitted, run_two_nodes
 from profiler_testing import profiler_steps, read_trace
 
@@ -62,3 +63,12 @@ def test_traces_of_every_rank_are_distinct_and_name_host_and_rank(two_node_job, 
 def test_nothing_is_left_under_a_temporary_or_probe_name(two_node_job):
     leftovers = [path.name for path in (two_node_job / "profile").rglob(".*")]
     assert leftovers == []
+
+
+def test_the_report_shows_both_hosts_and_joins_every_ranks_trace(two_node_job):
+    report = build_report(two_node_job / "profile")
+    assert report["hosts"] == {"node-0": [0, 1], "node-1": [2, 3]}
+    assert report["engines"]["main"]["ranks"] == list(RANKS) and report["incomplete"] == []
+    assert {rank: row["host"] for rank, row in report["engines"]["main"]["ranks_summary"].items()} == {
+        rank: host_of(rank) for rank in RANKS}
+    assert sorted(report["traces"]) == list(RANKS)
