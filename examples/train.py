@@ -18,7 +18,6 @@ import torch
 
 from ds_profutils import (RepeatingLoader, attach, profiler, safe_get_full_fp32_param, safe_get_full_grad,
                           step_profiler)
-from ds_profutils.config import load_config
 from ds_profutils.logging import print_dist
 from ds_profutils.report import build_report, render_text
 from ds_profutils.zero3 import ZeroFetchRecorder
@@ -75,28 +74,20 @@ def train(args: argparse.Namespace) -> Optional[ZeroFetchRecorder]:
     return recorder
 
 
-def report_outputs(args: argparse.Namespace, recorder: Optional[ZeroFetchRecorder]) -> None:
-    """Once every rank has written its records and traces, rank 0 says where they are."""
-    if recorder is not None:
-        recorder.close()
-    torch.distributed.barrier()
-    if torch.distributed.get_rank() != 0:
+def report_outputs(recorder: Optional[ZeroFetchRecorder]) -> None:
+    """Once every rank has written its records, rank 0 prints the merged fetch report.
+
+    (The profiler has already printed, on rank 0, where its traces went and the operator summary.)
+    """
+    if recorder is None:
         return
-    settings = load_config(args)
-    if settings.profiler.enabled:
-        out = settings.profiler.output_dir
-        print(f"\ntorch profiler outputs in {out}/:\n"
-              f"  trace_rank_<r>.json  Chrome/Perfetto trace per rank: open in https://ui.perfetto.dev or chrome://tracing\n"
-              f"  rank_<r>/            one trace per active cycle: tensorboard --logdir {out} (torch-tb-profiler plugin)\n"
-              f"  summary_rank_0.txt   top operations with FLOPs",
-              flush=True)
-    if recorder is not None:
-        print(f"\nZeRO-3 fetch records in {recorder.path.parent}/zero_fetch_rank_<r>.jsonl; "
-              f"the same report later: ds-profutils report {recorder.path.parent}\n",
-              flush=True)
+    recorder.close()
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        print(f"\nThe fetch report (again later: ds-profutils report {recorder.path.parent}):\n", flush=True)
         print(render_text(build_report(recorder.path.parent)), flush=True)
 
 
 if __name__ == "__main__":
     arguments = parse_args()
-    report_outputs(arguments, profiler(config=arguments)(train)(arguments))
+    report_outputs(profiler(config=arguments)(train)(arguments))
