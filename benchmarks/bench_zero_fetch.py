@@ -12,8 +12,9 @@
 (c) A ZeRO-3 training step (2 ranks under the deepspeed launcher, gloo on CPU) with fetch records
     on (``attach`` before two steps, ``close`` after them) against off, interleaved: the median over
     adjacent on/off pairs of the ratio of the second steps' times, per rank (target <= 1.03x).  The
-    first step after ``attach`` carries one-off costs a job pays once (garbage from ``attach``, the
-    recorder's first record); its ratio is printed too, without a target.
+    garbage ``attach`` and ``close`` leave is collected untimed, before both modes' steps.  The first
+    step after ``attach`` carries one-off costs a job pays once (the recorder's first record); its
+    ratio is printed too, without a target.
 
 The report on these records and the trace summary are measured in ``bench_report.py``.
 
@@ -35,6 +36,7 @@ from typing import Any, Dict, List
 from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParameterProfiler as DeepSpeedProfiler
 from deepspeed.utils.timer import SynchronizedWallClockTimer
 
+from ds_profutils.outputs import fetch_records_file
 from ds_profutils.zero3 import PartitionedParameterProfiler
 
 REPO = Path(__file__).resolve().parent.parent
@@ -166,10 +168,10 @@ def worker(out: Path, pairs: int) -> None:
     first_steps: Dict[str, List[float]] = {"off": [], "on": []}
     for pair in range(pairs):
         for mode in (("off", "on") if pair % 2 == 0 else ("on", "off")):
-            recorder = attach(engine) if mode == "on" else None  # attach and close are not timed
-            # The first step pays what a job pays once per attach, not per step: collecting the garbage
-            # attach leaves, the recorder's first counters and write.  Timed apart; the second is the
-            # per-step cost.
+            recorder = attach(engine) if mode == "on" else None  # attach and close are not timed,
+            gc.collect()  # nor collecting the garbage they leave (a job pays that once, not per step)
+            # The first step pays what a job pays once per attach, not per step: the recorder's first
+            # counters and write.  Timed apart; the second is the per-step cost.
             first_steps[mode].append(step())
             seconds[mode].append(step())
             if recorder is not None:
