@@ -48,7 +48,11 @@ def test_writes_fetch_records_per_rank(demo_run, rank):
     assert len(gathers) == len(records) == 8 and set(gathers) == {16 * 64 + 64 + 64 + 1}
 
 
-def test_ends_with_output_locations_and_the_fetch_report(demo_run):
-    stdout = demo_run[1]
-    assert "trace_rank_<r>.json" in stdout and "ds-profutils report" in stdout
-    assert "fetch_wait" in stdout
+def test_says_where_every_file_went_and_ends_with_the_fetch_report(demo_run):
+    out, stdout = demo_run
+    assert "zero_fetch_rank_<r>.jsonl" in stdout  # attach's line
+    assert f"run trace         {out / 'trace_rank_0.json'}" in stdout  # the profiler's end-of-run printout
+    assert "every profiled rank r (all ranks) writes trace_rank_{r}.json" in stdout
+    assert "counted-operator FLOP/s" in stdout and "not model FLOPs utilisation" in stdout
+    report = stdout.split("The fetch report (again later: ds-profutils report")[1]
+    assert "== engine main: ranks 0-1 of 2" in report and "forward_fetch_wait" in report
