@@ -6,8 +6,9 @@ moves (3 ms per recorded event), nothing else changed.  Two ZeRO-3 engines of di
 in one process, interleaved: the first attached without a name (gradient accumulation 2) and one
 named "critic".
 
-``--mode straggler``: the real CPU accelerator; engine "slowed" trains with rank 1 sleeping 30 ms in
-a forward hook, then engine "calm" trains with no rank slowed.
+``--mode straggler``: the real CPU accelerator; every forward of every rank sleeps 20 ms (a step that
+waits on its device, as a GPU job's host does, so two ranks sharing two busy cores stay even); engine
+"slowed" trains with rank 1 sleeping 30 ms more, then engine "calm" trains with no rank slowed.
 
 Records go to ``{out}/records``; what the script knows independently goes to
 ``{out}/expected_rank_{r}.json``.
@@ -26,11 +27,10 @@ import ds_profutils
 
 TICK_MS = 3.0
 STEPS = 3
-# Enough steps that scheduling noise on two busy cores, which makes either rank the step straggler now and
-# then, cannot reach the report's bar (straggler in at least half the steps) by chance.
-STRAGGLER_STEPS = 30
-STRAGGLER_WIDTH, STRAGGLER_BATCH = 256, 256
-SLOW_SECONDS = 0.03
+# Enough steps that scheduling noise, which makes either rank the step straggler now and then, cannot reach
+# the report's bar (straggler in at least half the steps) by chance.
+STRAGGLER_STEPS = 60
+DEVICE_SECONDS, SLOW_SECONDS = 0.02, 0.03
 
 
 class ScriptedEvent:
@@ -93,8 +93,8 @@ def engine_for(width: int, records: Path, accumulation: int = 1):
     return engine
 
 
-def micro_step(engine, generator: torch.Generator, batch: int = 4) -> None:
-    engine.backward(engine(torch.randn(batch, 16, generator=generator)).pow(2).mean())
+def micro_step(engine, generator: torch.Generator) -> None:
+    engine.backward(engine(torch.randn(4, 16, generator=generator)).pow(2).mean())
     engine.step()
 
 
@@ -119,12 +119,12 @@ def device_mode(records: Path, rank: int) -> dict:
 def straggler_mode(records: Path, rank: int) -> dict:
     generator = torch.Generator().manual_seed(rank)
     for name, slowed in (("slowed", True), ("calm", False)):
-        engine = engine_for(STRAGGLER_WIDTH, records)
-        if slowed and rank == 1:
-            engine.module.register_forward_hook(lambda *_: time.sleep(SLOW_SECONDS))
+        engine = engine_for(32, records)
+        pause = DEVICE_SECONDS + (SLOW_SECONDS if slowed and rank == 1 else 0)
+        engine.module.register_forward_hook(lambda *_: time.sleep(pause))
         recorder = ds_profutils.attach(engine, name=name)
         for _ in range(STRAGGLER_STEPS):
-            micro_step(engine, generator, STRAGGLER_BATCH)
+            micro_step(engine, generator)
         recorder.close()
     return {"slowed_rank": 1, "slow_ms": SLOW_SECONDS * 1e3}
 
