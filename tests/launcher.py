@@ -29,13 +29,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _command(script: os.PathLike | str, args: Sequence[str], num_gpus: int) -> List[str]:
+def _command(script: os.PathLike | str, args: Sequence[str], num_gpus: int, port: int) -> List[str]:
     return [
         sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus",
         str(num_gpus), "--master_port",
-        str(free_port()),
+        str(port),
         str(script), *args
     ]
+
+
+def _remove_shared_memory(port: int) -> None:
+    """Remove the /dev/shm buffers DeepSpeed's CPU comm op made for the job on ``port``.
+
+    DeepSpeed 0.19 creates one per rank (``deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}``, 69 MB)
+    and never unlinks it, even when the job ends normally: a suite of ~35 launcher runs would leave
+    ~5 GB of RAM behind, and repeated runs exhaust the machine.
+    """
+    for buffer in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"):
+        with contextlib.suppress(OSError):
+            buffer.unlink()
 
 
 def _environment(env: Optional[Mapping[str, str]]) -> Dict[str, str]:
@@ -59,14 +71,18 @@ def run_deepspeed(script: os.PathLike | str,
     With ``check`` a non-zero exit fails with the tail of the combined output, which is what one
     needs to see when a rank dies.
     """
-    command = _command(script, args, num_gpus)
-    proc = subprocess.run(command,
-                          cwd=cwd or REPO,
-                          env=_environment(env),
-                          stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT,
-                          text=True,
-                          timeout=timeout)
+    port = free_port()
+    command = _command(script, args, num_gpus, port)
+    try:
+        proc = subprocess.run(command,
+                              cwd=cwd or REPO,
+                              env=_environment(env),
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT,
+                              text=True,
+                              timeout=timeout)
+    finally:
+        _remove_shared_memory(port)
     if check and proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-60:])
         raise AssertionError(f"deepspeed launcher exited {proc.returncode}: {' '.join(command)}\n{tail}")
@@ -84,7 +100,8 @@ class LauncherJob:
 
     def __init__(self, script: os.PathLike | str, args: Sequence[str] = (), *, num_gpus: int = 2,
                  env: Optional[Mapping[str, str]] = None) -> None:
-        self.process = subprocess.Popen(_command(script, args, num_gpus),
+        self.port = free_port()
+        self.process = subprocess.Popen(_command(script, args, num_gpus, self.port),
                                         cwd=REPO,
                                         env=_environment(env),
                                         stdout=subprocess.PIPE,
@@ -150,6 +167,8 @@ class LauncherJob:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
         self.process.stdout.close()
+        _remove_shared_memory(self.port)
+
 
 def namespaces_permitted() -> Optional[str]:
     """None when this process may give a child its own hostname and pids (unshare), else why not."""
@@ -183,6 +202,16 @@ def run_two_nodes(script: os.PathLike | str,
         log = open(workdir / f"node_{node}.log", "w")
         nodes.append((subprocess.Popen(["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c", shell],
                                        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    try:
+        failures = _wait_for_nodes(nodes, workdir, timeout)
+    finally:
+        _remove_shared_memory(port)
+    if failures:
+        raise AssertionError("\n\n".join(failures))
+
+
+def _wait_for_nodes(nodes: List, workdir: Path, timeout: float) -> List[str]:
+    """Wait for each node's runner; return what each one that failed printed last."""
     failures = []
     for node, (process, log) in enumerate(nodes):
         try:
@@ -194,5 +223,4 @@ def run_two_nodes(script: os.PathLike | str,
         if code != 0:
             tail = "\n".join((workdir / f"node_{node}.log").read_text().splitlines()[-40:])
             failures.append(f"node {node} exited {code}:\n{tail}")
-    if failures:
-        raise AssertionError("\n\n".join(failures))
+    return failures
