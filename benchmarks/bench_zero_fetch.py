@@ -102,7 +102,9 @@ def bench_hot_path(pairs: int, repeats: int, per_step: int) -> Dict[str, float]:
     enabled = (ns["ds_profutils, enabled"] - floor) / (ns["deepspeed, enabled"] - floor)
     disabled = ns["ds_profutils, disabled"] / ns["deepspeed, disabled"]
     print(f"    enabled, added cost vs DeepSpeed's     {enabled:6.2f}x  (target <= {ENABLED_TARGET}x)")
-    print(f"    disabled, whole call vs DeepSpeed's    {disabled:6.2f}x  (target <= {DISABLED_TARGET}x)")
+    print(f"    disabled, whole call vs DeepSpeed's    {disabled:6.2f}x  (target <= {DISABLED_TARGET}x; the same "
+          f"`if self.timers is None: return` as DeepSpeed's, so equal within noise; a real engine with records off, "
+          f"or on a step log_interval skips, keeps DeepSpeed's own object)")
     return {"enabled_ratio": enabled, "disabled_ratio": disabled}
 
 
