@@ -15,6 +15,7 @@ program imported it (a module never imported cannot have been initialised).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
@@ -22,20 +23,24 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 __all__ = [
     "ENGINE_NAME",
     "LAUNCHER_VARIABLES",
     "MAIN_ENGINE",
     "ProcessIdentity",
+    "STEP_RANGE_PREFIX",
     "atomic_path",
     "cycle_dir",
+    "call_before_signal_exit",
     "cycle_trace_file",
     "fetch_records_file",
+    "forget_before_signal_exit",
     "fetch_records_files",
     "probe_writable",
     "process_identity",
+    "run_before_signal_exit",
     "summary_file",
     "trace_file",
     "trace_files",
@@ -49,6 +54,9 @@ LAUNCHER_VARIABLES: Tuple[Tuple[str, Optional[str], Optional[str]], ...] = (
     ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),  # srun
 )
 """(rank, world size, local rank) variables per launcher, in the order they are looked at."""
+
+STEP_RANGE_PREFIX = "ProfilerStep#"
+"""Each profiled step is a range ``ProfilerStep#N`` in a trace (torch's own name for it)."""
 
 MAIN_ENGINE = "main"
 """The name of the first engine attached without a name; its records keep the plain file name."""
@@ -198,3 +206,35 @@ def probe_writable(directory: Path, identity: Optional[ProcessIdentity] = None) 
     probe = directory / f".write_probe.{(identity or process_identity()).tag}"
     probe.write_bytes(b"")
     probe.unlink()
+
+
+# ---- the end of a process that a signal ends ---------------------------------------------------------
+
+_signal_exit_callbacks: List[Callable[[], None]] = []
+
+
+def call_before_signal_exit(callback: Callable[[], None]) -> None:
+    """Have ``callback`` write what it holds if a SIGTERM ends the process (until ``forget_before_signal_exit``).
+
+    A SIGTERM the profiler held is raised again with its default action once the traces are written, so
+    the exit status says "killed by SIGTERM"; that ends the process without running ``atexit``.  Another
+    writer (the ZeRO-3 recorder, holding records whose device times came late) registers here to be
+    called first.
+    """
+    _signal_exit_callbacks.append(callback)
+
+
+def forget_before_signal_exit(callback: Callable[[], None]) -> None:
+    """``callback`` has nothing left to write."""
+    with contextlib.suppress(ValueError):
+        _signal_exit_callbacks.remove(callback)
+
+
+def run_before_signal_exit() -> None:
+    """Call every registered writer before a signal ends the process; a failure is logged, never raised."""
+    for callback in list(_signal_exit_callbacks):
+        try:
+            callback()
+        except Exception:  # the process is ending: say what was lost, go on with the others
+            logging.getLogger("DeepSpeed").exception("ds_profutils: writing %r before the process ends failed",
+                                                     callback)

@@ -135,6 +135,9 @@ def test_returning_inside_a_window_leaves_no_step_that_never_ran(tmp_path, steps
         [TAIL_RANGE]
     assert [c["steps"] for c in merged["ds_profutils"]["cycles"]] == [[1, steps - 1] if recorded else []]
     assert profiler_steps(read_trace(next((tmp_path / "rank_0").iterdir()))) == recorded
+    summary = (tmp_path / "summary_rank_0.txt").read_text()
+    assert TAIL_RANGE not in summary  # nor counted as a step: FLOP/s are per step that ran
+    assert f"; {len(recorded)} recorded steps," in summary if recorded else summary == ""
 
 
 def test_config_nvtx_section_applies_with_the_profiler_alone(tmp_path):
@@ -153,20 +156,29 @@ def test_context_manager_form(tmp_path):
 
 
 class FakeEngine:
-    """DeepSpeed's step counting with gradient accumulation over 2 micro-steps, from ``global_steps``
-    (a resumed checkpoint restores it)."""
+    """DeepSpeed's step counting with gradient accumulation over ``accumulation`` micro-steps, from
+    ``global_steps`` (a resumed checkpoint restores it).  ``overflows`` lists the optimizer steps fp16 loss
+    scaling skips: DeepSpeed still counts them as global steps, but ``was_step_applied()`` is False."""
 
-    def __init__(self, global_steps: int = 0) -> None:
+    def __init__(self, global_steps: int = 0, overflows=(), accumulation: int = 2) -> None:
         self.global_steps = global_steps
         self.micro_steps = 0
+        self.overflows = set(overflows)
+        self.accumulation = accumulation
+        self.applied = False
 
     def step(self):
         self.micro_steps += 1
-        if self.micro_steps % 2 == 0:
+        boundary = self.micro_steps % self.accumulation == 0
+        self.applied = boundary and self.global_steps not in self.overflows
+        if boundary:
             self.global_steps += 1
 
     def was_step_applied(self):
-        return self.micro_steps % 2 == 0
+        return self.applied
+
+    def gradient_accumulation_steps(self):
+        return self.accumulation
 
 
 def _engine_loop(engine, micro_steps):
@@ -176,15 +188,17 @@ def _engine_loop(engine, micro_steps):
         step_profiler(engine)
 
 
-@pytest.mark.parametrize("skip_first, resumed_at, recorded", [
-    (1, 0, [2, 3]),
-    (1, 40, [42, 43]),  # numbers continue from a resumed checkpoint; the schedule counts from the call
-    (0, 40, [40, 41]),  # step 0's range opens before the engine is seen: renamed once it is
+@pytest.mark.parametrize("skip_first, resumed_at, overflows, accumulation, recorded", [
+    (1, 0, (), 2, [2, 3]),
+    (1, 40, (), 2, [42, 43]),  # numbers continue from a resumed checkpoint; the schedule counts from the call
+    (0, 40, (), 2, [40, 41]),  # step 0's range opens before the engine is seen: renamed once it is
+    (1, 0, (0, ), 1, [2, 3]),  # fp16's first step overflowed: skipped by the optimizer, still a step
 ])
-def test_follows_engine_optimizer_steps_under_global_numbers(tmp_path, skip_first, resumed_at, recorded):
-    engine = FakeEngine(resumed_at)
+def test_follows_engine_optimizer_steps_under_global_numbers(tmp_path, skip_first, resumed_at, overflows,
+                                                             accumulation, recorded):
+    engine = FakeEngine(resumed_at, overflows, accumulation)
     profiler(output_dir=str(tmp_path), skip_first=skip_first, wait=0, warmup=1 if skip_first else 0,
-             active=2)(_engine_loop)(engine, 12)
+             active=2)(_engine_loop)(engine, 6 * accumulation)
     trace = read_trace(tmp_path / "trace_rank_0.json")
     assert profiler_steps(trace) == recorded
     assert trace["ds_profutils"]["step_numbering"] == "global"
@@ -192,7 +206,7 @@ def test_follows_engine_optimizer_steps_under_global_numbers(tmp_path, skip_firs
     first = next(e for e in trace["traceEvents"] if e["name"] == f"ProfilerStep#{recorded[0]}")
     backwards = [e for e in trace["traceEvents"] if e["name"] == "autograd::engine::evaluate_function: AddmmBackward0"
                  and first["ts"] <= e["ts"] <= first["ts"] + first["dur"]]
-    assert len(backwards) == 2  # both micro-steps inside one profiler step
+    assert len(backwards) == accumulation  # every micro-step of an optimizer step inside one profiler step
 
 
 def test_numbers_continue_across_calls_and_metadata_says_which(tmp_path):

@@ -70,8 +70,9 @@ def test_fetch_waits_and_step_time_are_device_times_and_host_times_are_kept(tmp_
     assert record["fetch_wait_ms"] == 2.0 == record["exposed_wait_ms"]
     gather = record["events"]["forward_all_gather"]  # a launch: host clock
     assert gather["clock"] == "host" and "host_time_ms" not in gather
-    # After the step's start mark: two fetch waits of two marks each, the forward's end and the step's end.
-    assert record["step_time_ms"] == 6.0
+    # After the step's start mark: two fetch waits of two marks each, the forward's end (a mark the step's
+    # end replaces) and the step's end.
+    assert record["step_time_ms"] == 6.0 and record["device_waits"] == 0
 
 
 def test_records_wait_for_their_device_times_without_synchronizing(tmp_path, device):
@@ -110,7 +111,32 @@ def test_a_full_pool_waits_for_its_oldest_pair_and_counts_it(tmp_path, device):
         for _ in range(3):
             engine.train_step()
     assert events.waits > 0 and device.synchronized >= events.waits
-    assert len(read_records(tmp_path)) == 3
+    records = read_records(tmp_path)
+    assert len(records) == 3 and sum(record["device_waits"] for record in records) == events.waits
+
+
+def test_events_go_back_to_the_pool_however_many_steps_and_evals_run(tmp_path, device):
+    """A device that keeps up never makes the pool wait, however long the run: every mark is paired and
+    resolved, or given back (a forward's end replaced by its step's, a step that did not finish)."""
+    events = DeviceEvents(device.event, capacity=32)
+    engine = Engine()
+    with recorder_for(engine, tmp_path, device_events=events):
+        for step in range(200):
+            engine.train_step()
+            if step % 10 == 0:
+                engine.eval_forward()
+        engine.forward()  # a train step cut short: its marks go back too
+    assert events.waits == 0 and device.synchronized == 0 and events._made <= 32
+    assert len(read_records(tmp_path)) == 220
+
+
+def test_eval_records_reach_the_disk_at_the_next_forward_not_at_the_next_step(tmp_path):
+    engine = Engine()
+    with recorder_for(engine, tmp_path):
+        engine.train_step()
+        for _ in range(50):
+            engine.eval_forward()
+        assert [r["mode"] for r in read_records(tmp_path)] == ["train"] + ["eval"] * 49  # the last at close
 
 
 class FakeBackend:
@@ -173,3 +199,48 @@ def test_async_op_positions_are_deepspeeds():
         assert "async_op" not in methods[op], op
     takes_async_op = {name for name, args in methods.items() if "async_op" in args}
     assert takes_async_op == set(collectives.ASYNC_OP_POSITION)  # no blocking-capable collective left out
+
+
+_KILLED_WHILE_DEVICE_TIMES_ARE_PENDING = """
+import os, signal, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import ds_profutils.zero3.recorder as recorder_module
+from ds_profutils import profiler, step_profiler
+from ds_profutils.zero3.device_clock import DeviceEvents
+from test_zero_attach import Engine, recorder_for
+from test_zero_clocks import FakeDevice
+
+recorder_module.SETTLE_SECONDS = 0.1
+device = FakeDevice()
+device.completed = 0  # the device is behind: no record can be written at its step's end
+engine = Engine()
+recorder = recorder_for(engine, Path(sys.argv[1]), device_events=DeviceEvents(device.event))
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+@profiler(output_dir=sys.argv[1], skip_first=0, wait=0, warmup=0, active=100)
+def train():
+    for _ in range(3):
+        engine.train_step()
+        step_profiler()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+
+train()
+"""
+
+
+def test_records_waiting_for_device_times_are_written_when_a_sigterm_ends_the_process(tmp_path):
+    """The profiler re-raises SIGTERM with its default action after writing its traces, which skips atexit:
+    the recorder writes its pending records first (on host times, the device never caught up)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", _KILLED_WHILE_DEVICE_TIMES_ARE_PENDING, str(tmp_path),
+                           str(Path(__file__).parent)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -15, done.stderr  # killed by SIGTERM, as the launcher expects
+    records = read_records(tmp_path)
+    assert [r["micro_step"] for r in records] == [0, 1, 2]
+    assert {r["clock"] for r in records} == {"host-fallback"}
+    assert (tmp_path / "trace_rank_0.json").exists()

@@ -17,12 +17,13 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import orjson
 
+from ..outputs import STEP_RANGE_PREFIX
+
 __all__ = ["TraceFormatError", "iter_trace", "summarize_trace"]
 
 _CHUNK = 1 << 20
 _EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
 _SKIP = re.compile(r"[\s,]*")
-_STEP_PREFIX = "ProfilerStep#"
 # Categories whose events are operations worth ranking (torch's names for them).
 _OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "user_annotation", "gpu_user_annotation"})
 _DEVICE_STEP_CATEGORY = "gpu_user_annotation"
@@ -124,7 +125,7 @@ def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
         name = item.get("name", "")
         duration = float(item.get("dur", 0.0))
         category = item.get("cat", "")
-        if name.startswith(_STEP_PREFIX):
+        if name.startswith(STEP_RANGE_PREFIX):
             # On a GPU, torch also draws each step on the device timeline (gpu_user_annotation): the
             # host range is the step.
             if category != _DEVICE_STEP_CATEGORY:
@@ -166,6 +167,6 @@ def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
 
 def _step_number(name: str) -> int:
     try:
-        return int(name[len(_STEP_PREFIX):])
+        return int(name[len(STEP_RANGE_PREFIX):])
     except ValueError:
         return -1

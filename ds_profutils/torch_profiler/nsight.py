@@ -16,6 +16,7 @@ from deepspeed.accelerator import get_accelerator
 
 from ..logging import logger, warning_once
 from ..nvtx import range_pop, range_push
+from ..outputs import STEP_RANGE_PREFIX
 
 __all__ = ["NsightCapture", "nsys_command"]
 
@@ -69,7 +70,7 @@ class NsightCapture:
 
     def push_step(self, step: int) -> None:
         """Open the NVTX range of one active step."""
-        range_push(self._accelerator, f"ProfilerStep#{step}")
+        range_push(self._accelerator, f"{STEP_RANGE_PREFIX}{step}")
 
     def pop_step(self) -> None:
         """Close the NVTX range opened by ``push_step``."""

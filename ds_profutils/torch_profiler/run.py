@@ -30,7 +30,7 @@ from torch.autograd.profiler import record_function
 from ..config import ConfigError, ConfigProblem, ProfilerConfig
 from ..logging import logger
 from ..nvtx import set_torch_profiler_recording
-from ..outputs import cycle_trace_file, probe_writable, process_identity
+from ..outputs import STEP_RANGE_PREFIX, cycle_trace_file, probe_writable, process_identity
 from .nsight import NsightCapture, nsys_command
 from .schedule import ProfilerSchedule, Window
 from .signals import SignalGuard
@@ -39,7 +39,6 @@ from .writer import RunWriter, show_comms_summary
 __all__ = ["TAIL_RANGE", "ProfilerRun"]
 
 _NEVER = -1  # a boundary no step number reaches
-_STEP = "ProfilerStep#"
 TAIL_RANGE = "ds_profutils: after the last step_profiler()"
 """What the step range open when the profiled call returns is renamed to in its trace: no step_profiler()
 ended it, so it holds whatever ran after the last training step, not a step."""
@@ -140,16 +139,19 @@ class ProfilerRun:
     def engine_stepped(self, engine: Any) -> bool:
         """True when the engine took an optimizer step since the previous call.
 
-        On the first call there is no previous count, so DeepSpeed's ``was_step_applied()`` decides, and
-        the engine's count names the steps from now on (see ``_follow_engine``).
+        On the first call there is no previous count, so the engine says whether the ``step()`` just
+        returned ended a gradient-accumulation boundary: its micro-step count is then a multiple of the
+        accumulation steps (DeepSpeed counts a step that fp16 loss scaling skipped as a global step too,
+        where ``was_step_applied()`` is False).  The engine's count names the steps from now on (see
+        ``_follow_engine``).
         """
         steps, previous = engine.global_steps, self._engine_steps
         self._engine_steps = steps
         if previous is not None:
             return steps != previous
-        applied = engine.was_step_applied()
-        self._follow_engine(engine, steps - 1 if applied else steps)
-        return applied
+        boundary = engine.was_step_applied() or engine.micro_steps % engine.gradient_accumulation_steps() == 0
+        self._follow_engine(engine, steps - 1 if boundary else steps)
+        return boundary
 
     # ---- the state machine -----------------------------------------------------------------------
 
@@ -291,9 +293,9 @@ class ProfilerRun:
         """Name steps by ``engine.global_steps`` from now on; ``first_step`` is the number of the call's
         step 0, whose range may have been opened before the engine was known (renamed when written)."""
         self._engine = engine
-        if self._opened and self._opened[0] == (f"{_STEP}0", 0):
+        if self._opened and self._opened[0] == (f"{STEP_RANGE_PREFIX}0", 0):
             self._opened[0] = (self._opened[0][0], first_step)
-            self._renames[f"{_STEP}0"] = f"{_STEP}{first_step}"
+            self._renames[f"{STEP_RANGE_PREFIX}0"] = f"{STEP_RANGE_PREFIX}{first_step}"
 
     def _activities(self) -> List[torch.profiler.ProfilerActivity]:
         if self._nsight is not None:  # CUPTI serves one client: on the active steps that is Nsight
@@ -308,7 +310,7 @@ class ProfilerRun:
 
     def _open_step(self) -> None:
         number = self.step if self._engine is None else self._engine.global_steps
-        name = f"{_STEP}{number}"
+        name = f"{STEP_RANGE_PREFIX}{number}"
         self._opened.append((name, number))
         self._step_range = record_function(name)
         self._step_range.__enter__()

@@ -34,6 +34,7 @@ from types import CodeType, FrameType
 from typing import Any, Callable, Dict, List, Optional, Set, TypeVar
 
 from ..logging import logger
+from ..outputs import run_before_signal_exit
 
 __all__ = ["DEADLINE_S", "SignalGuard", "WriteAbandoned", "ends_a_run"]
 
@@ -127,6 +128,8 @@ class SignalGuard:
         self.holding = False
         pending, self._pending = self._pending, []
         self._signalled_at, self._sigints, self._give_up = None, 0, None
+        if reraise == signal.SIGTERM or signal.SIGTERM in pending:
+            run_before_signal_exit()  # other writers' files: the default action skips atexit
         if reraise is not None or pending:
             for stream in (sys.stdout, sys.stderr):  # the default action ends the process without flushing
                 try:

@@ -15,13 +15,13 @@ FLOP/s here is not model FLOPs utilisation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..config import SUMMARY_SORT_KEYS
+from ..outputs import STEP_RANGE_PREFIX
 
 __all__ = ["OperatorSummary", "OperatorTotals", "si_number"]
 
-_STEP_PREFIX = "ProfilerStep#"
 _NS_PER_MS = 1e6
 
 
@@ -77,12 +77,17 @@ class OperatorSummary:
         self.steps = 0
         self.step_ns = 0
 
-    def add_cycle(self, torch_profiler: Any) -> None:
-        """Add the events of a ``torch.profiler.profile`` that has stopped recording."""
-        self.add_events(torch_profiler.profiler.kineto_results.events())
+    def add_cycle(self, torch_profiler: Any, renames: Mapping[str, str] = {}) -> None:  # noqa: B006 - read only
+        """Add the events of a ``torch.profiler.profile`` that has stopped recording.
 
-    def add_events(self, events: Any) -> None:
-        """Add raw profiler events (objects with torch's ``KinetoEvent`` methods)."""
+        ``renames`` maps ranges as recorded to their names in the trace: a step range renamed to
+        another step's name counts as that step; one renamed to anything else (what ran after the last
+        ``step_profiler()`` of a run that returned inside a window) is neither a step nor an operator.
+        """
+        self.add_events(torch_profiler.profiler.kineto_results.events(), renames)
+
+    def add_events(self, events: Any, renames: Mapping[str, str] = {}) -> None:  # noqa: B006 - read only
+        """Add raw profiler events (objects with torch's ``KinetoEvent`` methods); see ``add_cycle``."""
         operators = self.operators
         stack: List[Tuple[int, OperatorTotals]] = []  # (end ns, totals) of the open events, innermost last
         thread = None
@@ -92,7 +97,11 @@ class OperatorSummary:
             while stack and stack[-1][0] <= start:
                 stack.pop()
             duration = end - start
-            if name.startswith(_STEP_PREFIX):
+            if name in renames:
+                name = renames[name]
+                if not name.startswith(STEP_RANGE_PREFIX):
+                    continue
+            if name.startswith(STEP_RANGE_PREFIX):
                 self.steps += 1
                 self.step_ns += duration
                 continue  # a step holds operators; it is not one

@@ -107,7 +107,7 @@ class RunWriter:
             return
         path = summary_file(self.settings.output_dir, self.identity.rank)
         with self._written(path):
-            self.summary.add_cycle(profile)
+            self.summary.add_cycle(profile, renames)
             with atomic_path(path, self.identity) as temporary:
                 temporary.write_text(self.summary.table(self.settings.peak_tflops) or "")
             self.summary_path = path

@@ -157,13 +157,13 @@ def attach(engine: Any,
              trace_ranges=trace_ranges))
     identity = process_identity()
     coordinators: List[Any] = []
-    if settings.enabled:
+    if settings.enabled:  # every check that may refuse comes before anything changes
         coordinators = _coordinators(engine)
         check_ranks("partitioned_param_profiler.ranks", settings.ranks, identity.world_size)
+        engine_name = _engine_name(engine, name)
     apply_engine_settings(engine, config)
     if not settings.enabled:
         return None
-    engine_name = _engine_name(engine, name)
     if not settings.profiles_rank(identity.rank):  # an earlier run's file would pass for this run's in a report
         _remove_stale_records(fetch_records_file(settings.output_dir, identity.rank, engine_name))
         return None

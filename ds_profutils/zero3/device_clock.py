@@ -14,6 +14,7 @@ leaves the rest to the host time each pair also carries.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional
@@ -39,7 +40,11 @@ class Pair:
 
 
 class DeviceEvents:
-    """A bounded pool of timing events and the pairs recorded with them, resolved oldest first."""
+    """A bounded pool of timing events and the pairs recorded with them, resolved oldest first.
+
+    DeepSpeed runs leaf-module backward hooks on several threads, so the pool is guarded by a lock
+    (taken for a few list operations around an event record, which costs microseconds itself).
+    """
 
     def __init__(self, event_class: Callable[..., Any], capacity: int = 4096) -> None:
         self._event_class = event_class
@@ -47,31 +52,42 @@ class DeviceEvents:
         self._free: List[Any] = []
         self._made = 0
         self._in_flight: Deque[Pair] = deque()
+        self._lock = threading.Lock()
         self.waits = 0  # times the pool was exhausted and the oldest pair was waited for
 
     def mark(self) -> Any:
         """Record an event on the current stream (the start or end of an interval)."""
-        if self._free:
-            event = self._free.pop()
-        elif self._made < self._capacity or not self._in_flight:
-            event = self._event_class(enable_timing=True)
-            self._made += 1
-        else:
-            self.waits += 1
-            self._in_flight[0].end.synchronize()
-            self.poll()
-            event = self._free.pop() if self._free else self._event_class(enable_timing=True)
+        with self._lock:
+            if not self._free and self._made >= self._capacity and self._in_flight:
+                self.waits += 1
+                self._in_flight[0].end.synchronize()
+                self._resolve_completed()
+            if self._free:
+                event = self._free.pop()
+            else:
+                event = self._event_class(enable_timing=True)
+                self._made += 1
         event.record()
         return event
+
+    def release(self, *events: Any) -> None:
+        """Give back marked events that will not be paired (a step that did not finish, a replaced mark)."""
+        with self._lock:
+            self._free += [event for event in events if event is not None]
 
     def pair(self, start: Any, end: Any, host_ns: int) -> Pair:
         """Register the interval between two marked events; its device time comes later."""
         pair = Pair(start, end, host_ns)
-        self._in_flight.append(pair)
+        with self._lock:
+            self._in_flight.append(pair)
         return pair
 
     def poll(self) -> bool:
         """Resolve every pair whose end has completed, oldest first; True when none is left."""
+        with self._lock:
+            return self._resolve_completed()
+
+    def _resolve_completed(self) -> bool:
         in_flight = self._in_flight
         while in_flight and in_flight[0].end.query():
             pair = in_flight.popleft()

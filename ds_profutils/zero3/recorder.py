@@ -26,7 +26,7 @@ from .._stats import DurationStats
 from ..config import PartitionedParamProfilerConfig
 from ..logging import warning_once
 from ..nvtx import ranges_active
-from ..outputs import ProcessIdentity, fetch_records_file
+from ..outputs import ProcessIdentity, call_before_signal_exit, fetch_records_file, forget_before_signal_exit
 from . import collectives
 from .device_clock import DeviceEvents, Pair
 from .fetch_profiler import DEVICE_TIMED, PartitionedParameterProfiler, event_entry
@@ -104,6 +104,7 @@ class ZeroFetchRecorder:
         self._engine = engine
         self._originals = [(coordinator, vars(coordinator)[PROFILER_ATTR]) for coordinator in coordinators]
         self._open: Optional[_Step] = None
+        self._waits_at_open = 0
         self._unwritten: Deque[_Step] = deque()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "wb", buffering=0)  # a fresh file per run; one write() per record
@@ -124,6 +125,7 @@ class ZeroFetchRecorder:
         engine.step = step
         setattr(engine, RECORDER_ATTR, self)
         atexit.register(self.close)
+        call_before_signal_exit(self.close)  # a SIGTERM the profiler re-raises skips atexit
 
     @property
     def closed(self) -> bool:
@@ -134,6 +136,7 @@ class ZeroFetchRecorder:
 
     def _forward_started(self, module: torch.nn.Module, args: Any) -> None:
         self._finish_open(closing=False)  # an eval forward, or a forward whose step() never came
+        self._write_ready()
         engine = self._engine
         if engine.global_steps % self.settings.log_interval:
             self._install(None)  # a step not recorded costs what it costs without ds_profutils
@@ -149,6 +152,7 @@ class ZeroFetchRecorder:
             "comms_logger": _comms_logger_on(),
         }
         events = self.device_events
+        self._waits_at_open = events.waits if events is not None else 0
         self._open = _Step(fields, events.mark() if events is not None else None)
         collectives.listen(self._open)
 
@@ -165,8 +169,10 @@ class ZeroFetchRecorder:
         self._write_ready()
 
     def _mark_end(self, step: _Step) -> None:
+        """The step ends here for now (its forward's end; then its step()'s end, which replaces it)."""
         step.end_ns = perf_counter_ns()
         if self.device_events is not None:
+            self.device_events.release(step.end_mark)
             step.end_mark = self.device_events.mark()
 
     # ---- records -------------------------------------------------------------------------------
@@ -178,6 +184,8 @@ class ZeroFetchRecorder:
             return
         collectives.stop_listening(step)
         if not step.complete(closing):
+            if self.device_events is not None:
+                self.device_events.release(step.start_mark, step.end_mark)
             return
         for name, counter in self.profiler.event_counters.items():
             if counter.count:
@@ -187,6 +195,8 @@ class ZeroFetchRecorder:
                     step.device_pairs[name] = counter.device_pairs
         if self.device_events is not None:
             step.step_pair = self.device_events.pair(step.start_mark, step.end_mark, step.end_ns - step.start_ns)
+            # the times this step's events found the pool exhausted and waited on the device
+            step.fields["device_waits"] = self.device_events.waits - self._waits_at_open
         self._unwritten.append(step)
 
     def _write_ready(self, settled: bool = False) -> None:
@@ -238,6 +248,7 @@ class ZeroFetchRecorder:
         if self.closed:
             return
         atexit.unregister(self.close)
+        forget_before_signal_exit(self.close)
         self._finish_open(closing=True)
         if self.device_events is not None:
             self.device_events.settle(SETTLE_SECONDS)
