@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from .checks import misspelt_sections, output_dir_problems, zero_stage_problems
 from .env import environment_overrides
@@ -46,8 +46,9 @@ def _rank_problems(config: ProfUtilsConfig, world_size: int) -> List[ConfigProbl
     return problems
 
 
-def _check(path: str, world_size: Optional[int]) -> ProfUtilsConfig:
-    """The resolved settings of a file that passes every check; ConfigError with every problem otherwise."""
+def _check(path: str, world_size: Optional[int]) -> Tuple[ProfUtilsConfig, Mapping[str, Any]]:
+    """The resolved settings and raw contents of a file that passes every check; ConfigError with every
+    problem otherwise."""
     raw, origin = raw_settings(path)
     misspelt = misspelt_sections(raw)
     try:
@@ -59,7 +60,7 @@ def _check(path: str, world_size: Optional[int]) -> ProfUtilsConfig:
         problems += _rank_problems(config, world_size)
     if problems:
         raise ConfigError(problems, origin)
-    return config
+    return config, raw
 
 
 def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
@@ -68,7 +69,7 @@ def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
     overrides = environment_overrides()
     for path in paths:
         try:
-            config = _check(path, world_size)
+            config, raw = _check(path, world_size)
         except ConfigError as exc:
             print("\n".join(exc.lines()), file=sys.stderr)
             valid = False
@@ -78,7 +79,6 @@ def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
             print("  (with environment overrides "
                   f"{', '.join(f'{name}={value}' for name, value in sorted(overrides.items()))})")
         print("\n".join(_render(config.model_dump(), "  ")))
-        raw, _ = raw_settings(path)
         theirs = {key: raw[key] for key in DEEPSPEED_APPLIED_KEYS if key in raw}
         if theirs:
             print("applied by DeepSpeed, not read by ds_profutils:")

@@ -9,9 +9,9 @@ read here: ``wall_clock_breakdown`` (ds_profutils' timers replace DeepSpeed's) a
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Type
+from typing import Annotated, Any, Dict, List, Mapping, Optional, Type
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from .errors import ConfigError, ConfigProblem, show_value
 
@@ -35,8 +35,6 @@ including the operators it called, calls, and counted FLOPs (named as torch's ``
 DEEPSPEED_APPLIED_KEYS = ("timers", "steps_per_print")
 """DeepSpeed's own timing keys, which DeepSpeed's engine applies and ds_profutils does not read."""
 
-RankList = Optional[List[int]]
-
 
 class Section(BaseModel):
     """Base of our own sections: unknown keys are errors, values are checked on assignment too."""
@@ -53,12 +51,27 @@ def _rank_list_input(value: Any) -> Any:
     return value
 
 
-def _validate_ranks(ranks: RankList) -> RankList:
+def _validate_ranks(ranks: Optional[List[int]]) -> Optional[List[int]]:
     if ranks is None:
         return None
     if any(r < 0 for r in ranks):
         raise ValueError("global ranks >= 0, or null for all ranks")
     return sorted(set(ranks))
+
+
+RankList = Annotated[Optional[List[int]], BeforeValidator(_rank_list_input), AfterValidator(_validate_ranks)]
+"""Global ranks, sorted and without repeats; null (or ``"all"``) for every rank."""
+
+
+class _RecordsOnRanks:
+    """For sections whose ``ranks`` field (a :data:`RankList`) chooses the ranks that record.
+
+    Not annotated here: pydantic would take the annotation for a field and put it first.
+    """
+
+    def profiles_rank(self, rank: int) -> bool:
+        """True when this global rank records (``ranks`` null means every rank)."""
+        return self.ranks is None or rank in self.ranks
 
 
 def check_ranks(key: str, ranks: RankList, world_size: int) -> None:
@@ -78,7 +91,7 @@ def check_ranks(key: str, ranks: RankList, world_size: int) -> None:
         ])
 
 
-class ProfilerConfig(Section):
+class ProfilerConfig(_RecordsOnRanks, Section):
     """The ``"profiler"`` section: torch.profiler's schedule and outputs, and Nsight capture ranges."""
 
     enabled: bool = True
@@ -101,19 +114,12 @@ class ProfilerConfig(Section):
     summary_row_limit: int = Field(20, ge=1)
     peak_tflops: Optional[float] = Field(None, gt=0, description="the accelerator's peak, for the share of it achieved")
 
-    _rank_input = field_validator("ranks", "summary_ranks", mode="before")(_rank_list_input)
-    _check_ranks = field_validator("ranks", "summary_ranks")(_validate_ranks)
-
     @field_validator("summary_sort_by")
     @classmethod
     def _known_sort_key(cls, value: str) -> str:
         if value not in SUMMARY_SORT_KEYS:
             raise ValueError(f"one of {', '.join(SUMMARY_SORT_KEYS)}")
         return value
-
-    def profiles_rank(self, rank: int) -> bool:
-        """True when this global rank records (``ranks`` null means every rank)."""
-        return self.ranks is None or rank in self.ranks
 
 
 class NvtxConfig(Section):
@@ -123,7 +129,7 @@ class NvtxConfig(Section):
     domain: str = Field("DeepSpeed", min_length=1)
 
 
-class PartitionedParamProfilerConfig(Section):
+class PartitionedParamProfilerConfig(_RecordsOnRanks, Section):
     """The ``"partitioned_param_profiler"`` section: ZeRO-3 parameter-fetch records."""
 
     enabled: bool = False
@@ -132,12 +138,6 @@ class PartitionedParamProfilerConfig(Section):
     log_interval: int = Field(1, ge=1, description="write one record every this many optimizer steps")
     trace_ranges: bool = True
 
-    _rank_input = field_validator("ranks", mode="before")(_rank_list_input)
-    _check_ranks = field_validator("ranks")(_validate_ranks)
-
-    def profiles_rank(self, rank: int) -> bool:
-        """True when this global rank records (``ranks`` null means every rank)."""
-        return self.ranks is None or rank in self.ranks
 
 
 class CommsLoggerSettings(BaseModel):
