@@ -11,6 +11,8 @@ says: the ``"profiler"`` section drives ``@profiler``/``step_profiler()``, the
 outputs are and prints the merged fetch report.
 """
 import argparse
+import shutil
+import sys
 from typing import Optional
 
 import deepspeed
@@ -59,7 +61,8 @@ def train(args: argparse.Namespace) -> Optional[ZeroFetchRecorder]:
                                                 training_data=toy_dataset())
     recorder = attach(engine)  # ZeRO-3 fetch records, when the ds_config's "partitioned_param_profiler" asks
     batches = iter(RepeatingLoader(loader))
-    for step in range(1, args.steps + 1):
+    for _ in range(args.steps):
+        step = engine.global_steps  # the step number of the records, the traces and the report
         features, targets = next(batches)
         loss = torch.nn.functional.mse_loss(engine(features), targets)
         engine.backward(loss)
@@ -84,7 +87,8 @@ def report_outputs(recorder: Optional[ZeroFetchRecorder]) -> None:
     recorder.close()
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
-        print(f"\nThe fetch report (again later: ds-profutils report {recorder.path.parent}):\n", flush=True)
+        command = shutil.which("ds-profutils") or f"{sys.executable} -m ds_profutils"
+        print(f"\nThe fetch report (again later: {command} report {recorder.path.parent}):\n", flush=True)
         print(render_text(build_report(recorder.path.parent)), flush=True)
 
 

@@ -4,6 +4,7 @@ Runs it as the README does (2 ranks under the deepspeed launcher, CPU), with the
 moved to a temp dir through the environment overrides a user would use for one run.
 """
 import json
+import subprocess
 
 import pytest
 
@@ -26,6 +27,8 @@ def demo_run(tmp_path_factory):
 def test_trains_and_prints_every_step_on_rank_0_as_output_not_as_a_warning(demo_run):
     steps = [line for line in demo_run[1].splitlines() if "[Rank 0] step " in line]
     assert len(steps) == 8 and not any("[Rank 1] step " in line for line in demo_run[1].splitlines())
+    # numbered as the records, the traces' ProfilerStep#N and the report number them: global steps from 0
+    assert [line.split("[Rank 0] step ")[1].split(":")[0] for line in steps] == [str(n) for n in range(8)]
     assert not any("WARNING" in line for line in steps)
 
 
@@ -46,6 +49,10 @@ def test_writes_fetch_records_per_rank(demo_run, rank):
     # ZeRO-3 with persistence threshold 0: each train forward gathers the whole model (ToyModel: 1153).
     gathers = [r["events"]["forward_all_gather"]["numel"] for r in records if "forward_all_gather" in r["events"]]
     assert len(gathers) == len(records) == 8 and set(gathers) == {16 * 64 + 64 + 64 + 1}
+    assert [r["global_step"] for r in records] == list(range(8))
+    # The demo config turns DeepSpeed's comms logger on: attach warns, and every record says so.
+    assert all(r["comms_logger"] for r in records)
+    assert "DeepSpeed's comms logger is on: it synchronizes the device after every collective" in demo_run[1]
 
 
 def test_says_where_every_file_went_and_ends_with_the_fetch_report(demo_run):
@@ -54,5 +61,9 @@ def test_says_where_every_file_went_and_ends_with_the_fetch_report(demo_run):
     assert f"run trace         {out / 'trace_rank_0.json'}" in stdout  # the profiler's end-of-run printout
     assert "every profiled rank r (all ranks) writes trace_rank_{r}.json" in stdout
     assert "counted-operator FLOP/s" in stdout and "not model FLOPs utilisation" in stdout
-    report = stdout.split("The fetch report (again later: ds-profutils report")[1]
+    command, report = stdout.split("The fetch report (again later: ")[1].split("):\n", 1)
     assert "== engine main: ranks 0-1 of 2" in report and "forward_fetch_wait" in report
+    # The command it names runs as printed (the ds-profutils next to the job's Python, or python -m).
+    assert command.split()[-2:] == ["report", str(out)]
+    again = subprocess.run(command.split(), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "== engine main: ranks 0-1 of 2" in again.stdout

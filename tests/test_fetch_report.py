@@ -29,7 +29,21 @@ def test_tables_across_ranks(tmp_path):
     assert row["exposed_wait_share"] == pytest.approx(4 / 24)
     text = render_text(report)
     assert "forward_all_gather" in text and "reduce_scatter_tensor" in text and "MISSING" not in text
-    assert "hosts (2): node-a (ranks 0); node-b (ranks 1)" in text
+    assert "hosts (2): node-a (rank 0); node-b (rank 1)" in text
+
+
+def test_mean_split_of_a_step_adds_up_where_medians_do_not(tmp_path):
+    """The plot stacks busy + fetch wait + other waits per rank: means add up to the mean step, medians need not."""
+    parts = [(20.0, 1.0, 2.0), (2.0, 30.0, 40.0), (30.0, 2.0, 1.0)]  # (busy, fetch, collective) per step
+    write_records(tmp_path, 0, [record(0, step, busy_ms=b, fetch_ms=f, collective_ms=c)
+                                for step, (b, f, c) in enumerate(parts)])
+    row = build_report(tmp_path)["engines"]["main"]["ranks_summary"][0]
+    assert row["busy_ms_median"] + row["fetch_wait_ms_median"] + row["collective_wait_ms_median"] != \
+        pytest.approx(row["step_ms_median"])
+    assert (row["step_ms_mean"], row["fetch_wait_ms_mean"], row["collective_wait_ms_mean"]) == \
+        pytest.approx((128 / 3, 33 / 3, 43 / 3))
+    assert row["busy_ms_mean"] + row["fetch_wait_ms_mean"] + row["collective_wait_ms_mean"] == \
+        pytest.approx(row["step_ms_mean"])
 
 
 def test_gradient_accumulation_records_add_up_to_their_global_step(tmp_path):
@@ -153,7 +167,7 @@ def test_clocks_and_the_comms_logger_are_reported(tmp_path):
     report = build_report(tmp_path)
     assert report["engines"]["main"]["clocks"] == {"device": 1, "host-fallback": 1}
     text = " ".join(render_text(report).split())  # prose is wrapped
-    assert "clock of the records: device 1, host-fallback 1" in text
+    assert "clock: device (1 record), host-fallback (1 record)" in text
     assert "WARNING: DeepSpeed's comms logger was on in 1 records" in text
 
 
@@ -162,7 +176,7 @@ def test_step_table_shows_the_widest_spread_steps_when_long(tmp_path):
     write_records(tmp_path, 1, [record(1, step) for step in range(40)])
     text = render_text(build_report(tmp_path), max_steps=2)
     assert "(2 of 40 steps: the largest spread of exposed wait)" in text
-    step_rows = text.split("Steps (")[1].split("\n\n")[0].splitlines()[2:]
+    step_rows = [line for line in text.split("Steps (")[1].split("\n\n")[0].splitlines() if line[:1].isdigit()]
     assert sorted({int(line.split()[0]) for line in step_rows}) == [7, 30]
 
 
@@ -174,6 +188,21 @@ def test_empty_or_absent_directory_is_a_clear_message(tmp_path, capsys):
     assert "partitioned_param_profiler" in captured.err and captured.out == ""
     assert main(["report", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
+    # The parent of runs' output_dirs: the runs are named.
+    for run in ("zero3_run", "traces_run", "empty"):
+        (tmp_path / run).mkdir()
+    write_records(tmp_path / "zero3_run", 0, [record(0, 0)])
+    write_trace(tmp_path / "traces_run" / "trace_rank_0.json", {0: 1.0}, rank=0)
+    with pytest.raises(ReportError, match="its subdirectories traces_run, zero3_run hold runs: report on one of them"):
+        build_report(tmp_path)
+
+
+def test_prose_is_wrapped_but_never_between_a_number_and_its_unit():
+    from ds_profutils.report.text import _wrap
+
+    words = "their waiting beyond its own in those steps:" + " word" * 12
+    assert len(words + " 96.6") <= 110 < len(words + " 96.6 ms")  # plain wrapping would split "96.6 ms"
+    assert _wrap(words + " 96.6 ms, and 1.5 ms more") == [words, "  96.6 ms, and 1.5 ms more"]
 
 
 def test_json_output_is_the_report_alone_and_complete(tmp_path, capsys):

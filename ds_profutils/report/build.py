@@ -82,6 +82,20 @@ def _median_of(values: Iterable[float]) -> Optional[float]:
     return median(present) if present else None
 
 
+_MEAN_SPLIT_KEYS = ("step_ms_mean", "fetch_wait_ms_mean", "collective_wait_ms_mean", "busy_ms_mean")
+
+
+def _mean_split(records: FileRecords) -> Dict[str, Optional[float]]:
+    """Mean per train step of the step time and its parts: unlike the medians, the parts add up to the step."""
+    steps = [(step, fetch, other)
+             for step, fetch, other in zip(records.step_ms, records.fetch_wait_ms, records.collective_wait_ms)
+             if step == step and fetch == fetch and other == other]
+    if not steps:
+        return dict.fromkeys(_MEAN_SPLIT_KEYS)
+    step, fetch, other = (sum(column) / len(steps) for column in zip(*steps))
+    return dict(zip(_MEAN_SPLIT_KEYS, (step, fetch, other, step - fetch - other)))
+
+
 def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[str, Any]]:
     table = {}
     for records in files:
@@ -97,6 +111,7 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
             "collective_wait_ms_median": _median_of(records.collective_wait_ms),
             "exposed_wait_ms_median": _median_of(exposed),
             "busy_ms_median": _median_of(step - wait for step, wait in zip(records.step_ms, exposed)),
+            **_mean_split(records),
             "exposed_wait_share": sum(exposed) / total_step_ms if total_step_ms > 0 else None,
             "straggler_steps": view.straggler_steps.get(rank, 0),
             "attributed_wait_ms": view.attributed_ms.get(rank, 0.0),
@@ -175,6 +190,16 @@ def _joined_engine(engines: Sequence[str]) -> Optional[str]:
     return engines[0] if len(engines) == 1 else None
 
 
+def _where_to_look(directory: Path) -> str:
+    """A hint for a directory with nothing to report: its subdirectories that hold outputs, if any."""
+    runs = sorted(sub.name for sub in directory.iterdir()
+                  if sub.is_dir() and (fetch_records_files(sub) or trace_files(sub)))
+    if runs:
+        return f"its subdirectories {', '.join(runs)} hold runs: report on one of them"
+    return ("is \"partitioned_param_profiler\" enabled with this output_dir, and did ds_profutils.attach(engine) "
+            "run?")
+
+
 def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     """Every number the report shows, as data (what ``--json`` prints)."""
     directory = Path(directory)
@@ -184,8 +209,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     traces_found = trace_files(directory)
     if not record_files and not traces_found:
         raise ReportError(f"{directory}: no ZeRO-3 fetch records (zero_fetch_*rank_*.jsonl) and no traces "
-                          f"(trace_rank_*.json); is \"partitioned_param_profiler\" enabled with this "
-                          "output_dir, and did ds_profutils.attach(engine) run?")
+                          f"(trace_rank_*.json); {_where_to_look(directory)}")
     incomplete: List[Dict[str, Any]] = []
     traces = _traces(traces_found, top_ops, incomplete)
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()

@@ -1,8 +1,8 @@
 """``--plot``: the report as a PNG that reads the same at 2 ranks and at 1024 (matplotlib, imported only here).
 
 Per engine, two panels: a rank x step heatmap of exposed wait (or busy time), with each step's
-straggler marked, and per rank the median step split into busy time, fetch wait and other blocking
-collectives, flagged stragglers marked.  A heatmap has no line per rank, so it stays readable however
+straggler marked, and per rank the mean train step split into busy time, fetch wait and other blocking
+collectives (means, not medians: the parts add up to the step), flagged stragglers marked.  A heatmap has no line per rank, so it stays readable however
 many ranks there are; the markers keep a single straggler visible when its row is thinner than a
 pixel.
 """
@@ -60,8 +60,8 @@ def _step_ticks(axis: Any, view: StepView) -> None:
 def _breakdown(axes: Any, engine: Mapping[str, Any], view: StepView) -> None:
     summary = engine["ranks_summary"]
     rows = range(len(view.ranks))
-    parts = (("busy_ms_median", "busy", "tab:blue"), ("fetch_wait_ms_median", "fetch wait", "tab:orange"),
-             ("collective_wait_ms_median", "other blocking collectives", "tab:green"))
+    parts = (("busy_ms_mean", "busy", "tab:blue"), ("fetch_wait_ms_mean", "fetch wait", "tab:orange"),
+             ("collective_wait_ms_mean", "other blocking collectives", "tab:green"))
     bottom = [0.0] * len(view.ranks)
     width = 0.8 if len(view.ranks) <= 64 else 1.0  # touching bars read as areas at scale
     for key, label, color in parts:
@@ -77,7 +77,7 @@ def _breakdown(axes: Any, engine: Mapping[str, Any], view: StepView) -> None:
     axes.set_xlim(-0.5, len(view.ranks) - 0.5)
     axes.set_ylim(0, top * 1.12 or 1.0)
     axes.set_xlabel("rank")
-    axes.set_ylabel("median per step (ms)")
+    axes.set_ylabel("mean per train step (ms)")
     axes.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize="small", ncol=4, frameon=False)
 
 

@@ -21,7 +21,15 @@ _WIDTH = 110  # prose is wrapped to this; tables are as wide as their columns
 
 
 def _wrap(text: str) -> List[str]:
-    return textwrap.wrap(text, _WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    """Prose wrapped at the report's width, never between a number and its unit."""
+    kept_together = text.replace(" ms", "\N{NO-BREAK SPACE}ms")  # textwrap breaks at ASCII whitespace only
+    return [line.replace("\N{NO-BREAK SPACE}", " ")
+            for line in textwrap.wrap(kept_together, _WIDTH, subsequent_indent="  ", break_on_hyphens=False)]
+
+
+def _counted(count: int, noun: str) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> List[str]:
@@ -68,7 +76,7 @@ def _header(report: Mapping[str, Any]) -> List[str]:
     lines = [f"ds-profutils report: {report['directory']}"]
     hosts = sorted(report["hosts"].items(), key=lambda item: (min(item[1], default=-1), item[0]))
     if hosts:
-        shown = [f"{host} (ranks {rank_ranges(ranks)})" for host, ranks in hosts]
+        shown = [f"{host} ({'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)})" for host, ranks in hosts]
         if len(shown) > _HOSTS_SHOWN:
             shown[_HOSTS_SHOWN - 1:-1] = [f"... {len(shown) - _HOSTS_SHOWN} more ..."]
         lines += _wrap(f"hosts ({len(hosts)}): " + "; ".join(shown))
@@ -87,10 +95,10 @@ def _header(report: Mapping[str, Any]) -> List[str]:
 
 def _engine_header(name: str, engine: Mapping[str, Any]) -> List[str]:
     records = ", ".join(f"{count:,} {mode}" for mode, count in engine["records"].items()) or "none"
-    clocks = ", ".join(f"{clock} {count:,}" for clock, count in engine["clocks"].items()) or "-"
+    clocks = ", ".join(f"{clock} ({_counted(count, 'record')})" for clock, count in engine["clocks"].items()) or "-"
     lines = [""] + _wrap(f"== engine {name}: ranks {rank_ranges(engine['ranks'])} of {engine['world_size']} with "
-                         f"records; {len(engine['steps'].global_steps):,} train steps; records: {records}; clock of the "
-                         f"records: {clocks}")
+                         f"records; {_counted(len(engine['steps'].global_steps), 'train step')}; records: {records}; "
+                         f"clock: {clocks}")
     if engine["old_format_records"]:
         lines += _wrap(f"{engine['old_format_records']:,} records of an older ds_profutils (no \"schema\"): no "
                        "blocking collectives recorded, so their exposed wait is the fetch wait alone")
@@ -179,7 +187,10 @@ def _steps(view: StepView, limit: int) -> List[str]:
                     continue
                 rows.append((view.global_steps[index], rank, *values,
                              "straggler" if view.straggler[index] == rank else ""))
-        return ["", f"Steps (per global step and rank, ms){note}:", *_table(headers, rows)]
+        legend = ("step ms: forward start to the end of engine.step(); trace step ms: the trace's ProfilerStep#N, "
+                  "from one step_profiler() call to the next, so it also holds data loading and whatever the loop "
+                  "does between steps")
+        return ["", f"Steps (per global step and rank, ms){note}:", *_wrap(legend), *_table(headers, rows)]
     headers = ("step", "ranks", "step ms median", "exposed wait min", "median", "max", "busy median", "straggler")
     rows = []
     for index in shown:
