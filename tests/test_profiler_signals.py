@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from ds_profutils import profiler, step_profiler
+from ds_profutils import outputs
 from ds_profutils.torch_profiler import calls as profiler_calls
+from ds_profutils.torch_profiler import run as profiler_run
 from ds_profutils.torch_profiler import signals as profiler_signals
 from profiler_testing import profiler_steps, read_trace, train_step
 
@@ -76,6 +78,78 @@ def test_a_programs_own_handler_is_called_instead_and_kept(tmp_path, handlers):
     assert received == [signal.SIGTERM]
     assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 5]
     assert signal.getsignal(signal.SIGTERM) is own and signal.getsignal(signal.SIGINT) is own
+
+
+def test_a_sigterm_the_program_handles_while_writing_stops_nothing(tmp_path, handlers, monkeypatch, ds_caplog):
+    """Graceful preemption (SLURM's --signal, a handler that sets a flag and checkpoints): a SIGTERM that
+    arrives while a cycle is written reaches the program's handler once the files are on disk; the run,
+    its later cycles and the other writers (the ZeRO-3 recorders) go on."""
+    _export_sending(monkeypatch, signal.SIGTERM)
+    received, other_writer_closed, summaries = [], [], []
+    outputs.call_before_signal_exit(lambda: other_writer_closed.append(True))
+    monkeypatch.setattr(profiler_run, "show_comms_summary", lambda *args: summaries.append(args))
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+
+    def train():
+        for _ in range(6):
+            step_profiler()
+
+    try:
+        profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=1, active=2, repeat=2)(train)()
+        assert received == [signal.SIGTERM, signal.SIGTERM]  # one per cycle written
+        assert other_writer_closed == [] and len(summaries) == 1  # a normal end: the comms summary is shown
+        assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [1, 2, 4, 5]
+        assert "interrupted" not in ds_caplog.text
+    finally:
+        outputs._signal_exit_callbacks.clear()
+
+
+def test_a_run_that_returns_after_a_users_except_keyboardinterrupt_shows_no_comms_summary(tmp_path, handlers,
+                                                                                      monkeypatch):
+    """The comms logger's summary has barriers: never after Ctrl-C, even when the function catches it."""
+    summaries = []
+    monkeypatch.setattr(profiler_run, "show_comms_summary", lambda *args: summaries.append(args))
+
+    def train():
+        try:
+            for step in range(8):
+                if step == 4:
+                    os.kill(os.getpid(), signal.SIGINT)
+                step_profiler()
+        except KeyboardInterrupt:
+            return "saved"
+
+    assert profiler(output_dir=str(tmp_path), **SCHEDULE)(train)() == "saved"
+    assert summaries == []
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3]  # step 4 never finished
+
+
+def test_torchs_sigchld_handler_installed_after_the_window_opened_is_held_while_writing(tmp_path, handlers,
+                                                                                        monkeypatch):
+    """A DataLoader iterator made once the window is open installs torch's SIGCHLD handler over ours;
+    a worker dying while the profiler writes must still not raise into the write."""
+    calls = []
+
+    def torch_like_handler(signum, frame):  # torch's raises "DataLoader worker (pid N) is killed by signal"
+        calls.append(signum)
+        raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Terminated.")
+
+    _export_sending(monkeypatch, signal.SIGCHLD)
+    previous_sigchld = signal.getsignal(signal.SIGCHLD)
+
+    def train():
+        for step in range(6):
+            if step == 3:  # the first active step: the window's handlers are in place
+                signal.signal(signal.SIGCHLD, torch_like_handler)
+            step_profiler()
+
+    try:
+        profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
+        assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 5]
+        assert calls == []  # held while writing, then not delivered: the write is done
+        assert signal.getsignal(signal.SIGCHLD) is torch_like_handler  # given back
+    finally:
+        signal.signal(signal.SIGCHLD, previous_sigchld)
 
 
 def test_sigint_while_writing_is_held_until_the_window_is_on_disk(tmp_path, handlers, monkeypatch):

@@ -133,7 +133,7 @@ class ProfilerRun:
             self._fire(_Event.RUN_ENDS)
         finally:
             self.signals.release(restore=True)
-        if returned:
+        if returned and not self.signals.stopped_by_signal:  # its barriers would meet ranks being stopped
             show_comms_summary(self.settings, process_identity())
 
     def engine_stepped(self, engine: Any) -> bool:
@@ -163,6 +163,7 @@ class ProfilerRun:
         signals = self.signals
         releases = not signals.holding  # end() holds from before this call until everything is written
         signals.holding = True
+        signals.set_sigchld_aside()
         try:
             for action in actions:
                 action(self)

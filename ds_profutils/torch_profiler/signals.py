@@ -77,6 +77,7 @@ class SignalGuard:
         self._sigints = 0
         self._give_up: Optional[str] = None
         self._warned: Set[str] = set()
+        self.stopped_by_signal = False  # a SIGTERM/SIGINT raised into the run (never reset)
 
     @property
     def interrupted(self) -> bool:
@@ -91,12 +92,8 @@ class SignalGuard:
             self._warn_once("thread", "profiler: running outside the main thread, where Python allows no signal "
                             "handlers: a SIGTERM or SIGINT while a window is recorded loses that window's steps")
             return
-        for signum in (*_STOPPING, _SIGCHLD):
-            if signum is None:
-                continue
+        for signum in _STOPPING:
             current = signal.getsignal(signum)
-            if signum == _SIGCHLD and not callable(current):
-                continue  # only a Python handler (torch's DataLoader's) is ever set aside
             if current == signal.SIG_IGN:
                 continue  # an ignored signal stays ignored
             if current is None:
@@ -110,6 +107,21 @@ class SignalGuard:
                 continue
             self._previous[signum] = current
             self._installed.append(signum)
+        self.set_sigchld_aside()
+
+    def set_sigchld_aside(self) -> None:
+        """Route a Python SIGCHLD handler (torch's DataLoader's) through this guard, which holds it while
+        writing.  Called when the window opens and again as each write begins: a DataLoader iterator
+        made after the window opened installs torch's handler over everything."""
+        if _SIGCHLD is None or not self._installed:
+            return
+        current = signal.getsignal(_SIGCHLD)
+        if not callable(current) or current == self._handler:
+            return  # only a Python handler is ever set aside
+        signal.signal(_SIGCHLD, self._handler)
+        self._previous[_SIGCHLD] = current
+        if _SIGCHLD not in self._installed:
+            self._installed.append(_SIGCHLD)
 
     def restore(self) -> None:
         """Put back the program's handlers, where ours is still the one installed."""
@@ -128,16 +140,23 @@ class SignalGuard:
         self.holding = False
         pending, self._pending = self._pending, []
         self._signalled_at, self._sigints, self._give_up = None, 0, None
-        if reraise == signal.SIGTERM or signal.SIGTERM in pending:
-            run_before_signal_exit()  # other writers' files: the default action skips atexit
+        if reraise == signal.SIGTERM or (signal.SIGTERM in pending
+                                         and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+            # The default action ends the process and skips atexit: other writers' files first.  A
+            # program's own handler (graceful preemption) may keep training: their files stay open.
+            run_before_signal_exit()
         if reraise is not None or pending:
             for stream in (sys.stdout, sys.stderr):  # the default action ends the process without flushing
                 try:
                     stream.flush()
                 except Exception:  # a closed or broken stream
                     pass
-        for signum in ([reraise] if reraise is not None else []) + pending:
-            signal.raise_signal(signum)
+        try:
+            for signum in ([reraise] if reraise is not None else []) + pending:
+                signal.raise_signal(signum)  # runs the Python handler now; what it raises comes out here
+        except BaseException:
+            self.stopped_by_signal = True
+            raise
 
     def check(self) -> None:
         """Raise WriteAbandoned if the writer should give up (called between chunks of a write)."""
@@ -154,24 +173,33 @@ class SignalGuard:
             if not held:
                 self._previous[signum](signum, frame)
             return
+        previous = self._previous.get(signum)
+        if not held and callable(previous):
+            try:
+                previous(signum, frame)
+            except BaseException:
+                self.stopped_by_signal = True  # the program's handler ends the run (Python's SIGINT handler does)
+                raise
+            return  # the program handled it (e.g. a graceful-preemption flag): the run goes on
+        self._count(signum)
+        if held:
+            if signum not in self._pending:
+                self._pending.append(signum)
+            return
+        self.stopped_by_signal = True
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self._reraise = signum
+        raise SystemExit(128 + signum)
+
+    def _count(self, signum: int) -> None:
+        """A SIGTERM/SIGINT for this guard: the deadline starts at the first, SIGINTs are counted."""
         if self._signalled_at is None:
             self._signalled_at = time.monotonic()
         if signum == signal.SIGINT:
             self._sigints += 1
             if self._sigints >= _GIVE_UP_SIGINTS:
                 self._give_up = f"SIGINT received {self._sigints} times"
-        if held:
-            if signum not in self._pending:
-                self._pending.append(signum)
-            return
-        previous = self._previous.get(signum)
-        if callable(previous):
-            previous(signum, frame)
-            return
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self._reraise = signum
-        raise SystemExit(128 + signum)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
