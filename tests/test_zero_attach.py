@@ -19,6 +19,7 @@ from ds_profutils.exceptions import InvalidArgumentError
 from ds_profutils.outputs import ProcessIdentity
 from ds_profutils.report import build_report
 from ds_profutils.zero3 import AttachError, ZeroFetchRecorder
+from ds_profutils.zero3.recorder import RECORDER_ATTR
 from launcher import DIST_SCRIPTS, run_deepspeed
 
 PROFILER_ATTR = "_PartitionedParameterCoordinator__profiler"
@@ -213,6 +214,75 @@ def test_a_failing_write_is_logged_not_raised_into_training(tmp_path, monkeypatc
         engine.train_step()
     assert len(warnings) >= 2 and all("cannot write ZeRO-3 fetch records" in warning for warning in warnings)
     assert recorder.closed and "step" not in vars(engine)
+
+
+def test_an_error_of_the_recorder_stops_recording_never_the_training(tmp_path, monkeypatch, ds_caplog):
+    """An accelerator event that misbehaves (or any bug of ours) inside DeepSpeed's forward hooks."""
+    engine = Engine()
+    recorder = recorder_for(engine, tmp_path)
+    engine.train_step()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("event recorded on another stream")
+
+    monkeypatch.setattr(recorder.profiler, "reset_events", broken)  # called in the forward pre-hook
+    engine.train_step()  # the hooks and step() of this step meet the error: training goes on
+    engine.train_step()
+    assert engine.global_steps == 3 and recorder.closed
+    assert "ds_profutils: the ZeRO-3 fetch recorder of engine 'main' failed (RuntimeError: event recorded on " \
+           "another stream); it stops recording and training goes on" in ds_caplog.text
+    assert [r["global_step"] for r in read_records(tmp_path)] == [0]  # what was recorded stays
+    assert "step" not in vars(engine) and RECORDER_ATTR not in vars(engine)  # DeepSpeed's engine again
+    assert vars(engine.coordinator)[PROFILER_ATTR].__class__ is DeepSpeedProfiler
+
+
+def test_an_interruption_while_a_record_is_built_leaves_it_for_close(tmp_path, monkeypatch):
+    engine = Engine()
+    recorder = recorder_for(engine, tmp_path)
+    build = recorder._line
+
+    def interrupted_once(step):
+        monkeypatch.setattr(recorder, "_line", build)
+        raise SystemExit(143)  # the profiler's SIGTERM handler, while the record is built
+
+    monkeypatch.setattr(recorder, "_line", interrupted_once)
+    with pytest.raises(SystemExit):
+        engine.train_step()
+    recorder.close()  # as run_before_signal_exit does before the process ends
+    assert [r["global_step"] for r in read_records(tmp_path)] == [0]
+
+
+def test_a_recorder_does_not_keep_a_dropped_engine_alive(tmp_path):
+    import gc
+    import weakref
+
+    engine = Engine()
+    recorder_for(engine, tmp_path)  # attached, never closed
+    engine.train_step()
+    alive = weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert alive() is None
+    assert [r["global_step"] for r in read_records(tmp_path)] == [0]
+
+
+def test_collective_timing_is_removed_with_the_last_recorder_closed_or_collected(tmp_path, monkeypatch):
+    import gc
+
+    from ds_profutils.zero3 import collectives
+
+    backend = types.SimpleNamespace(all_reduce=lambda *args, **kwargs: None)
+    monkeypatch.setattr(collectives, "_backend", lambda: backend)
+    closed, dropped = Engine(), Engine()
+    first = recorder_for(closed, tmp_path)
+    recorder_for(dropped, tmp_path, name="engine1")
+    assert "all_reduce" in vars(backend)  # timed while a recorder listens
+    first.close()
+    first.close()  # twice: counted once
+    assert "all_reduce" in vars(backend)
+    del dropped
+    gc.collect()
+    assert "all_reduce" not in vars(backend)  # DeepSpeed's backend as it was
 
 
 def test_close_gives_the_engine_back(tmp_path):

@@ -181,6 +181,19 @@ def test_blocking_collectives_are_exposed_wait_and_async_ones_are_not(tmp_path, 
     assert len(backend.calls) == 4 and "all_reduce" not in vars(backend)  # closed: the backend is DeepSpeed's again
 
 
+def test_an_eval_record_holds_its_own_forwards_collectives_not_what_follows(tmp_path, backend):
+    """RLHF: a reference model's eval forward, then the actor trains; the actor's gradient collectives are
+    not the reference's waits (the eval record stays open until its engine's next forward)."""
+    reference, tensor = Engine(), torch.ones(2)
+    with recorder_for(reference, tmp_path):
+        reference.module.eval()
+        reference.forward()
+        backend.all_reduce(tensor, None, None, False)  # after the forward: another engine's step
+        reference.forward()
+    (first, second) = read_records(tmp_path)
+    assert first["mode"] == "eval" and first["collectives"] == {} and first["collective_wait_ms"] == 0
+
+
 def test_async_op_positions_are_deepspeeds():
     """The table of where async_op sits in each backend method, checked against DeepSpeed's own source (its
     methods are wrapped by decorators that hide their signatures from inspect)."""

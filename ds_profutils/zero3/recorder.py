@@ -16,15 +16,16 @@ import atexit
 import functools
 import json
 import time
+import weakref
 from collections import deque
 from time import perf_counter_ns
-from typing import Any, Deque, Dict, List, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, TypeVar
 
 import torch
 
 from .._stats import DurationStats
 from ..config import PartitionedParamProfilerConfig
-from ..logging import warning_once
+from ..logging import logger, warning_once
 from ..nvtx import ranges_active
 from ..outputs import ProcessIdentity, call_before_signal_exit, fetch_records_file, forget_before_signal_exit
 from . import collectives
@@ -41,6 +42,35 @@ RECORD_SCHEMA = 2
 SETTLE_SECONDS = 2.0
 """How long ``close`` waits for device times before writing host times (never blocking on the device)."""
 _NS_PER_MS = 1e6
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _never_raises(hook: F) -> F:
+    """For the recorder's methods DeepSpeed's forward and ``step()`` run: an error of the recorder (an
+    accelerator's event that misbehaves, say) stops the recording, never the training."""
+
+    @functools.wraps(hook)
+    def guarded(self: "ZeroFetchRecorder", *args: Any) -> None:
+        try:
+            hook(self, *args)
+        except Exception as exc:
+            self._stop_after_error(exc)
+
+    return guarded  # type: ignore[return-value]
+
+
+def _closer(recorder: "ZeroFetchRecorder") -> Callable[[], None]:
+    """``recorder.close`` for atexit and the signal path, holding the recorder weakly: an engine
+    dropped without ``close()`` (RLHF reloads, sweeps) is not kept alive by them."""
+    ref = weakref.ref(recorder)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.close()
+
+    return close
 
 
 class _Step:
@@ -109,6 +139,7 @@ class ZeroFetchRecorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "wb", buffering=0)  # a fresh file per run; one write() per record
         collectives.subscribe(device_events)
+        self._unsubscribe = weakref.finalize(self, collectives.unsubscribe)  # once: at close, or when collected
         # prepend: our boundary must come before DeepSpeed's reset_step(), which resets and logs counters.
         self._hooks = [
             engine.module.register_forward_pre_hook(self._forward_started, prepend=True),
@@ -124,8 +155,9 @@ class ZeroFetchRecorder:
 
         engine.step = step
         setattr(engine, RECORDER_ATTR, self)
-        atexit.register(self.close)
-        call_before_signal_exit(self.close)  # a SIGTERM the profiler re-raises skips atexit
+        self._close_at_exit = _closer(self)
+        atexit.register(self._close_at_exit)
+        call_before_signal_exit(self._close_at_exit)  # a SIGTERM the profiler re-raises skips atexit
 
     @property
     def closed(self) -> bool:
@@ -134,6 +166,7 @@ class ZeroFetchRecorder:
 
     # ---- step boundaries (forward hooks and the wrapped engine.step) ------------------------------
 
+    @_never_raises
     def _forward_started(self, module: torch.nn.Module, args: Any) -> None:
         self._finish_open(closing=False)  # an eval forward, or a forward whose step() never came
         self._write_ready()
@@ -156,11 +189,16 @@ class ZeroFetchRecorder:
         self._open = _Step(fields, events.mark() if events is not None else None)
         collectives.listen(self._open)
 
+    @_never_raises
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self._open is not None:
-            self._mark_end(self._open)
-            self._open.forward_done = True
+        step = self._open
+        if step is not None:
+            self._mark_end(step)
+            step.forward_done = True
+            if step.fields["mode"] == "eval":  # no step() follows: what comes next is another engine's or the loop's
+                collectives.stop_listening(step)
 
+    @_never_raises
     def _step_ended(self) -> None:
         if self._open is not None and self._open.forward_done:
             self._mark_end(self._open)
@@ -204,21 +242,24 @@ class ZeroFetchRecorder:
         if self.device_events is not None:
             self.device_events.poll()
         while self._unwritten and (settled or all(pair.resolved for pair in self._unwritten[0].pairs())):
-            self._write(self._unwritten.popleft())
+            line = self._line(self._unwritten[0])  # an interruption while it is built leaves the step queued
+            self._unwritten.popleft()
+            self._write(line)
 
-    def _write(self, step: _Step) -> None:
+    def _line(self, step: _Step) -> bytes:
         record = {**self._header, **step.fields}
+        events = dict(step.events)
         for name, pairs in step.device_pairs.items():  # the waits the compute stream saw, on the device clock
             durations = DurationStats(name)
             for pair in pairs:
                 durations.add(_ns(pair))
-            host = step.events[name]
-            step.events[name] = {
+            host = events[name]
+            events[name] = {
                 **event_entry(name, host["count"], host["numel"], host["dropped"], durations, _clock(pairs),
                               self._element_size), "host_time_ms": host["time_ms"]
             }
         record["step_time_ms"] = (_ns(step.step_pair) if step.step_pair else step.end_ns - step.start_ns) / _NS_PER_MS
-        record["fetch_wait_ms"] = sum(step.events[name]["time_ms"] for name in DEVICE_TIMED if name in step.events)
+        record["fetch_wait_ms"] = sum(events[name]["time_ms"] for name in DEVICE_TIMED if name in events)
         record["collectives"] = {
             op: {"count": count, "time_ms": (sum(map(_ns, pairs)) if pairs else host_ns) / _NS_PER_MS}
             for op, (count, host_ns, pairs) in step.collectives.items()
@@ -227,9 +268,12 @@ class ZeroFetchRecorder:
         record["exposed_wait_ms"] = record["fetch_wait_ms"] + record["collective_wait_ms"]
         if self.device_events is not None:
             record["clock"] = _clock(step.pairs())
-        record["events"] = step.events
+        record["events"] = events
+        return (json.dumps(record, separators=(",", ":")) + "\n").encode()
+
+    def _write(self, line: bytes) -> None:
         try:
-            self._file.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
+            self._file.write(line)
         except OSError as exc:
             warning_once(f"ds_profutils: cannot write ZeRO-3 fetch records to {self.path} ({exc.strerror}); "
                          "training goes on, those steps are not recorded")
@@ -247,19 +291,34 @@ class ZeroFetchRecorder:
         """
         if self.closed:
             return
-        atexit.unregister(self.close)
-        forget_before_signal_exit(self.close)
-        self._finish_open(closing=True)
-        if self.device_events is not None:
-            self.device_events.settle(SETTLE_SECONDS)
-        self._write_ready(settled=True)
+        try:
+            self._finish_open(closing=True)
+            if self.device_events is not None:
+                self.device_events.settle(SETTLE_SECONDS)
+            self._write_ready(settled=True)
+        finally:
+            self._detach()
+
+    def _detach(self) -> None:
+        """Close the file and give the engine back as DeepSpeed made it."""
+        atexit.unregister(self._close_at_exit)
+        forget_before_signal_exit(self._close_at_exit)
         self._file.close()
-        collectives.unsubscribe()
+        if self._open is not None:
+            collectives.stop_listening(self._open)
+        self._unsubscribe()
         self._install(None)
         for hook in self._hooks:
             hook.remove()
-        del self._engine.step
-        delattr(self._engine, RECORDER_ATTR)
+        vars(self._engine).pop("step", None)
+        vars(self._engine).pop(RECORDER_ATTR, None)
+
+    def _stop_after_error(self, exc: Exception) -> None:
+        logger.error("ds_profutils: the ZeRO-3 fetch recorder of engine %r failed (%s: %s); it stops recording and "
+                     "training goes on; the steps recorded so far are in %s", self.name, type(exc).__name__, exc,
+                     self.path)
+        if not self.closed:
+            self._detach()
 
     def __enter__(self) -> "ZeroFetchRecorder":
         return self
