@@ -111,6 +111,29 @@ def test_missing_and_incomplete_files_are_named_by_rank(tmp_path):
     assert "  trace, rank 1 (trace_rank_1.json): does not parse to its end" in text
 
 
+def test_files_an_earlier_run_left_in_a_reused_output_dir_are_left_out_and_named(tmp_path):
+    """An earlier 4-rank run in the same output_dir; this run has 2 ranks, so ranks 2 and 3's files stay."""
+    import os
+
+    old = [write_records(tmp_path, rank, [record(rank, step, world_size=4, collective_ms=0.0 if rank == 3 else 40.0)
+                                          for step in range(5)]) for rank in (2, 3)]
+    write_trace(tmp_path / "trace_rank_3.json", {0: 9.0}, rank=3, world_size=4)
+    for path in old + [tmp_path / "trace_rank_3.json"]:
+        os.utime(path, (1_700_000_000, 1_700_000_000))
+    for rank in (0, 1):
+        write_records(tmp_path, rank, [record(rank, step) for step in range(5)])
+    write_trace(tmp_path / "trace_rank_0.json", {0: 20.0}, rank=0)
+    report = build_report(tmp_path)
+    engine = report["engines"]["main"]
+    assert engine["world_size"] == 2 and engine["ranks"] == [0, 1] and engine["straggler_ranks"] == []
+    assert set(report["traces"]) == {0}
+    left_out = "left out: an earlier run's file (world size 4, not this run's)"
+    assert [(e["kind"], e["rank"], e["reason"]) for e in report["incomplete"]] == [
+        ("records", 2, left_out), ("records", 3, left_out), ("trace", 1, "no file"), ("trace", 3, left_out)]
+    text = render_text(report)
+    assert "records of engine main, rank 3 (zero_fetch_rank_3.jsonl): " + left_out in text
+
+
 def test_an_expected_trace_that_is_absent_is_missing(tmp_path):
     write_trace(tmp_path / "trace_rank_0.json", {0: 1.0}, rank=0, world_size=3, profiled_ranks=None)
     assert [(e["kind"], e["rank"], e["reason"]) for e in build_report(tmp_path)["incomplete"]] == [

@@ -105,12 +105,13 @@ def test_the_output_is_a_chrome_trace_perfetto_opens(traces, tmp_path):
     assert all(len(pids) == 1 for pids in flow_ids.values())
 
 
-def synthetic_trace(path, rank, host, base_ns, collective_end_us, events=(), truncated=False):
+def synthetic_trace(path, rank, host, base_ns, collective_end_us, events=(), truncated=False, world_size=2):
     trace_events = [{"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "python"}},
                     {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 7, "tid": 7,
                      "ts": collective_end_us - 10.0, "dur": 10.0},
                     {"ph": "s", "id": 1, "pid": 7, "tid": 7, "ts": 1.0, "name": "flow"}, *events]
-    text = json.dumps({"baseTimeNanoseconds": base_ns, "ds_profutils": {"host": host, "rank": rank},
+    text = json.dumps({"baseTimeNanoseconds": base_ns, "ds_profutils": {"host": host, "rank": rank,
+                                                                         "world_size": world_size},
                        "traceEvents": trace_events})
     path.write_text(text[:text.rindex("]") - 5] if truncated else text)
 
@@ -131,6 +132,19 @@ def test_alignment_without_a_launcher(tmp_path, capsys):
     merged = load(tmp_path / "out.json")
     assert [e["id"] for e in merged["traceEvents"] if e["ph"] == "s"] == [1, 3]  # rank 1's ids shifted past rank 0's
     assert merged["ds_profutils"]["timeline"]["ranks"]["1"]["complete"] is False
+
+
+def test_an_earlier_runs_trace_in_a_reused_output_dir_is_left_out(tmp_path, capsys):
+    import os
+
+    synthetic_trace(tmp_path / "trace_rank_3.json", 3, "a", 10**18, collective_end_us=1000.0, world_size=4)
+    os.utime(tmp_path / "trace_rank_3.json", (1_700_000_000, 1_700_000_000))
+    for rank in (0, 1):
+        synthetic_trace(tmp_path / f"trace_rank_{rank}.json", rank, "a", 10**18, collective_end_us=1000.0)
+    assert main(["timeline", str(tmp_path), "-o", str(tmp_path / "out.json")]) == 0
+    assert "rank 3: trace_rank_3.json is an earlier run's trace (world size 4, not 2); left out" in \
+        capsys.readouterr().err
+    assert set(load(tmp_path / "out.json")["ds_profutils"]["timeline"]["ranks"]) == {"0", "1"}
 
 
 def test_no_trace_is_a_clear_message(tmp_path, capsys):

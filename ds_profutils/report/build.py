@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 from statistics import median
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
@@ -172,14 +172,28 @@ def _traces(found: Mapping[int, Path], top_ops: int, incomplete: List[Dict[str, 
         except (OSError, TraceFormatError) as exc:
             incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": path.name,
                                "reason": f"does not parse to its end ({str(exc).replace(str(path) + ': ', '')})"})
-    # Which ranks should have a trace: the profiler's "ranks" setting, as the traces record it.
+    return traces
+
+
+def newest_world_size(files: Iterable[Tuple[Path, Optional[int]]]) -> Optional[int]:
+    """The world size the newest file was written with: this run's (an output_dir is often reused)."""
+    newest = max(((path.stat().st_mtime, size) for path, size in files if size), default=None)
+    return None if newest is None else newest[1]
+
+
+def _earlier_run(kind: str, rank: int, path: Path, world_size: int, engine: Optional[str] = None) -> Dict[str, Any]:
+    return {"kind": kind, "engine": engine, "rank": rank, "file": path.name,
+            "reason": f"left out: an earlier run's file (world size {world_size}, not this run's)"}
+
+
+def _missing_traces(found: Mapping[int, Path], traces: Mapping[int, Any], incomplete: List[Dict[str, Any]]) -> None:
+    """Which ranks should have a trace: the profiler's "ranks" setting, as the traces record it."""
     expected = set()
     for summary in traces.values():
         if "profiled_ranks" in summary and summary["world_size"]:
             expected |= set(summary["profiled_ranks"] or range(summary["world_size"]))
     for rank in sorted(expected - set(found)):
         incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": None, "reason": "no file"})
-    return traces
 
 
 def _joined_engine(engines: Sequence[str]) -> Optional[str]:
@@ -212,10 +226,20 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
                           f"(trace_rank_*.json); {_where_to_look(directory)}")
     incomplete: List[Dict[str, Any]] = []
     traces = _traces(traces_found, top_ops, incomplete)
+    files = read_all(record_files)
+    # Files a run with another world size left in a reused output_dir (ranks this run does not have).
+    world = newest_world_size([(Path(f.path), f.world_size) for f in files] +
+                               [(traces_found[rank], summary["world_size"]) for rank, summary in traces.items()])
+    for records in [f for f in files if f.world_size not in (0, world)]:
+        files.remove(records)
+        incomplete.append(_earlier_run("records", records.rank, Path(records.path), records.world_size, records.engine))
+    earlier = [rank for rank, summary in traces.items() if summary["world_size"] not in (None, 0, world)]
+    for rank in earlier:
+        incomplete.append(_earlier_run("trace", rank, traces_found[rank], traces.pop(rank)["world_size"]))
+    _missing_traces({rank: path for rank, path in traces_found.items() if rank not in earlier}, traces, incomplete)
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
                    if summary["step_numbering"] == "global"}
-    files = read_all(record_files)
-    names = sorted(record_files, key=lambda name: (name != MAIN_ENGINE, name))  # the main engine first
+    names = sorted({f.engine for f in files}, key=lambda name: (name != MAIN_ENGINE, name))  # the main engine first
     joined = _joined_engine(names)
     engines = {name: _engine_report(name, [f for f in files if f.engine == name],
                                     trace_steps if name == joined else {}, incomplete)

@@ -43,6 +43,7 @@ class TraceScan:
     path: Path
     host: Optional[str] = None
     base_ns: Optional[int] = None
+    world_size: Optional[int] = None
     events: int = 0
     error: Optional[str] = None  # the trace ends early: its events up to there are still merged
     threads: Dict[Tuple[Any, Any], str] = field(default_factory=dict)  # (pid, tid) -> thread name
@@ -107,6 +108,9 @@ def _read_header(scan: TraceScan, header: Mapping[str, Any]) -> None:
     rank = ours.get("rank", torch_info.get("rank"))
     if isinstance(rank, int):
         scan.rank = rank
+    world_size = ours.get("world_size", torch_info.get("world_size"))
+    if isinstance(world_size, int):
+        scan.world_size = world_size
     base = header.get("baseTimeNanoseconds")
     if isinstance(base, int):
         scan.base_ns = base

@@ -10,6 +10,7 @@ import os
 import sys
 
 from ..outputs import atomic_path, trace_files
+from .build import newest_world_size
 from .timeline import align, scan_trace, write_timeline
 
 __all__ = ["run"]
@@ -26,6 +27,11 @@ def run(args: argparse.Namespace) -> int:
         _error(f"{directory}: no such directory")
         return 1
     scans = [scan_trace(path, rank) for rank, path in trace_files(directory).items()]
+    world = newest_world_size((scan.path, scan.world_size) for scan in scans)
+    for scan in [scan for scan in scans if scan.world_size not in (None, 0, world)]:
+        scans.remove(scan)
+        _error(f"rank {scan.rank}: {scan.path.name} is an earlier run's trace (world size {scan.world_size}, not "
+               f"{world}); left out")
     for scan in scans:
         if scan.error is not None:
             _error(f"rank {scan.rank}: {scan.path.name} ends early ({scan.error}); its events up to there are merged")
