@@ -39,6 +39,38 @@ def test_among_many_ranks_only_the_slowed_one_is_named(tmp_path):
     assert report["engines"]["main"]["ranks_summary"][4]["attributed_wait_ms"] == pytest.approx(8 * 5 * 30, rel=0.05)
 
 
+def test_a_slow_host_is_named_when_its_ranks_take_turns_as_step_straggler(tmp_path):
+    """A whole node slowed (8 ranks of 16, 30 ms per step): each step's least wait falls on any of its
+    ranks, so no rank reaches half the steps, but every step's straggler is on that host."""
+    for rank in range(16):
+        slow = rank >= 8
+        rows = [record(rank, step, busy_ms=20.0 + (30.0 if slow else 0.0), world_size=16,
+                       host="node-b" if slow else "node-a",
+                       collective_ms=1.0 + (rank * 5 + step * 3) % 8 * 0.25 + (0.0 if slow else 30.0))
+                for step in range(60)]
+        write_records(tmp_path, rank, rows)
+    report = build_report(tmp_path)
+    engine = report["engines"]["main"]
+    assert engine["straggler_ranks"] == [] and all(8 <= rank for rank in engine["steps"].straggler)
+    assert engine["straggler_hosts"] == ["node-b"]
+    assert engine["hosts_summary"] == {"node-a": {"ranks": list(range(8)), "straggler_steps": 0, "straggler": False},
+                                       "node-b": {"ranks": list(range(8, 16)), "straggler_steps": 60,
+                                                  "straggler": True}}
+    text = render_text(report)
+    assert "No straggler rank: no rank held the others back in at least half of the 60 steps" in text
+    assert "STRAGGLER HOST: node-b (ranks 8-15) held the others back in 60 of 60 steps" in text
+
+
+def test_one_slow_rank_flags_its_host_in_json_and_a_calm_run_no_host(tmp_path):
+    slowed_run(tmp_path, ranks=6, steps=8, slowed=4)  # node-0: ranks 0-1, node-1: 2-3, node-2: 4-5
+    report = build_report(tmp_path)
+    engine = report["engines"]["main"]
+    assert engine["straggler_ranks"] == [4] and engine["straggler_hosts"] == ["node-2"]  # its host, rightly
+    assert "STRAGGLER HOST" not in render_text(report)  # the text names the rank; its host adds nothing
+    slowed_run(tmp_path, ranks=6, steps=8, slowed=None)
+    assert build_report(tmp_path)["engines"]["main"]["straggler_hosts"] == []
+
+
 def test_a_run_with_no_slowed_rank_names_none(tmp_path):
     slowed_run(tmp_path, ranks=4, steps=10, slowed=None)
     report = build_report(tmp_path)

@@ -121,6 +121,25 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
     return table
 
 
+def _host_table(ranks_summary: Mapping[int, Mapping[str, Any]], view: StepView) -> Dict[str, Dict[str, Any]]:
+    """Per host, the steps whose straggler was one of its ranks, flagged as ranks are (>= half the steps).
+
+    A slow node slows all its ranks alike, so each step's least exposed wait falls on any one of them and
+    no single rank reaches half the steps; the host does.  Only with ranks on more than one host.
+    """
+    hosts: Dict[str, List[int]] = {}
+    for rank, row in ranks_summary.items():
+        hosts.setdefault(row["host"], []).append(rank)
+    if len(hosts) < 2:
+        return {}
+    host_of = {rank: host for host, ranks in hosts.items() for rank in ranks}
+    counts = Counter(host_of[rank] for rank in view.straggler if rank is not None)
+    steps = len(view.global_steps)
+    return {host: {"ranks": sorted(ranks), "straggler_steps": counts[host],
+                   "straggler": steps > 0 and counts[host] >= STRAGGLER_OVERALL_SHARE * steps}
+            for host, ranks in sorted(hosts.items(), key=lambda item: min(item[1]))}
+
+
 def _sum_counts(counters: Iterable[Mapping[str, int]]) -> Dict[str, int]:
     total: Counter = Counter()
     for counter in counters:
@@ -148,6 +167,8 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
             incomplete.append({"kind": "records", "engine": name, "rank": records.rank,
                                "file": Path(records.path).name, "reason": TORN})
     view = step_view(with_records, trace_steps)
+    ranks_summary = _rank_table(with_records, view)
+    hosts_summary = _host_table(ranks_summary, view)
     return {
         "world_size": world,
         "recording_ranks": None if isinstance(recording, range) else list(recording),
@@ -157,7 +178,9 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "old_format_records": sum(records.old_format for records in files),
         "comms_logger_records": sum(records.comms_logger for records in files),
         "straggler_ranks": [rank for rank in view.ranks if is_straggler(view, rank)],
-        "ranks_summary": _rank_table(with_records, view),
+        "ranks_summary": ranks_summary,
+        "straggler_hosts": [host for host, row in hosts_summary.items() if row["straggler"]],
+        "hosts_summary": hosts_summary,
         "events": _event_tables(with_records),
         "collectives": _collective_table(with_records),
         "steps": view,

@@ -97,8 +97,10 @@ def plot_report(report: Mapping[str, Any], path: Path, metric: str = "exposed_wa
         heatmap, breakdown = panels[2 * index], panels[2 * index + 1]
         _heatmap(heatmap, figure, view, metric)
         named = ", ".join(str(rank) for rank in engine["straggler_ranks"]) or "none"
+        hosts = "".join(f"; straggler host: {host}" for host in engine["straggler_hosts"])
         heatmap.set_title(f"engine {name}: {_LABELS[metric]} per rank and step ({len(view.ranks)} ranks, "
-                          f"{len(view.global_steps)} steps); straggler: {named}", loc="left", fontsize="medium")
+                          f"{len(view.global_steps)} steps); straggler: {named}{hosts}", loc="left",
+                          fontsize="medium")
         _breakdown(breakdown, engine, view)
     figure.suptitle(f"ds-profutils report: {report['directory']}")
     try:

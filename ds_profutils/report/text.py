@@ -119,12 +119,20 @@ def _stragglers(engine: Mapping[str, Any]) -> List[str]:
         row = summary[rank]
         lines += _wrap(f"STRAGGLER: rank {rank} ({row['host']}) held the others back in {row['straggler_steps']} of "
                        f"{steps} steps; their waiting beyond its own in those steps: {row['attributed_wait_ms']:,.1f} ms")
+    hosts = engine["hosts_summary"]
     if not named:
         occasional = sorted((rank for rank, row in summary.items() if row["straggler_steps"]),
                             key=lambda rank: -summary[rank]["straggler_steps"])
         detail = ", ".join(f"rank {rank} in {summary[rank]['straggler_steps']}" for rank in occasional[:5])
-        lines += _wrap(f"No straggler: no rank held the others back in at least half of the {steps} steps"
+        lines += _wrap(f"No straggler{' rank' if engine['straggler_hosts'] else ''}: no rank held the others back "
+                       f"in at least half of the {steps} steps"
                        + (f" (step stragglers: {detail}{', ...' if len(occasional) > 5 else ''})." if detail else "."))
+    for host in engine["straggler_hosts"]:
+        row = hosts[host]
+        if set(row["ranks"]) & set(named):
+            continue  # a rank of it is named: that says it
+        lines += _wrap(f"STRAGGLER HOST: {host} (ranks {rank_ranges(row['ranks'])}) held the others back in "
+                       f"{row['straggler_steps']} of {steps} steps: each step's straggler was one of its ranks")
     return lines
 
 
