@@ -100,6 +100,7 @@ def test_missing_and_incomplete_files_are_named_by_rank(tmp_path):
     assert found == {
         ("records", 0): "ends in a torn line (the job stopped mid-write?); the complete records before it are read",
         ("records", 1): "no file",
+        ("records", 2): "ends at step 0; the other ranks' go on to step 2",
         ("records", 3): "no complete record",
         ("trace", 1): "does not parse to its end (the trace ends inside \"traceEvents\" (truncated?))",
     }
@@ -134,6 +135,19 @@ def test_files_an_earlier_run_left_in_a_reused_output_dir_are_left_out_and_named
     assert "records of engine main, rank 3 (zero_fetch_rank_3.jsonl): " + left_out in text
 
 
+def test_a_rank_whose_files_stop_before_the_others_is_named(tmp_path):
+    """Rank 1 killed first (the launcher walks the ranks one by one), or its last cycle's write given up."""
+    write_records(tmp_path, 0, [record(0, step) for step in range(10)])
+    write_records(tmp_path, 1, [record(1, step) for step in range(3)])
+    write_trace(tmp_path / "trace_rank_0.json", {3: 10.0, 4: 10.0, 6: 10.0, 7: 10.0}, rank=0)
+    write_trace(tmp_path / "trace_rank_1.json", {3: 10.0, 4: 10.0}, rank=1)
+    report = build_report(tmp_path)
+    assert [(e["kind"], e["rank"], e["file"], e["reason"]) for e in report["incomplete"]] == [
+        ("records", 1, "zero_fetch_rank_1.jsonl", "ends at step 2; the other ranks' go on to step 9"),
+        ("trace", 1, "trace_rank_1.json", "ends at step 4; the other ranks' go on to step 7")]
+    assert "records of engine main, rank 1 (zero_fetch_rank_1.jsonl): ends at step 2" in render_text(report)
+
+
 def test_an_expected_trace_that_is_absent_is_missing(tmp_path):
     write_trace(tmp_path / "trace_rank_0.json", {0: 1.0}, rank=0, world_size=3, profiled_ranks=None)
     assert [(e["kind"], e["rank"], e["reason"]) for e in build_report(tmp_path)["incomplete"]] == [
@@ -159,7 +173,7 @@ def test_bad_lines_are_counted_and_skipped(tmp_path):
 def test_ranks_left_out_by_the_runs_ranks_setting_are_not_missing(tmp_path):
     write_records(tmp_path, 0, [record(0, step, world_size=4, recording_ranks=[0, 2]) for step in range(2)])
     assert [(e["rank"], e["reason"]) for e in build_report(tmp_path)["incomplete"]] == [(2, "no file")]
-    write_records(tmp_path, 2, [record(2, 0, world_size=4, recording_ranks=[0, 2])])
+    write_records(tmp_path, 2, [record(2, step, world_size=4, recording_ranks=[0, 2]) for step in range(2)])
     assert build_report(tmp_path)["incomplete"] == []
 
 

@@ -15,6 +15,7 @@ import signal
 import psutil
 import pytest
 
+from ds_profutils.report import build_report
 from launcher import DIST_SCRIPTS, LauncherJob
 from profiler_testing import profiler_steps, read_trace
 
@@ -51,6 +52,7 @@ def _recording_ranks(job):
 
 def _assert_each_rank_kept_its_steps(output_dir, output, last=None):
     assert "was not written" not in output, output
+    last_steps = {"trace": {}, "records": {}}
     for rank in RANKS:
         trace = read_trace(output_dir / f"trace_rank_{rank}.json")
         steps = profiler_steps(trace)
@@ -59,8 +61,17 @@ def _assert_each_rank_kept_its_steps(output_dir, output, last=None):
         assert (trace["ds_profutils"]["rank"], trace["ds_profutils"]["step_numbering"]) == (rank, "global")
         cycles = [profiler_steps(read_trace(p)) for p in sorted((output_dir / f"rank_{rank}").glob("*.pt.trace.json"))]
         assert [step for cycle in cycles for step in cycle] == steps and len(cycles) == steps[-1] // CYCLE + 1
-        _assert_records_hold_every_finished_step(output_dir, rank, interrupted_step=steps[-1])
+        last_steps["records"][rank] = _assert_records_hold_every_finished_step(output_dir, rank,
+                                                                               interrupted_step=steps[-1])
+        last_steps["trace"][rank] = steps[-1]
     assert not list(output_dir.rglob(".*")), "temporary files left behind"
+    # The report reads every file whole and names exactly the ranks whose files stop before the others'.
+    report = build_report(output_dir)
+    expected = {(kind, rank) for kind, by_rank in last_steps.items() for rank, step in by_rank.items()
+                if step < max(by_rank.values())}
+    assert {(entry["kind"], entry["rank"]) for entry in report["incomplete"]} == expected, report["incomplete"]
+    assert all(entry["reason"].startswith("ends at step") for entry in report["incomplete"])
+    assert report["problems"] == [] and set(report["traces"]) == set(RANKS)
 
 
 def _assert_records_hold_every_finished_step(output_dir, rank, interrupted_step):
@@ -72,6 +83,7 @@ def _assert_records_hold_every_finished_step(output_dir, rank, interrupted_step)
     global_steps = [record["global_step"] for record in records]
     assert global_steps == list(range(len(records))) and len(records) in (interrupted_step, interrupted_step + 1)
     assert all(record["mode"] == "train" and record["rank"] == rank and record["events"] for record in records)
+    return global_steps[-1]
 
 
 def test_sigterm_to_the_whole_process_group_as_timeout_and_slurm_send(tmp_path, output_dir):

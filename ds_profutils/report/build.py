@@ -166,6 +166,8 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         if records.torn:
             incomplete.append({"kind": "records", "engine": name, "rank": records.rank,
                                "file": Path(records.path).name, "reason": TORN})
+    incomplete += _ending_early("records", {records.rank: (Path(records.path), list(records.global_steps))
+                                            for records in with_records}, name)
     view = step_view(with_records, trace_steps)
     ranks_summary = _rank_table(with_records, view)
     hosts_summary = _host_table(ranks_summary, view)
@@ -209,14 +211,27 @@ def _earlier_run(kind: str, rank: int, path: Path, world_size: int, engine: Opti
             "reason": f"left out: an earlier run's file (world size {world_size}, not this run's)"}
 
 
-def _missing_traces(found: Mapping[int, Path], traces: Mapping[int, Any], incomplete: List[Dict[str, Any]]) -> None:
-    """Which ranks should have a trace: the profiler's "ranks" setting, as the traces record it."""
+def _ending_early(kind: str, steps: Mapping[int, Tuple[Path, Sequence[int]]],
+                  engine: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Ranks whose files stop before the others' (a rank killed first, a write given up at the deadline)."""
+    last = {rank: (path, max(numbers)) for rank, (path, numbers) in steps.items() if numbers}
+    end = max((step for _, step in last.values()), default=None)
+    return [{"kind": kind, "engine": engine, "rank": rank, "file": path.name,
+             "reason": f"ends at step {step}; the other ranks' go on to step {end}"}
+            for rank, (path, step) in sorted(last.items()) if step < end]
+
+
+def _trace_gaps(found: Mapping[int, Path], traces: Mapping[int, Any], incomplete: List[Dict[str, Any]]) -> None:
+    """Traces missing (the profiler's "ranks" setting, as the traces record it, says which ranks should
+    have one) or ending before the others'."""
     expected = set()
     for summary in traces.values():
         if "profiled_ranks" in summary and summary["world_size"]:
             expected |= set(summary["profiled_ranks"] or range(summary["world_size"]))
     for rank in sorted(expected - set(found)):
         incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": None, "reason": "no file"})
+    incomplete += _ending_early("trace", {rank: (found[rank], [step["step"] for step in summary["steps"]])
+                                          for rank, summary in traces.items()})
 
 
 def _joined_engine(engines: Sequence[str]) -> Optional[str]:
@@ -259,7 +274,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     earlier = [rank for rank, summary in traces.items() if summary["world_size"] not in (None, 0, world)]
     for rank in earlier:
         incomplete.append(_earlier_run("trace", rank, traces_found[rank], traces.pop(rank)["world_size"]))
-    _missing_traces({rank: path for rank, path in traces_found.items() if rank not in earlier}, traces, incomplete)
+    _trace_gaps({rank: path for rank, path in traces_found.items() if rank not in earlier}, traces, incomplete)
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
                    if summary["step_numbering"] == "global"}
     names = sorted({f.engine for f in files}, key=lambda name: (name != MAIN_ENGINE, name))  # the main engine first
