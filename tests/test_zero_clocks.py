@@ -194,6 +194,28 @@ def test_an_eval_record_holds_its_own_forwards_collectives_not_what_follows(tmp_
     assert first["mode"] == "eval" and first["collectives"] == {} and first["collective_wait_ms"] == 0
 
 
+def test_on_the_device_clock_a_side_stream_collective_is_timed_on_the_host_and_kept_apart(tmp_path, device,
+                                                                                         backend, monkeypatch):
+    """ZeRO-3's overlap_comm reduce-scatter runs on its own stream: events there would time the collective,
+    not a stall of the compute stream."""
+    on_side_stream = []
+    monkeypatch.setattr(collectives, "_on_side_stream", lambda: bool(on_side_stream))
+    engine, tensor = Engine(), torch.ones(2)
+    with recorder_for(engine, tmp_path, device_events=DeviceEvents(device.event)):
+        engine.forward()
+        backend.all_reduce(tensor, None, None, False)  # the compute stream: device events, one tick
+        on_side_stream.append(True)
+        backend.reduce_scatter_tensor(tensor, tensor, None, None, False)
+        backend.all_reduce(tensor, None, None, False)  # 20 ms on the host
+        engine.step()
+    (record, ) = read_records(tmp_path)
+    found = record["collectives"]
+    assert found["all_reduce"] == {"count": 1, "time_ms": 1.0, "clock": "device"}
+    assert found["all_reduce@side-stream"]["clock"] == "host" and found["all_reduce@side-stream"]["time_ms"] >= 20
+    assert found["reduce_scatter_tensor@side-stream"]["clock"] == "host"
+    assert record["collective_wait_ms"] == pytest.approx(sum(entry["time_ms"] for entry in found.values()))
+
+
 def test_async_op_positions_are_deepspeeds():
     """The table of where async_op sits in each backend method, checked against DeepSpeed's own source (its
     methods are wrapped by decorators that hide their signatures from inspect)."""

@@ -5,7 +5,8 @@ at a gradient reduce-scatter or all-reduce costs its peers that time inside the 
 through ``deepspeed.comm`` made without ``async_op`` (and the collectives that are always blocking)
 is timed while a record is open, on the record's clock: the host clock, or a pair of device events
 on the current stream where the accelerator has device timers (on NCCL a blocking call returns once
-the stream is made to wait; the events see the stall).  Calls with ``async_op=True`` overlap compute
+the stream is made to wait; the events see the stall) -- unless the call comes from a side stream
+(:data:`SIDE_STREAM_SUFFIX`).  Calls with ``async_op=True`` overlap compute
 (ZeRO-3's parameter all-gathers) and are not waiting; their waits are the fetch waits.
 
 DeepSpeed's comms logger is not built upon: it synchronizes the device after every collective.
@@ -22,7 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Protocol
 from .device_clock import DeviceEvents, Pair
 
 __all__ = [
-    "ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "CollectiveListener", "listen", "stop_listening", "subscribe", "unsubscribe"
+    "ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "CollectiveListener", "SIDE_STREAM_SUFFIX", "listen", "stop_listening",
+    "subscribe", "unsubscribe"
 ]
 
 ASYNC_OP_POSITION: Dict[str, int] = {
@@ -72,7 +74,9 @@ class _Monitor:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self.listeners or _is_async(args, kwargs, async_position):
                 return method(*args, **kwargs)
-            events = self.device_events
+            events, name = self.device_events, op
+            if events is not None and _on_side_stream():
+                events, name = None, op + SIDE_STREAM_SUFFIX
             start = events.mark() if events is not None else None
             began = perf_counter_ns()
             try:
@@ -81,13 +85,28 @@ class _Monitor:
                 host_ns = perf_counter_ns() - began
                 pair = events.pair(start, events.mark(), host_ns) if events is not None else None
                 for listener in self.listeners:
-                    listener.collective(op, host_ns, pair)
+                    listener.collective(name, host_ns, pair)
 
         return timed
 
     def remove(self) -> None:
         for op in [*ASYNC_OP_POSITION, *ALWAYS_BLOCKING]:
             vars(self.backend).pop(op, None)
+
+
+SIDE_STREAM_SUFFIX = "@side-stream"
+"""Appended to a collective called on the device clock's accelerator from a stream other than the
+default one: ZeRO-3's gradient reduce-scatter with ``overlap_comm`` runs in
+``with get_accelerator().stream(reduce_and_partition_stream)``.  Events there would time the collective
+on that stream, not a stall of the compute stream, so such calls are timed on the host (on NCCL,
+about the launch) and kept apart in the record."""
+
+
+def _on_side_stream() -> bool:
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    return accelerator.current_stream() != accelerator.default_stream()
 
 
 def _is_async(args: tuple, kwargs: Dict[str, Any], position: Optional[int]) -> bool:

@@ -261,7 +261,8 @@ class ZeroFetchRecorder:
         record["step_time_ms"] = (_ns(step.step_pair) if step.step_pair else step.end_ns - step.start_ns) / _NS_PER_MS
         record["fetch_wait_ms"] = sum(events[name]["time_ms"] for name in DEVICE_TIMED if name in events)
         record["collectives"] = {
-            op: {"count": count, "time_ms": (sum(map(_ns, pairs)) if pairs else host_ns) / _NS_PER_MS}
+            op: {"count": count, "time_ms": (sum(map(_ns, pairs)) if pairs else host_ns) / _NS_PER_MS,
+                 "clock": _clock(pairs) if pairs else "host"}
             for op, (count, host_ns, pairs) in step.collectives.items()
         }
         record["collective_wait_ms"] = sum(entry["time_ms"] for entry in record["collectives"].values())
