@@ -120,6 +120,13 @@ def test_world_size_checks_configured_ranks(tmp_path, capsys):
     assert main(["check-config", "--world-size", "2", str(path)]) == EXIT_INVALID
     assert capsys.readouterr().err == (f"{path}: profiler.ranks: ranks [3] are outside the world size 2; "
                                        "expected global ranks 0..1, or null for all ranks\n")
+    # Listed beside other problems, not only once they are fixed.
+    path.write_text('{"profiler": {"ranks": [0, 3], "active": -1}, "partitioned_param_profiler": {"ranks": [1]}}')
+    assert main(["check-config", "--world-size", "2", str(path)]) == EXIT_INVALID
+    problems = capsys.readouterr().err.splitlines()
+    assert len(problems) == 2 and problems[0].startswith(f"{path}: profiler.active: -1")
+    assert problems[1] == (f"{path}: profiler.ranks: ranks [3] are outside the world size 2; "
+                           "expected global ranks 0..1, or null for all ranks")
 
 
 def test_usage_errors_exit_2(capsys):

@@ -33,14 +33,22 @@ def _render(settings: Mapping[str, Any], indent: str = "") -> List[str]:
     return lines
 
 
-def _rank_problems(config: ProfUtilsConfig, world_size: int) -> List[ConfigProblem]:
-    """Every configured rank list checked against the job's world size, as the features do at run time."""
+_RANK_KEYS = (("profiler", "ranks"), ("profiler", "summary_ranks"), ("partitioned_param_profiler", "ranks"))
+
+
+def _rank_problems(sections: Mapping[str, Any], world_size: int) -> List[ConfigProblem]:
+    """Every configured rank list checked against the job's world size, as the features do at run time.
+
+    ``sections``: the resolved settings, or (when other values are bad) the file's own, so that these
+    problems are listed beside the others rather than after they are fixed.
+    """
     problems: List[ConfigProblem] = []
-    for key, ranks in (("profiler.ranks", config.profiler.ranks),
-                       ("profiler.summary_ranks", config.profiler.summary_ranks),
-                       ("partitioned_param_profiler.ranks", config.partitioned_param_profiler.ranks)):
+    for section, key in _RANK_KEYS:
+        ranks = sections.get(section, {}).get(key) if isinstance(sections.get(section), Mapping) else None
+        if not isinstance(ranks, list) or not all(type(rank) is int for rank in ranks):
+            continue  # absent, null (every rank), or a bad value loading has named
         try:
-            check_ranks(key, ranks, world_size)
+            check_ranks(f"{section}.{key}", ranks, world_size)
         except ConfigError as exc:
             problems.extend(exc.problems)
     return problems
@@ -54,10 +62,11 @@ def _check(path: str, world_size: Optional[int]) -> Tuple[ProfUtilsConfig, Mappi
     try:
         config = config_from_raw(raw, origin)
     except ConfigError as exc:
-        raise ConfigError(misspelt + list(exc.problems), origin) from None
+        ranks = _rank_problems(raw, world_size) if world_size is not None and isinstance(raw, Mapping) else []
+        raise ConfigError(misspelt + list(exc.problems) + ranks, origin) from None
     problems = misspelt + zero_stage_problems(raw, config) + output_dir_problems(config)
     if world_size is not None:
-        problems += _rank_problems(config, world_size)
+        problems += _rank_problems(config.model_dump(), world_size)
     if problems:
         raise ConfigError(problems, origin)
     return config, raw
