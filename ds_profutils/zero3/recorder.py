@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import time
 import weakref
 from collections import deque
 from time import perf_counter_ns
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, TypeVar
 
+import orjson
 import torch
 
 from .._stats import DurationStats
@@ -270,7 +270,8 @@ class ZeroFetchRecorder:
         if self.device_events is not None:
             record["clock"] = _clock(step.pairs())
         record["events"] = events
-        return (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        # orjson: a record is built on the step's own time, and the stdlib's encoder was a quarter of it.
+        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
 
     def _write(self, line: bytes) -> None:
         try:
