@@ -29,7 +29,7 @@ setup(
         "packaging>=20.0",
         "pydantic>=2.0",
         "hjson",
-        "orjson>=3.9",  # the report parses gigabytes of per-rank records (5x the stdlib's speed)
+        "orjson>=3.9",  # the report parses gigabytes of per-rank records; the recorder encodes one per step
     ],
     extras_require={
         "test": ["pytest>=7", "matplotlib>=3.5"],
