@@ -80,11 +80,22 @@ def test_a_programs_own_handler_is_called_instead_and_kept(tmp_path, handlers):
     assert signal.getsignal(signal.SIGTERM) is own and signal.getsignal(signal.SIGINT) is own
 
 
-def test_a_sigterm_the_program_handles_while_writing_stops_nothing(tmp_path, handlers, monkeypatch, ds_caplog):
+@pytest.mark.parametrize("while_torch", ["stops", "exports"])
+def test_a_sigterm_the_program_handles_while_writing_stops_nothing(tmp_path, handlers, monkeypatch, ds_caplog,
+                                                                    while_torch):
     """Graceful preemption (SLURM's --signal, a handler that sets a flag and checkpoints): a SIGTERM that
     arrives while a cycle is written reaches the program's handler once the files are on disk; the run,
-    its later cycles and the other writers (the ZeRO-3 recorders) go on."""
-    _export_sending(monkeypatch, signal.SIGTERM)
+    its later cycles, their operator summary and the other writers (the ZeRO-3 recorders) go on."""
+    if while_torch == "exports":
+        _export_sending(monkeypatch, signal.SIGTERM)
+    else:
+        stop = torch.profiler.profile.stop_trace
+
+        def stop_sending(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return stop(self)
+
+        monkeypatch.setattr(torch.profiler.profile, "stop_trace", stop_sending)
     received, other_writer_closed, summaries = [], [], []
     outputs.call_before_signal_exit(lambda: other_writer_closed.append(True))
     monkeypatch.setattr(profiler_run, "show_comms_summary", lambda *args: summaries.append(args))
@@ -99,7 +110,7 @@ def test_a_sigterm_the_program_handles_while_writing_stops_nothing(tmp_path, han
         assert received == [signal.SIGTERM, signal.SIGTERM]  # one per cycle written
         assert other_writer_closed == [] and len(summaries) == 1  # a normal end: the comms summary is shown
         assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [1, 2, 4, 5]
-        assert "interrupted" not in ds_caplog.text
+        assert "interrupted" not in ds_caplog.text and "leaves out" not in ds_caplog.text
     finally:
         outputs._signal_exit_callbacks.clear()
 
@@ -148,6 +159,44 @@ def test_torchs_sigchld_handler_installed_after_the_window_opened_is_held_while_
         assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 5]
         assert calls == []  # held while writing, then not delivered: the write is done
         assert signal.getsignal(signal.SIGCHLD) is torch_like_handler  # given back
+    finally:
+        signal.signal(signal.SIGCHLD, previous_sigchld)
+
+
+def test_sigchld_handlers_that_call_the_one_they_found_never_loop(tmp_path, handlers, monkeypatch):
+    """torch's SIGCHLD handler calls the handler it found, which may be this guard's: one DataLoader before
+    the window (set aside as it opens), another made inside it (set aside while writing), two windows."""
+    calls = []
+    previous_sigchld = signal.getsignal(signal.SIGCHLD)
+
+    def torch_like(name):
+        found = signal.getsignal(signal.SIGCHLD)
+
+        def handler(signum, frame):
+            calls.append(name)
+            if callable(found):
+                found(signum, frame)
+
+        signal.signal(signal.SIGCHLD, handler)
+
+    def train():
+        for step in range(10):
+            if step == 3:
+                torch_like("later loader")
+            if step in (4, 8):
+                calls.clear()
+                signal.raise_signal(signal.SIGCHLD)
+                # Never a loop, torch's newest handler once (torch's handler checks every loader's workers).
+                # In the second window the guard sets aside the newest handler, which leads back to it:
+                # the call ends there, so the oldest is not reached again.
+                expected = ["first loader", "later loader"] if step == 4 else ["later loader"]
+                assert sorted(calls) == expected, (step, calls)
+            step_profiler()
+
+    try:
+        torch_like("first loader")
+        profiler(output_dir=str(tmp_path), skip_first=0, wait=2, warmup=1, active=2, repeat=2)(train)()
+        assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 8, 9]
     finally:
         signal.signal(signal.SIGCHLD, previous_sigchld)
 

@@ -78,11 +78,13 @@ class SignalGuard:
         self._give_up: Optional[str] = None
         self._warned: Set[str] = set()
         self.stopped_by_signal = False  # a SIGTERM/SIGINT raised into the run (never reset)
+        self._sigchld_aside: Any = None  # a SIGCHLD handler set aside while one write runs
+        self._in_sigchld = False
 
     @property
     def interrupted(self) -> bool:
         """True once a SIGTERM/SIGINT arrived that has not been delivered yet (or was turned into an exception)."""
-        return bool(self._pending) or self._reraise is not None or self._signalled_at is not None
+        return self._reraise is not None or self._signalled_at is not None
 
     def install(self) -> None:
         """Install the handler (a window begins holding unsaved steps)."""
@@ -92,36 +94,36 @@ class SignalGuard:
             self._warn_once("thread", "profiler: running outside the main thread, where Python allows no signal "
                             "handlers: a SIGTERM or SIGINT while a window is recorded loses that window's steps")
             return
-        for signum in _STOPPING:
+        for signum in (*_STOPPING, _SIGCHLD):
+            if signum is None:
+                continue
             current = signal.getsignal(signum)
+            if signum == _SIGCHLD and not callable(current):
+                continue  # only a Python handler (torch's DataLoader's) is ever set aside
             if current == signal.SIG_IGN:
                 continue  # an ignored signal stays ignored
             if current is None:
                 self._warn_once(str(signum), f"profiler: {signal.Signals(signum).name} has a handler installed "
                                 "outside Python, which is left in place: that signal loses the window being recorded")
                 continue
+            self._previous[signum] = current  # before the handler: a signal may come at once
             try:
                 signal.signal(signum, self._handler)
             except (ValueError, OSError) as exc:  # e.g. an embedded interpreter without signals
                 self._warn_once(str(signum), f"profiler: cannot handle {signal.Signals(signum).name} ({exc})")
                 continue
-            self._previous[signum] = current
             self._installed.append(signum)
-        self.set_sigchld_aside()
 
     def set_sigchld_aside(self) -> None:
-        """Route a Python SIGCHLD handler (torch's DataLoader's) through this guard, which holds it while
-        writing.  Called when the window opens and again as each write begins: a DataLoader iterator
-        made after the window opened installs torch's handler over everything."""
-        if _SIGCHLD is None or not self._installed:
+        """As a write begins: a DataLoader iterator made after the window opened has put torch's SIGCHLD
+        handler over this guard's; set it aside until the write is done (:meth:`release` puts it back)."""
+        if _SIGCHLD is None or not self._installed or self._sigchld_aside is not None:
             return
         current = signal.getsignal(_SIGCHLD)
         if not callable(current) or current == self._handler:
             return  # only a Python handler is ever set aside
+        self._sigchld_aside = current
         signal.signal(_SIGCHLD, self._handler)
-        self._previous[_SIGCHLD] = current
-        if _SIGCHLD not in self._installed:
-            self._installed.append(_SIGCHLD)
 
     def restore(self) -> None:
         """Put back the program's handlers, where ours is still the one installed."""
@@ -134,6 +136,9 @@ class SignalGuard:
         """End a hold: put the program's handlers back if ``restore`` (no unsaved steps are left), then
         deliver the held signals, SIGTERM turned into an exception first, to whatever handles them now."""
         reraise = None
+        aside, self._sigchld_aside = self._sigchld_aside, None
+        if aside is not None and signal.getsignal(_SIGCHLD) == self._handler:
+            signal.signal(_SIGCHLD, aside)  # torch's, which calls the handler it found: this guard's
         if restore:
             self.restore()
             reraise, self._reraise = self._reraise, None
@@ -170,10 +175,14 @@ class SignalGuard:
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
         held = self.holding or (frame is not None and frame.f_code in _RUN_ENDINGS)
         if signum == _SIGCHLD:
-            if not held:
-                self._previous[signum](signum, frame)
+            self._sigchld(signum, frame, held)
             return
         previous = self._previous.get(signum)
+        program_handles = callable(previous) and previous is not signal.default_int_handler
+        if held and program_handles:
+            if signum not in self._pending:
+                self._pending.append(signum)  # for the program's handler, once written: no deadline
+            return
         if not held and callable(previous):
             try:
                 previous(signum, frame)
@@ -191,6 +200,18 @@ class SignalGuard:
             raise KeyboardInterrupt
         self._reraise = signum
         raise SystemExit(128 + signum)
+
+    def _sigchld(self, signum: int, frame: Optional[FrameType], held: bool) -> None:
+        """Not while writing; otherwise the handler set aside when the window opened.  A handler that
+        calls the one it found (torch's does) may lead back here: that call ends here."""
+        previous = self._previous.get(signum)
+        if held or self._in_sigchld or not callable(previous):
+            return
+        self._in_sigchld = True
+        try:
+            previous(signum, frame)
+        finally:
+            self._in_sigchld = False
 
     def _count(self, signum: int) -> None:
         """A SIGTERM/SIGINT for this guard: the deadline starts at the first, SIGINTs are counted."""
