@@ -12,8 +12,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
-from .steps import (STRAGGLER_MIN_SPREAD_MS, STRAGGLER_OVERALL_SHARE, STRAGGLER_STEP_SHARE, StepView, is_straggler,
-                    step_view, straggler_rule)
+from .steps import (HOST_MAX_SHARE, HOST_OVER_FAIR_SHARE, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_OVERALL_SHARE,
+                    STRAGGLER_STEP_SHARE, StepView, host_share_needed, is_straggler, step_view, straggler_rule)
 from .traces import TraceFormatError, summarize_trace
 
 __all__ = ["ReportError", "build_report"]
@@ -122,7 +122,7 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
 
 
 def _host_table(ranks_summary: Mapping[int, Mapping[str, Any]], view: StepView) -> Dict[str, Dict[str, Any]]:
-    """Per host, the steps whose straggler was one of its ranks, flagged as ranks are (>= half the steps).
+    """Per host, the steps whose straggler was one of its ranks, flagged by :func:`host_share_needed`.
 
     A slow node slows all its ranks alike, so each step's least exposed wait falls on any one of them and
     no single rank reaches half the steps; the host does.  Only with ranks on more than one host.
@@ -136,7 +136,7 @@ def _host_table(ranks_summary: Mapping[int, Mapping[str, Any]], view: StepView) 
     counts = Counter(host_of[rank] for rank in view.straggler if rank is not None)
     steps = len(view.global_steps)
     return {host: {"ranks": sorted(ranks), "straggler_steps": counts[host],
-                   "straggler": steps > 0 and counts[host] >= STRAGGLER_OVERALL_SHARE * steps}
+                   "straggler": steps > 0 and counts[host] >= host_share_needed(len(ranks), len(host_of)) * steps}
             for host, ranks in sorted(hosts.items(), key=lambda item: min(item[1]))}
 
 
@@ -293,7 +293,8 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
         "directory": str(directory),
         "straggler_rule": {"text": straggler_rule(), "min_spread_ms": STRAGGLER_MIN_SPREAD_MS,
                            "min_spread_share_of_median_step": STRAGGLER_STEP_SHARE,
-                           "overall_share_of_steps": STRAGGLER_OVERALL_SHARE},
+                           "overall_share_of_steps": STRAGGLER_OVERALL_SHARE,
+                           "host_over_fair_share": HOST_OVER_FAIR_SHARE, "host_max_share": HOST_MAX_SHARE},
         "hosts": {host: sorted(ranks) for host, ranks in sorted(hosts.items())},
         "incomplete": sorted(incomplete, key=lambda entry: (entry["kind"], entry["engine"] or "", entry["rank"])),
         "problems": [{"engine": records.engine, "rank": records.rank, "file": Path(records.path).name,

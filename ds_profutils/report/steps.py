@@ -19,8 +19,9 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from .records import FileRecords
 
-__all__ = ["STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_OVERALL_SHARE", "STRAGGLER_STEP_SHARE", "Matrix", "StepView",
-           "is_straggler", "step_view", "straggler_rule"]
+__all__ = ["HOST_MAX_SHARE", "HOST_OVER_FAIR_SHARE", "STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_OVERALL_SHARE",
+           "STRAGGLER_STEP_SHARE", "Matrix", "StepView", "host_share_needed", "is_straggler", "step_view",
+           "straggler_rule"]
 
 STRAGGLER_MIN_SPREAD_MS = 2.0
 """A step has a straggler only when max - min exposed wait across ranks is at least this ..."""
@@ -28,6 +29,16 @@ STRAGGLER_STEP_SHARE = 0.10
 """... and at least this share of the step's median step time (noise is not a straggler)."""
 STRAGGLER_OVERALL_SHARE = 0.5
 """A rank is flagged overall when it is the straggler in at least this share of the recorded train steps."""
+HOST_OVER_FAIR_SHARE = 1.5
+"""A host is flagged when its ranks are the step straggler this many times more often than its share of the
+ranks would make them by chance (at least ``STRAGGLER_OVERALL_SHARE`` of the steps, at most ``HOST_MAX_SHARE``)."""
+HOST_MAX_SHARE = 0.9
+
+
+def host_share_needed(host_ranks: int, ranks: int) -> float:
+    """The share of steps a host's ranks must be the straggler in for the host to be flagged: noise makes
+    each rank the step straggler by chance, so a host of half the ranks gets about half the steps."""
+    return max(STRAGGLER_OVERALL_SHARE, min(HOST_MAX_SHARE, HOST_OVER_FAIR_SHARE * host_ranks / ranks))
 
 
 def straggler_rule() -> str:
@@ -35,7 +46,9 @@ def straggler_rule() -> str:
     return (f"a step's straggler is the rank with the least exposed wait where the spread of exposed wait across "
             f"ranks (max - min) is >= max({STRAGGLER_MIN_SPREAD_MS:g} ms, {STRAGGLER_STEP_SHARE:.0%} of the step's "
             f"median step time); a rank is flagged STRAGGLER when it is the step straggler in >= "
-            f"{STRAGGLER_OVERALL_SHARE:.0%} of the recorded train steps")
+            f"{STRAGGLER_OVERALL_SHARE:.0%} of the recorded train steps; with ranks on several hosts, a host is "
+            f"flagged STRAGGLER HOST when its ranks are in >= {HOST_OVER_FAIR_SHARE:g}x its share of the ranks "
+            f"(at least {STRAGGLER_OVERALL_SHARE:.0%}, at most {HOST_MAX_SHARE:.0%}) of them")
 
 
 class Matrix:

@@ -132,7 +132,7 @@ def _stragglers(engine: Mapping[str, Any]) -> List[str]:
         if set(row["ranks"]) & set(named):
             continue  # a rank of it is named: that says it
         lines += _wrap(f"STRAGGLER HOST: {host} (ranks {rank_ranges(row['ranks'])}) held the others back in "
-                       f"{row['straggler_steps']} of {steps} steps: each step's straggler was one of its ranks")
+                       f"{row['straggler_steps']} of {steps} steps: their straggler was one of its ranks")
     return lines
 
 
