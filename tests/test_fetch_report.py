@@ -116,14 +116,16 @@ def test_files_an_earlier_run_left_in_a_reused_output_dir_are_left_out_and_named
     """An earlier 4-rank run in the same output_dir; this run has 2 ranks, so ranks 2 and 3's files stay."""
     import os
 
-    old = [write_records(tmp_path, rank, [record(rank, step, world_size=4, collective_ms=0.0 if rank == 3 else 40.0)
-                                          for step in range(5)]) for rank in (2, 3)]
-    write_trace(tmp_path / "trace_rank_3.json", {0: 9.0}, rank=3, world_size=4)
-    for path in old + [tmp_path / "trace_rank_3.json"]:
-        os.utime(path, (1_700_000_000, 1_700_000_000))
+    for rank in (2, 3):  # a day earlier by the times inside (copies change mtimes; these are kept newest)
+        write_records(tmp_path, rank, [record(rank, step, world_size=4, collective_ms=0.0 if rank == 3 else 40.0,
+                                              time=1_789_900_000.0 + step) for step in range(5)])
+    write_trace(tmp_path / "trace_rank_3.json", {0: 9.0}, rank=3, world_size=4)  # no base time: its mtime
+    os.utime(tmp_path / "trace_rank_3.json", (1_700_000_000, 1_700_000_000))
     for rank in (0, 1):
         write_records(tmp_path, rank, [record(rank, step) for step in range(5)])
     write_trace(tmp_path / "trace_rank_0.json", {0: 20.0}, rank=0)
+    for rank in (2, 3):
+        os.utime(records_file(tmp_path, rank), None)  # the earlier run's records copied last
     report = build_report(tmp_path)
     engine = report["engines"]["main"]
     assert engine["world_size"] == 2 and engine["ranks"] == [0, 1] and engine["straggler_ranks"] == []

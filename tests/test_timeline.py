@@ -135,12 +135,11 @@ def test_alignment_without_a_launcher(tmp_path, capsys):
 
 
 def test_an_earlier_runs_trace_in_a_reused_output_dir_is_left_out(tmp_path, capsys):
-    import os
-
-    synthetic_trace(tmp_path / "trace_rank_3.json", 3, "a", 10**18, collective_end_us=1000.0, world_size=4)
-    os.utime(tmp_path / "trace_rank_3.json", (1_700_000_000, 1_700_000_000))
     for rank in (0, 1):
         synthetic_trace(tmp_path / f"trace_rank_{rank}.json", rank, "a", 10**18, collective_end_us=1000.0)
+    # a day earlier by its clock base, though written (copied) last
+    synthetic_trace(tmp_path / "trace_rank_3.json", 3, "a", 10**18 - 86400 * 10**9, collective_end_us=1000.0,
+                    world_size=4)
     assert main(["timeline", str(tmp_path), "-o", str(tmp_path / "out.json")]) == 0
     assert "rank 3: trace_rank_3.json is an earlier run's trace (world size 4, not 2); left out" in \
         capsys.readouterr().err

@@ -200,9 +200,11 @@ def _traces(found: Mapping[int, Path], top_ops: int, incomplete: List[Dict[str, 
     return traces
 
 
-def newest_world_size(files: Iterable[Tuple[Path, Optional[int]]]) -> Optional[int]:
-    """The world size the newest file was written with: this run's (an output_dir is often reused)."""
-    newest = max(((path.stat().st_mtime, size) for path, size in files if size), default=None)
+def newest_world_size(files: Iterable[Tuple[Path, Optional[float], Optional[int]]]) -> Optional[int]:
+    """The world size of the newest of ``(path, wall-clock seconds inside it, world size)``: this run's (an
+    output_dir is often reused).  The time inside the file, not its mtime, which a copy changes."""
+    newest = max(((written if written else path.stat().st_mtime, size) for path, written, size in files if size),
+                 default=None)
     return None if newest is None else newest[1]
 
 
@@ -266,8 +268,9 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     traces = _traces(traces_found, top_ops, incomplete)
     files = read_all(record_files)
     # Files a run with another world size left in a reused output_dir (ranks this run does not have).
-    world = newest_world_size([(Path(f.path), f.world_size) for f in files] +
-                               [(traces_found[rank], summary["world_size"]) for rank, summary in traces.items()])
+    world = newest_world_size([(Path(f.path), f.last_time, f.world_size) for f in files] +
+                              [(traces_found[rank], (summary["base_time_ns"] or 0) / 1e9, summary["world_size"])
+                               for rank, summary in traces.items()])
     for records in [f for f in files if f.world_size not in (0, world)]:
         files.remove(records)
         incomplete.append(_earlier_run("records", records.rank, Path(records.path), records.world_size, records.engine))

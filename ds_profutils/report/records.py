@@ -50,6 +50,7 @@ class FileRecords:
     rank: int
     path: str
     world_size: int = 0
+    last_time: float = 0.0  # wall-clock seconds of the latest record (its forward's start)
     recording_ranks: Optional[Tuple[int, ...]] = None  # the run's "ranks" setting; None: every rank
     kinds: Dict[Kind, int] = field(default_factory=dict)  # records of each kind
     events: Dict[str, Dict[str, List[Any]]] = field(default_factory=dict)  # mode -> event -> totals
@@ -164,6 +165,9 @@ class FileRecords:
                 totals[MAX] = high
         if world_size > self.world_size:
             self.world_size = world_size
+        written = record.get("time")
+        if type(written) is float and written > self.last_time:
+            self.last_time = written
         if changed:
             self.recording_ranks, self._recording_seen = recording_ranks, recording
         self.kinds[kind] = self.kinds.get(kind, 0) + 1

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         _error(f"{directory}: no such directory")
         return 1
     scans = [scan_trace(path, rank) for rank, path in trace_files(directory).items()]
-    world = newest_world_size((scan.path, scan.world_size) for scan in scans)
+    world = newest_world_size((scan.path, (scan.base_ns or 0) / 1e9, scan.world_size) for scan in scans)
     for scan in [scan for scan in scans if scan.world_size not in (None, 0, world)]:
         scans.remove(scan)
         _error(f"rank {scan.rank}: {scan.path.name} is an earlier run's trace (world size {scan.world_size}, not "

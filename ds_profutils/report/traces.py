@@ -147,6 +147,7 @@ def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
         "rank": ours.get("rank", torch_info.get("rank")),
         "host": ours.get("host"),
         "world_size": ours.get("world_size", torch_info.get("world_size")),
+        "base_time_ns": header.get("baseTimeNanoseconds"),  # wall clock at the profiler's start
         "step_numbering": ours.get("step_numbering"),
         # null: every rank was profiled; absent: the trace does not say (an older ds_profutils)
         **({"profiled_ranks": ours["profiled_ranks"]} if "profiled_ranks" in ours else {}),

@@ -319,8 +319,13 @@ class ZeroFetchRecorder:
         logger.error("ds_profutils: the ZeRO-3 fetch recorder of engine %r failed (%s: %s); it stops recording and "
                      "training goes on; the steps recorded so far are in %s", self.name, type(exc).__name__, exc,
                      self.path)
-        if not self.closed:
-            self._detach()
+        if self.closed:
+            return
+        try:
+            self._write_ready(settled=True)  # what finished, on host times where device times are not known
+        except Exception:  # the same failure again: the records before it are on disk
+            pass
+        self._detach()
 
     def __enter__(self) -> "ZeroFetchRecorder":
         return self
