@@ -1,6 +1,7 @@
 """Fetch records on the device clock and the exposed wait in blocking collectives, on the stand-in engine
 of test_zero_attach (the real ZeRO-3 engine with a stand-in accelerator runs in test_zero_fidelity)."""
 import time
+import types
 
 import pytest
 import torch
@@ -214,6 +215,19 @@ def test_on_the_device_clock_a_side_stream_collective_is_timed_on_the_host_and_k
     assert found["all_reduce@side-stream"]["clock"] == "host" and found["all_reduce@side-stream"]["time_ms"] >= 20
     assert found["reduce_scatter_tensor@side-stream"]["clock"] == "host"
     assert record["collective_wait_ms"] == pytest.approx(sum(entry["time_ms"] for entry in found.values()))
+
+
+def test_the_compute_stream_is_the_one_the_forward_started_on(monkeypatch):
+    """A job that runs its steps in a stream of its own: its collectives are on the compute stream."""
+    import deepspeed.accelerator
+
+    current = ["the job's stream"]
+    accelerator = types.SimpleNamespace(current_stream=lambda: current[0], default_stream=lambda: "default")
+    monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", lambda: accelerator)
+    collectives.note_compute_stream()
+    assert not collectives._on_side_stream()
+    current[0] = "reduce_and_partition_stream"
+    assert collectives._on_side_stream()
 
 
 def test_async_op_positions_are_deepspeeds():

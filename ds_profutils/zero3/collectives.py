@@ -23,8 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Protocol
 from .device_clock import DeviceEvents, Pair
 
 __all__ = [
-    "ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "CollectiveListener", "SIDE_STREAM_SUFFIX", "listen", "stop_listening",
-    "subscribe", "unsubscribe"
+    "ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "CollectiveListener", "SIDE_STREAM_SUFFIX", "listen",
+    "note_compute_stream", "stop_listening", "subscribe", "unsubscribe"
 ]
 
 ASYNC_OP_POSITION: Dict[str, int] = {
@@ -96,17 +96,28 @@ class _Monitor:
 
 SIDE_STREAM_SUFFIX = "@side-stream"
 """Appended to a collective called on the device clock's accelerator from a stream other than the
-default one: ZeRO-3's gradient reduce-scatter with ``overlap_comm`` runs in
+one the step's forward started on: ZeRO-3's gradient reduce-scatter with ``overlap_comm`` runs in
 ``with get_accelerator().stream(reduce_and_partition_stream)``.  Events there would time the collective
 on that stream, not a stall of the compute stream, so such calls are timed on the host (on NCCL,
 about the launch) and kept apart in the record."""
 
 
+_compute_stream: Any = None
+
+
+def note_compute_stream() -> None:
+    """A forward starts on the device clock: the stream it runs on is the compute stream (usually the
+    default one; a job may run its steps in a stream of its own)."""
+    global _compute_stream
+    from deepspeed.accelerator import get_accelerator
+
+    _compute_stream = get_accelerator().current_stream()
+
+
 def _on_side_stream() -> bool:
     from deepspeed.accelerator import get_accelerator
 
-    accelerator = get_accelerator()
-    return accelerator.current_stream() != accelerator.default_stream()
+    return get_accelerator().current_stream() != _compute_stream
 
 
 def _is_async(args: tuple, kwargs: Dict[str, Any], position: Optional[int]) -> bool:

@@ -185,6 +185,8 @@ class ZeroFetchRecorder:
             "comms_logger": _comms_logger_on(),
         }
         events = self.device_events
+        if events is not None:
+            collectives.note_compute_stream()
         self._waits_at_open = events.waits if events is not None else 0
         self._open = _Step(fields, events.mark() if events is not None else None)
         collectives.listen(self._open)
