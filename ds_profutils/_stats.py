@@ -148,10 +148,6 @@ class DurationStats:
         self.fold()
         return self._sample
 
-    def percentile(self, percent: float) -> Optional[float]:
-        """The nearest-rank ``percent`` percentile of the sample; None before any duration."""
-        return self.percentiles(percent)[0]
-
     def percentiles(self, *percents: float) -> List[Optional[float]]:
         """Nearest-rank percentiles of the sample (sorted once); None for each before any duration."""
         ordered = sorted(self.sample)

@@ -73,6 +73,11 @@ class _RecordsOnRanks:
         """True when this global rank records (``ranks`` null means every rank)."""
         return self.ranks is None or rank in self.ranks
 
+    @property
+    def reporting_rank(self) -> int:
+        """The rank that says where the files go: the lowest that records (``ranks`` is sorted)."""
+        return self.ranks[0] if self.ranks else 0
+
 
 def check_ranks(key: str, ranks: RankList, world_size: int) -> None:
     """Fail when a configured rank does not exist in a job of ``world_size`` ranks (``key`` names the option).

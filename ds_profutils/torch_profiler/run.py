@@ -270,11 +270,11 @@ class ProfilerRun:
 
     def _finalize(self) -> None:
         self._on_done(self)
-        if self._writer is not None:
-            self._writer.finish(self.step, self._recorded)
-        elif not self._recorded:
+        if not self._recorded:
             logger.warning("profiler: the run ended at step %d, before any active step; nothing was recorded",
                            self.step)
+        if self._writer is not None:
+            self._writer.finish()
 
     _TRANSITIONS: Dict[Tuple[_State, Optional[_Event]], Tuple[Tuple[Callable[["ProfilerRun"], None], ...], _State]] = {
         (_State.COUNTING, _Event.WARMUP_BEGINS): ((_prepare, ), _State.WARMING_UP),

@@ -115,8 +115,9 @@ class SignalGuard:
             self._installed.append(signum)
 
     def set_sigchld_aside(self) -> None:
-        """As a write begins: a DataLoader iterator made after the window opened has put torch's SIGCHLD
-        handler over this guard's; set it aside until the write is done (:meth:`release` puts it back)."""
+        """As a hold begins (every transition, writes included): a DataLoader iterator made after the
+        window opened has put torch's SIGCHLD handler over this guard's; set it aside until the hold ends
+        (:meth:`release` puts it back).  Two ``signal.signal`` calls, only in that case."""
         if _SIGCHLD is None or not self._installed or self._sigchld_aside is not None:
             return
         current = signal.getsignal(_SIGCHLD)

@@ -97,11 +97,10 @@ class OperatorSummary:
             while stack and stack[-1][0] <= start:
                 stack.pop()
             duration = end - start
-            if name in renames:
-                name = renames[name]
+            if name.startswith(STEP_RANGE_PREFIX):  # renames are of step ranges only
+                name = renames.get(name, name)
                 if not name.startswith(STEP_RANGE_PREFIX):
-                    continue
-            if name.startswith(STEP_RANGE_PREFIX):
+                    continue  # the tail: not a step
                 self.steps += 1
                 self.step_ns += duration
                 continue  # a step holds operators; it is not one

@@ -14,9 +14,8 @@ goes on.
 from __future__ import annotations
 
 import contextlib
-import logging
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from ..config import ProfilerConfig
 from ..logging import log_dist, logger
@@ -55,8 +54,7 @@ class RunWriter:
             self.summary = OperatorSummary(settings.summary_sort_by, settings.summary_row_limit)
         self.summary_path: Optional[Path] = None
         self.cycles: List[Dict[str, Any]] = []  # every cycle whose own trace was written
-        self._in_trace: List[Dict[str, Any]] = []  # the cycles trace_rank_{r}.json holds
-        self._unmerged: List[Tuple[Path, Dict[str, Any]]] = []  # written, not yet in the run trace
+        self._unmerged: List[Path] = []  # cycle traces written, not yet in the run trace
         self.failed: List[Path] = []
 
     @contextlib.contextmanager
@@ -92,12 +90,9 @@ class RunWriter:
             written = True
         if written:
             self.cycles.append(entry)
-            self._unmerged.append((path, entry))
+            self._unmerged.append(path)
             with self._written(self.trace.path):
-                pending = [e for _, e in self._unmerged]
-                self.trace.add([p for p, _ in self._unmerged], {**metadata, "cycles": self._in_trace + pending},
-                               self.guard.check)
-                self._in_trace += pending
+                self.trace.add(self._unmerged, {**metadata, "cycles": self.cycles}, self.guard.check)
                 self._unmerged = []
         if self.summary is None:
             return
@@ -112,18 +107,14 @@ class RunWriter:
                 temporary.write_text(self.summary.table(self.settings.peak_tflops) or "")
             self.summary_path = path
 
-    def finish(self, step: int, recorded: bool) -> None:
+    def finish(self) -> None:
         """Say where the files went: a log line on every rank, and on the reporting rank a printout."""
-        if not self.cycles:
-            if not recorded:  # (otherwise every export failed, and each failure was logged)
-                log_dist(f"profiler: the run ended at step {step}, before any active step; nothing was recorded",
-                         ranks=_ALL_RANKS, level=logging.WARNING)
+        if not self.cycles:  # nothing recorded (run.py says so), or every export failed (each was logged)
             return
         output_dir, rank = self.settings.output_dir, self.identity.rank
         log_dist(f"profiler: {len(self.cycles)} cycle(s) recorded; run trace {self.trace.path}, per-cycle traces in "
                  f"{cycle_dir(output_dir, rank)}/ (open with TensorBoard or https://ui.perfetto.dev)", ranks=_ALL_RANKS)
-        ranks = self.settings.ranks
-        if rank != (min(ranks) if ranks else 0):
+        if rank != self.settings.reporting_rank:
             return
         try:
             print(self._printout(), flush=True)
@@ -162,7 +153,7 @@ def show_comms_summary(settings: ProfilerConfig, identity: ProcessIdentity) -> N
         return
     ranks = settings.ranks
     if ranks is not None and not set(range(identity.world_size)) <= set(ranks):
-        if identity.rank == min(ranks):
+        if identity.rank == settings.reporting_rank:
             logger.warning("profiler: comms_logger summary not shown: it has barriers every rank must reach, and "
                            "profiler.ranks leaves ranks out; call deepspeed.comm.log_summary() on every rank")
         return

@@ -174,7 +174,7 @@ def attach(engine: Any,
                                  identity=identity,
                                  dtype=engine.get_data_types()[0],
                                  device_events=process_device_events(get_accelerator()))
-    if identity.rank == min(settings.ranks or [0]):
+    if identity.rank == settings.reporting_rank:
         pattern = fetch_records_file(settings.output_dir, "<r>", engine_name)
         ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"
         print(f"ds_profutils: ZeRO-3 fetch records of engine {engine_name!r} ({ranks_text}) go to {pattern}",
