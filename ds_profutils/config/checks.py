@@ -12,11 +12,10 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Set, Tuple
 
-from ..outputs import process_identity
+from ..outputs import probe_writable, process_identity
 from .errors import ConfigProblem, show_value
 from .models import SECTIONS, ProfUtilsConfig
 
@@ -96,9 +95,7 @@ def _output_dir_problem(key: str, directory: str) -> Optional[ConfigProblem]:
         return ConfigProblem(key, f"{show_value(directory)} cannot be created{relative}: {existing} is not a "
                              "directory")
     try:
-        probe, name = tempfile.mkstemp(dir=existing, prefix=f".write_probe.{process_identity().tag}.")
-        os.close(probe)
-        os.unlink(name)
+        probe_writable(existing)  # exists already: nothing is created
     except OSError as exc:
         verb = "written" if existing == path.absolute() else "created"
         return ConfigProblem(key, f"{show_value(directory)} cannot be {verb}{relative}: {existing}: {exc.strerror}")

@@ -124,13 +124,11 @@ class ZeroFetchRecorder:
         # DeepSpeed's ENABLE_PROFILER hands the engine's timers over; ours only take them as the "on" switch.
         self.profiler = PartitionedParameterProfiler(engine.timers, element_size=element_size,
                                                      device_events=device_events)
-        self._element_size = element_size
         self._header = {
             "schema": RECORD_SCHEMA, "engine": name, "rank": identity.rank, "world_size": identity.world_size,
             "local_rank": identity.local_rank, "host": identity.host, "pid": identity.pid,
-            "recording_ranks": settings.ranks, "dtype": str(dtype)[len("torch."):],
-            "clock": "host" if device_events is None else "device"
-        }
+            "recording_ranks": settings.ranks, "dtype": str(dtype)[len("torch."):], "clock": "host"
+        }  # on the device clock, each record says its own clock
         self._engine = engine
         self._originals = [(coordinator, vars(coordinator)[PROFILER_ATTR]) for coordinator in coordinators]
         self._open: Optional[_Step] = None
@@ -138,8 +136,9 @@ class ZeroFetchRecorder:
         self._unwritten: Deque[_Step] = deque()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "wb", buffering=0)  # a fresh file per run; one write() per record
-        collectives.subscribe(device_events)
-        self._unsubscribe = weakref.finalize(self, collectives.unsubscribe)  # once: at close, or when collected
+        # once: at close, or when collected (without deepspeed.comm's backend there is nothing to undo)
+        self._unsubscribe = weakref.finalize(self, collectives.unsubscribe if collectives.subscribe(device_events)
+                                             else lambda: None)
         # prepend: our boundary must come before DeepSpeed's reset_step(), which resets and logs counters.
         self._hooks = [
             engine.module.register_forward_pre_hook(self._forward_started, prepend=True),
@@ -227,12 +226,9 @@ class ZeroFetchRecorder:
             if self.device_events is not None:
                 self.device_events.release(step.start_mark, step.end_mark)
             return
-        for name, counter in self.profiler.event_counters.items():
-            if counter.count:
-                step.events[name] = event_entry(name, counter.count, counter.num_elem, counter.dropped,
-                                                counter.durations, "host", self._element_size)
-                if counter.device_pairs is not None:
-                    step.device_pairs[name] = counter.device_pairs
+        step.events = self.profiler.statistics()
+        step.device_pairs = {name: counter.device_pairs for name, counter in self.profiler.event_counters.items()
+                             if counter.count and counter.device_pairs is not None}
         if self.device_events is not None:
             step.step_pair = self.device_events.pair(step.start_mark, step.end_mark, step.end_ns - step.start_ns)
             # the times this step's events found the pool exhausted and waited on the device
@@ -258,7 +254,7 @@ class ZeroFetchRecorder:
             host = events[name]
             events[name] = {
                 **event_entry(name, host["count"], host["numel"], host["dropped"], durations, _clock(pairs),
-                              self._element_size), "host_time_ms": host["time_ms"]
+                              self.profiler.element_size), "host_time_ms": host["time_ms"]
             }
         record["step_time_ms"] = (_ns(step.step_pair) if step.step_pair else step.end_ns - step.start_ns) / _NS_PER_MS
         record["fetch_wait_ms"] = sum(events[name]["time_ms"] for name in DEVICE_TIMED if name in events)
