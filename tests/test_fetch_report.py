@@ -130,7 +130,7 @@ def test_files_an_earlier_run_left_in_a_reused_output_dir_are_left_out_and_named
     engine = report["engines"]["main"]
     assert engine["world_size"] == 2 and engine["ranks"] == [0, 1] and engine["straggler_ranks"] == []
     assert set(report["traces"]) == {0}
-    left_out = "left out: an earlier run's file (world size 4, not this run's)"
+    left_out = "left out: an earlier run's file (world size 4; this run's is 2)"
     assert [(e["kind"], e["rank"], e["reason"]) for e in report["incomplete"]] == [
         ("records", 2, left_out), ("records", 3, left_out), ("trace", 1, "no file"), ("trace", 3, left_out)]
     text = render_text(report)
@@ -234,6 +234,14 @@ def test_empty_or_absent_directory_is_a_clear_message(tmp_path, capsys):
     write_trace(tmp_path / "traces_run" / "trace_rank_0.json", {0: 1.0}, rank=0)
     with pytest.raises(ReportError, match="its subdirectories traces_run, zero3_run hold runs: report on one of them"):
         build_report(tmp_path)
+
+
+def test_ranks_limit_decides_between_a_row_per_rank_and_one_across_ranks(tmp_path):
+    for rank in range(3):
+        write_records(tmp_path, rank, [record(rank, step, world_size=3) for step in range(2)])
+    report = build_report(tmp_path)
+    assert "Steps (per global step and rank, ms)" in render_text(report, max_ranks=3)
+    assert "Steps (across ranks, ms)" in render_text(report, max_ranks=2)
 
 
 def test_prose_is_wrapped_but_never_between_a_number_and_its_unit():

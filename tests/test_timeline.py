@@ -141,7 +141,7 @@ def test_an_earlier_runs_trace_in_a_reused_output_dir_is_left_out(tmp_path, caps
     synthetic_trace(tmp_path / "trace_rank_3.json", 3, "a", 10**18 - 86400 * 10**9, collective_end_us=1000.0,
                     world_size=4)
     assert main(["timeline", str(tmp_path), "-o", str(tmp_path / "out.json")]) == 0
-    assert "rank 3: trace_rank_3.json is an earlier run's trace (world size 4, not 2); left out" in \
+    assert "rank 3: trace_rank_3.json: left out: an earlier run's file (world size 4; this run's is 2)" in \
         capsys.readouterr().err
     assert set(load(tmp_path / "out.json")["ds_profutils"]["timeline"]["ranks"]) == {"0", "1"}
 

@@ -196,7 +196,7 @@ def _traces(found: Mapping[int, Path], top_ops: int, incomplete: List[Dict[str, 
             traces[rank] = summarize_trace(path, top_ops)
         except (OSError, TraceFormatError) as exc:
             incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": path.name,
-                               "reason": f"does not parse to its end ({str(exc).replace(str(path) + ': ', '')})"})
+                               "reason": f"does not parse to its end ({exc})"})
     return traces
 
 
@@ -208,9 +208,12 @@ def newest_world_size(files: Iterable[Tuple[Path, Optional[float], Optional[int]
     return None if newest is None else newest[1]
 
 
-def _earlier_run(kind: str, rank: int, path: Path, world_size: int, engine: Optional[str] = None) -> Dict[str, Any]:
-    return {"kind": kind, "engine": engine, "rank": rank, "file": path.name,
-            "reason": f"left out: an earlier run's file (world size {world_size}, not this run's)"}
+def earlier_run(world_size: Optional[int], world: Optional[int]) -> Optional[str]:
+    """Why a file written with ``world_size`` ranks is left out of a run of ``world``; None if it is this run's
+    (or does not say)."""
+    if world_size in (None, 0, world):
+        return None
+    return f"left out: an earlier run's file (world size {world_size}; this run's is {world})"
 
 
 def _ending_early(kind: str, steps: Mapping[int, Tuple[Path, Sequence[int]]],
@@ -271,12 +274,14 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     world = newest_world_size([(Path(f.path), f.last_time, f.world_size) for f in files] +
                               [(traces_found[rank], (summary["base_time_ns"] or 0) / 1e9, summary["world_size"])
                                for rank, summary in traces.items()])
-    for records in [f for f in files if f.world_size not in (0, world)]:
+    for records in [f for f in files if earlier_run(f.world_size, world)]:
         files.remove(records)
-        incomplete.append(_earlier_run("records", records.rank, Path(records.path), records.world_size, records.engine))
-    earlier = [rank for rank, summary in traces.items() if summary["world_size"] not in (None, 0, world)]
+        incomplete.append({"kind": "records", "engine": records.engine, "rank": records.rank,
+                           "file": Path(records.path).name, "reason": earlier_run(records.world_size, world)})
+    earlier = [rank for rank, summary in traces.items() if earlier_run(summary["world_size"], world)]
     for rank in earlier:
-        incomplete.append(_earlier_run("trace", rank, traces_found[rank], traces.pop(rank)["world_size"]))
+        incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": traces_found[rank].name,
+                           "reason": earlier_run(traces.pop(rank)["world_size"], world)})
     _trace_gaps({rank: path for rank, path in traces_found.items() if rank not in earlier}, traces, incomplete)
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
                    if summary["step_numbering"] == "global"}

@@ -14,8 +14,6 @@ from .steps import StepView
 
 __all__ = ["rank_ranges", "render_text"]
 
-# Up to this many ranks, the step table has one row per (step, rank).
-_RANK_ROWS = 8
 _HOSTS_SHOWN = 6
 _WIDTH = 110  # prose is wrapped to this; tables are as wide as their columns
 
@@ -180,11 +178,12 @@ def _steps_shown(view: StepView, limit: int) -> Tuple[List[int], str]:
     return sorted(by_spread), f" ({limit} of {count} steps: the largest spread of exposed wait)"
 
 
-def _steps(view: StepView, limit: int) -> List[str]:
+def _steps(view: StepView, limit: int, max_ranks: int) -> List[str]:
+    """Up to ``max_ranks`` ranks, a row per step and rank; beyond, a row per step across ranks."""
     shown, note = _steps_shown(view, limit)
     if not shown:
         return []
-    if len(view.ranks) <= _RANK_ROWS:
+    if len(view.ranks) <= max_ranks:
         headers = ("step", "rank", "step ms", "fetch wait", "collective wait", "exposed wait", "busy",
                    "trace step ms", "")
         rows = []
@@ -261,7 +260,7 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int =
         lines += _stragglers(engine)
         if engine["ranks_summary"]:
             lines += _ranks(engine, max_ranks)
-            lines += _steps(engine["steps"], max_steps)
+            lines += _steps(engine["steps"], max_steps, max_ranks)
         lines += _events(engine)
     joined = report["trace_steps_joined_to"]
     if joined is not None:

@@ -20,7 +20,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import orjson
 
-from .traces import TraceFormatError, iter_trace
+from .traces import TraceFormatError, iter_trace, trace_identity
 
 __all__ = ["Alignment", "TraceScan", "align", "scan_trace", "write_timeline"]
 
@@ -88,7 +88,7 @@ def scan_trace(path: Path, rank: int) -> TraceScan:
                     ts = float(item["ts"])
                     starts.setdefault(family, {}).setdefault(name, []).append((ts, ts + float(item.get("dur", 0))))
     except (OSError, TraceFormatError, KeyError, TypeError, ValueError) as exc:
-        scan.error = str(exc).replace(f"{path}: ", "")
+        scan.error = str(exc)
     for family, by_name in starts.items():
         scan.collectives[family] = {(name, index): end for name, spans in by_name.items()
                                     for index, (_, end) in enumerate(sorted(spans))}
@@ -100,20 +100,16 @@ def scan_trace(path: Path, rank: int) -> TraceScan:
 
 
 def _read_header(scan: TraceScan, header: Mapping[str, Any]) -> None:
-    """Host from our metadata; rank from it, else torch's ``distributedInfo``, else (kept) the file name's."""
-    ours = header.get("ds_profutils") if isinstance(header.get("ds_profutils"), Mapping) else {}
-    torch_info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), Mapping) else {}
-    if ours.get("host") is not None:
-        scan.host = str(ours["host"])
-    rank = ours.get("rank", torch_info.get("rank"))
-    if isinstance(rank, int):
-        scan.rank = rank
-    world_size = ours.get("world_size", torch_info.get("world_size"))
-    if isinstance(world_size, int):
-        scan.world_size = world_size
-    base = header.get("baseTimeNanoseconds")
-    if isinstance(base, int):
-        scan.base_ns = base
+    """Host, world size and clock base from the head; the rank too, when the trace says (else the file name's)."""
+    identity = trace_identity(header)
+    if identity["host"] is not None:
+        scan.host = str(identity["host"])
+    if isinstance(identity["rank"], int):
+        scan.rank = identity["rank"]
+    if isinstance(identity["world_size"], int):
+        scan.world_size = identity["world_size"]
+    if identity["base_time_ns"] is not None:
+        scan.base_ns = identity["base_time_ns"]
 
 
 @dataclass
@@ -142,12 +138,12 @@ def _common(scans: Sequence[TraceScan]) -> Tuple[Optional[str], List[Tuple[str, 
 
 
 def align(scans: Sequence[TraceScan]) -> Alignment:
-    """Each trace placed by its base; hosts other than the first rank's shifted onto its clock."""
-    placed = [scan for scan in scans if scan.base_ns is not None]
-    base = min(scan.base_ns for scan in placed)
-    shift = {scan.rank: (scan.base_ns - base) / _NS_PER_US for scan in placed}
+    """Each trace placed by its base (every scan has one); hosts other than the first rank's shifted onto
+    its clock."""
+    base = min(scan.base_ns for scan in scans)
+    shift = {scan.rank: (scan.base_ns - base) / _NS_PER_US for scan in scans}
     hosts: Dict[Optional[str], TraceScan] = {}
-    for scan in sorted(placed, key=lambda scan: scan.rank):
+    for scan in sorted(scans, key=lambda scan: scan.rank):
         hosts.setdefault(scan.host, scan)  # each host's lowest rank speaks for its clock
     alignment = Alignment(base, shift, {})
     if len(hosts) < 2:
@@ -168,7 +164,7 @@ def align(scans: Sequence[TraceScan]) -> Alignment:
         offset = at(reference, last) - at(speaker, last)
         alignment.host_offset_us[host] = offset
         alignment.residual_us[host] = median(abs(at(reference, key) - at(speaker, key) - offset) for key in keys)
-        for scan in placed:
+        for scan in scans:
             if scan.host == host:
                 shift[scan.rank] += offset
     return alignment
@@ -219,13 +215,11 @@ def write_timeline(scans: Sequence[TraceScan], alignment: Alignment, out: IO[byt
     out.write(b'{"traceEvents": [')
     written, link_offset, first = 0, 0, True
     for scan in sorted(scans, key=lambda scan: scan.rank):
-        if scan.rank not in alignment.shift_us:
-            continue
         written += _write_rank(out, scan, alignment.shift_us[scan.rank], link_offset, first)
         link_offset += scan.largest_link + 1
         first = False
     summary = {"ranks": {scan.rank: {"host": scan.host, "file": scan.path.name, "events": scan.events,
-                                     "shift_us": alignment.shift_us.get(scan.rank), "complete": scan.error is None}
+                                     "shift_us": alignment.shift_us[scan.rank], "complete": scan.error is None}
                          for scan in scans},
                "hosts_aligned_on": None if alignment.collective is None else {
                    "family": alignment.family, "name": alignment.collective[0],

@@ -10,7 +10,7 @@ import os
 import sys
 
 from ..outputs import atomic_path, trace_files
-from .build import newest_world_size
+from .build import earlier_run, newest_world_size
 from .timeline import align, scan_trace, write_timeline
 
 __all__ = ["run"]
@@ -28,10 +28,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     scans = [scan_trace(path, rank) for rank, path in trace_files(directory).items()]
     world = newest_world_size((scan.path, (scan.base_ns or 0) / 1e9, scan.world_size) for scan in scans)
-    for scan in [scan for scan in scans if scan.world_size not in (None, 0, world)]:
+    for scan in [scan for scan in scans if earlier_run(scan.world_size, world)]:
         scans.remove(scan)
-        _error(f"rank {scan.rank}: {scan.path.name} is an earlier run's trace (world size {scan.world_size}, not "
-               f"{world}); left out")
+        _error(f"rank {scan.rank}: {scan.path.name}: {earlier_run(scan.world_size, world)}")
     for scan in scans:
         if scan.error is not None:
             _error(f"rank {scan.rank}: {scan.path.name} ends early ({scan.error}); its events up to there are merged")

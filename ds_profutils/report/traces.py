@@ -13,13 +13,13 @@ import json
 import re
 from statistics import median
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 import orjson
 
 from ..outputs import STEP_RANGE_PREFIX
 
-__all__ = ["TraceFormatError", "iter_trace", "summarize_trace"]
+__all__ = ["TraceFormatError", "iter_trace", "summarize_trace", "trace_identity"]
 
 _CHUNK = 1 << 20
 _EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
@@ -28,6 +28,18 @@ _SKIP = re.compile(r"[\s,]*")
 _OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "user_annotation", "gpu_user_annotation"})
 _DEVICE_STEP_CATEGORY = "gpu_user_annotation"
 _US_PER_MS = 1e3
+
+
+def trace_identity(header: Mapping[str, Any]) -> Dict[str, Any]:
+    """Who wrote a trace, from its head: rank, world size and host (ds_profutils' metadata first, then
+    torch's ``distributedInfo``), the clock base (wall-clock ns at the profiler's start), and ``ours``,
+    the ds_profutils metadata itself ({} in a trace of another tool)."""
+    ours = header.get("ds_profutils") if isinstance(header.get("ds_profutils"), Mapping) else {}
+    torch_info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), Mapping) else {}
+    base = header.get("baseTimeNanoseconds")
+    return {"rank": ours.get("rank", torch_info.get("rank")), "host": ours.get("host"),
+            "world_size": ours.get("world_size", torch_info.get("world_size")),
+            "base_time_ns": base if isinstance(base, int) else None, "ours": ours}
 
 
 class TraceFormatError(ValueError):
@@ -48,7 +60,7 @@ def iter_trace(path: Path) -> Iterator[Tuple[str, Any]]:
         while match is None:
             more = source.read(_CHUNK)
             if not more:
-                raise TraceFormatError(f"{path}: no \"traceEvents\" array")
+                raise TraceFormatError("no \"traceEvents\" array")
             buffer += more
             match = _EVENTS_KEY.search(buffer)
         head, position = buffer[:match.start()], match.end()
@@ -75,7 +87,7 @@ def iter_trace(path: Path) -> Iterator[Tuple[str, Any]]:
             except json.JSONDecodeError:
                 more = source.read(_CHUNK)
                 if not more:
-                    raise TraceFormatError(f"{path}: the trace ends inside \"traceEvents\" (truncated?)") from None
+                    raise TraceFormatError("the trace ends inside \"traceEvents\" (truncated?)") from None
                 buffer = buffer[position:] + more
                 position = 0
                 continue
@@ -140,14 +152,11 @@ def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
                 totals[0] += 1
                 totals[1] += duration
     ranked = sorted(ops.items(), key=lambda item: item[1][1], reverse=True)[:top]
-    ours = header.get("ds_profutils") if isinstance(header.get("ds_profutils"), dict) else {}
-    torch_info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+    identity = trace_identity(header)
+    ours = identity.pop("ours")
     return {
         "file": str(path),
-        "rank": ours.get("rank", torch_info.get("rank")),
-        "host": ours.get("host"),
-        "world_size": ours.get("world_size", torch_info.get("world_size")),
-        "base_time_ns": header.get("baseTimeNanoseconds"),  # wall clock at the profiler's start
+        **identity,
         "step_numbering": ours.get("step_numbering"),
         # null: every rank was profiled; absent: the trace does not say (an older ds_profutils)
         **({"profiled_ranks": ours["profiled_ranks"]} if "profiled_ranks" in ours else {}),
