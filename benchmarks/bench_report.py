@@ -131,17 +131,21 @@ print(json.dumps({"code": code, "seconds": seconds, "peak_mb": peak, "workers_pe
 def run_command(*args: str) -> Dict[str, Any]:
     done = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, env=ENV,
                           timeout=3600)
-    if done.returncode != 0:
-        raise SystemExit(f"ds-profutils {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"code": None}
+    if result["code"] != 0:  # a failed command's time is not a figure
+        raise SystemExit(f"ds-profutils {' '.join(args)} failed ({result['code']}):\n{done.stderr[-3000:]}")
+    return result
 
 
 def start_to_finish(*args: str) -> float:
     """Wall time of ``python -m ds_profutils ARGS`` as a user starts it."""
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ds_profutils", *args], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, env=ENV, timeout=600)
-    return time.perf_counter() - began
+    done = subprocess.run([sys.executable, "-m", "ds_profutils", *args], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env=ENV, timeout=600)
+    seconds = time.perf_counter() - began
+    if done.returncode != 0:
+        raise SystemExit(f"ds-profutils {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return seconds
 
 
 def heavy_imports(*args: str) -> List[str]:

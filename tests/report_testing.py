@@ -29,6 +29,13 @@ def record(rank: int, global_step: int, *, busy_ms: float = 20.0, fetch_ms: floa
     }
 
 
+def read_records_file(path: Path) -> List[Dict[str, Any]]:
+    """The records of one file as a user's script reads them, every line whole (a torn line fails)."""
+    text = path.read_text()
+    assert text.endswith("\n") or not text, f"{path} ends in a torn line"
+    return [json.loads(line) for line in text.splitlines()]
+
+
 def records_file(directory: Path, rank: int, engine: str = "main") -> Path:
     return directory / (f"zero_fetch_rank_{rank}.jsonl" if engine == "main" else f"zero_fetch_{engine}_rank_{rank}.jsonl")
 

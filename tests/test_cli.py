@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ds_profutils.cli import EXIT_INVALID, main
+from report_testing import record, write_records, write_trace
 
 REPO = Path(__file__).resolve().parent.parent
 DS_CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
@@ -140,15 +141,19 @@ def test_usage_errors_exit_2(capsys):
 
 
 def imported_modules(*args: str, cwd=None) -> set:
-    """Top-level modules a fresh ``python -X importtime -m ds_profutils ARGS`` imported (its stderr)."""
+    """Top-level modules a fresh ``python -X importtime -m ds_profutils ARGS`` imported (its stderr); the
+    command must succeed, so every module its work needs was loaded."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "ds_profutils", *args], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=cwd)
+    assert done.returncode == 0, (args, done.stderr[-2000:])
     return {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
             if line.startswith("import time:")}
 
 
 def test_report_and_timeline_load_neither_torch_deepspeed_nor_pydantic(tmp_path):
-    (tmp_path / "zero_fetch_rank_0.jsonl").write_text("")
+    for rank in (0, 1):  # a run to report on and traces to merge: each command does its whole work
+        write_records(tmp_path, rank, [record(rank, step) for step in range(3)])
+        write_trace(tmp_path / f"trace_rank_{rank}.json", {0: 5.0, 1: 6.0}, rank=rank)
     for args in (["report", str(tmp_path)], ["report", str(tmp_path), "--json"],
                  ["timeline", str(tmp_path), "-o", str(tmp_path / "t.json")]):
         loaded = imported_modules(*args)

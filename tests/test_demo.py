@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from launcher import REPO, run_deepspeed
+from report_testing import read_records_file
 
 CONFIG = REPO / "ds_configs" / "zero3_all_profiling.json"
 
@@ -43,8 +44,7 @@ def test_writes_a_trace_per_rank_with_exactly_the_active_steps(demo_run, rank):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_writes_fetch_records_per_rank(demo_run, rank):
-    lines = (demo_run[0] / f"zero_fetch_rank_{rank}.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = read_records_file(demo_run[0] / f"zero_fetch_rank_{rank}.jsonl")
     assert records and all(r["rank"] == rank for r in records)
     # ZeRO-3 with persistence threshold 0: each train forward gathers the whole model (ToyModel: 1153).
     gathers = [r["events"]["forward_all_gather"]["numel"] for r in records if "forward_all_gather" in r["events"]]

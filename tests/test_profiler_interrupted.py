@@ -18,6 +18,7 @@ import pytest
 from ds_profutils.report import build_report
 from launcher import DIST_SCRIPTS, LauncherJob
 from profiler_testing import profiler_steps, read_trace
+from report_testing import read_records_file
 
 CYCLE = 11  # one warmup step and ten active: cycle c records steps 11c+1 .. 11c+10
 MARKER_STEP = 13  # the script prints "recording" here: cycle 0 is on disk, cycle 1 records
@@ -77,9 +78,7 @@ def _assert_each_rank_kept_its_steps(output_dir, output, last=None):
 def _assert_records_hold_every_finished_step(output_dir, rank, interrupted_step):
     """Steps before the one in flight finished: each is one whole line.  The step in flight is there only if
     its engine.step() returned before the interruption."""
-    text = (output_dir / f"zero_fetch_rank_{rank}.jsonl").read_text()
-    assert text.endswith("\n"), "a torn last line"
-    records = [json.loads(line) for line in text.splitlines()]
+    records = read_records_file(output_dir / f"zero_fetch_rank_{rank}.jsonl")
     global_steps = [record["global_step"] for record in records]
     assert global_steps == list(range(len(records))) and len(records) in (interrupted_step, interrupted_step + 1)
     assert all(record["mode"] == "train" and record["rank"] == rank and record["events"] for record in records)

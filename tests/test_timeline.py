@@ -132,6 +132,7 @@ def test_alignment_without_a_launcher(tmp_path, capsys):
     merged = load(tmp_path / "out.json")
     assert [e["id"] for e in merged["traceEvents"] if e["ph"] == "s"] == [1, 3]  # rank 1's ids shifted past rank 0's
     assert merged["ds_profutils"]["timeline"]["ranks"]["1"]["complete"] is False
+    assert sum(e["name"] == "work" and e["pid"] == 1 for e in merged["traceEvents"]) == 2  # the third was cut
 
 
 def test_an_earlier_runs_trace_in_a_reused_output_dir_is_left_out(tmp_path, capsys):

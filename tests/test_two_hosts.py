@@ -8,6 +8,7 @@ import pytest
 from ds_profutils.report import build_report
 from launcher import DIST_SCRIPTS, namespaces_permitted, run_two_nodes
 from profiler_testing import profiler_steps, read_trace
+from report_testing import read_records_file
 
 RANKS = range(4)
 
@@ -45,8 +46,7 @@ def test_each_rank_knows_its_host_and_pids_repeat_across_hosts(two_node_job):
 
 @pytest.mark.parametrize("rank", RANKS)
 def test_records_of_every_rank_are_distinct_and_name_host_and_rank(two_node_job, rank):
-    lines = (two_node_job / "profile" / f"zero_fetch_rank_{rank}.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = read_records_file(two_node_job / "profile" / f"zero_fetch_rank_{rank}.jsonl")
     assert len(records) == 4
     assert {(r["rank"], r["world_size"], r["local_rank"], r["host"]) for r in records} == {(rank, 4, rank % 2,
                                                                                            host_of(rank))}

@@ -21,6 +21,7 @@ from ds_profutils.report import build_report
 from ds_profutils.zero3 import AttachError, ZeroFetchRecorder
 from ds_profutils.zero3.recorder import RECORDER_ATTR
 from launcher import DIST_SCRIPTS, run_deepspeed
+from report_testing import read_records_file
 
 PROFILER_ATTR = "_PartitionedParameterCoordinator__profiler"
 
@@ -106,7 +107,7 @@ def recorder_for(engine, tmp_path, name="main", device_events=None, **settings):
 
 
 def read_records(tmp_path, rank=3):
-    return [json.loads(line) for line in (tmp_path / f"zero_fetch_rank_{rank}.jsonl").read_text().splitlines()]
+    return read_records_file(tmp_path / f"zero_fetch_rank_{rank}.jsonl")
 
 
 def test_one_record_per_step_with_the_step_read_at_forward_start(tmp_path):
@@ -496,5 +497,5 @@ def test_two_recorders_in_one_process_write_their_own_files(tmp_path):
         large.train_step()
     assert (first.path.name, second.path.name) == ("zero_fetch_rank_3.jsonl", "zero_fetch_critic_rank_3.jsonl")
     assert [r["engine"] for r in read_records(tmp_path)] == ["main"]
-    critic = [json.loads(line) for line in second.path.read_text().splitlines()]
+    critic = read_records_file(second.path)
     assert [(r["engine"], r["micro_step"]) for r in critic] == [("critic", 0), ("critic", 1)]

@@ -8,14 +8,9 @@ import pytest
 
 from ds_profutils.report import build_report
 from launcher import DIST_SCRIPTS, run_deepspeed
+from report_testing import read_records_file
 
 TICK_MS = 3.0  # the stand-in device clock moves this much per recorded event
-
-
-def read_records(path):
-    text = path.read_text()
-    assert text.endswith("\n"), f"{path} ends in a torn line"
-    return [json.loads(line) for line in text.splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +34,7 @@ def expected(out, rank):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_fetch_waits_are_the_device_clocks_times(device_run, rank):
     """Where use_host_timers() is False, the waits the compute stream sees are timed by events on it."""
-    for record in read_records(device_run / "records" / f"zero_fetch_rank_{rank}.jsonl"):
+    for record in read_records_file(device_run / "records" / f"zero_fetch_rank_{rank}.jsonl"):
         assert record["clock"] == "device"
         for name in ("forward_fetch_wait", "backward_fetch_wait"):
             wait = record["events"][name]
@@ -54,7 +49,7 @@ def test_fetch_waits_are_the_device_clocks_times(device_run, rank):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gradient_accumulation_records_global_and_micro_steps(device_run, rank):
-    records = read_records(device_run / "records" / f"zero_fetch_rank_{rank}.jsonl")
+    records = read_records_file(device_run / "records" / f"zero_fetch_rank_{rank}.jsonl")
     assert [(r["global_step"], r["micro_step"]) for r in records] == [(0, 0), (0, 1), (1, 2), (1, 3), (2, 4), (2, 5)]
     assert all(r["schema"] == 2 and r["mode"] == "train" and r["engine"] == "main" for r in records)
 
@@ -63,7 +58,7 @@ def test_gradient_accumulation_records_global_and_micro_steps(device_run, rank):
 def test_two_engines_in_one_process_each_keep_their_own_file(device_run, rank):
     found = expected(device_run, rank)
     for engine, file_name in (("main", f"zero_fetch_rank_{rank}.jsonl"), ("critic", f"zero_fetch_critic_rank_{rank}.jsonl")):
-        records = read_records(device_run / "records" / file_name)
+        records = read_records_file(device_run / "records" / file_name)
         assert found["paths"][engine].endswith(file_name)
         assert {r["engine"] for r in records} == {engine} and {r["rank"] for r in records} == {rank}
         # Every forward gathers its own whole model (persistence threshold 0), never the other's.
@@ -72,7 +67,7 @@ def test_two_engines_in_one_process_each_keep_their_own_file(device_run, rank):
 
 
 def exposed_waits(out, engine, rank):
-    return [r["exposed_wait_ms"] for r in read_records(out / "records" / f"zero_fetch_{engine}_rank_{rank}.jsonl")]
+    return [r["exposed_wait_ms"] for r in read_records_file(out / "records" / f"zero_fetch_{engine}_rank_{rank}.jsonl")]
 
 
 def test_the_rank_that_waits_for_a_slowed_peer_records_the_wait(straggler_run):
@@ -83,7 +78,7 @@ def test_the_rank_that_waits_for_a_slowed_peer_records_the_wait(straggler_run):
     assert median(excess) >= 15, excess
     calm = {rank: exposed_waits(straggler_run, "calm", rank) for rank in (0, 1)}
     assert abs(median(zero - one for zero, one in zip(calm[0], calm[1]))) < 10
-    records = read_records(straggler_run / "records" / "zero_fetch_slowed_rank_0.jsonl")
+    records = read_records_file(straggler_run / "records" / "zero_fetch_slowed_rank_0.jsonl")
     for record in records:
         assert record["collective_wait_ms"] == pytest.approx(sum(c["time_ms"] for c in record["collectives"].values()))
         assert record["exposed_wait_ms"] == pytest.approx(record["fetch_wait_ms"] + record["collective_wait_ms"])
