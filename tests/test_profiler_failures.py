@@ -89,8 +89,17 @@ def test_an_ignored_sigint_stays_ignored(tmp_path, sigint_handler):
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
-def test_nested_call_runs_unprofiled_and_leaves_the_outer_run_alone(tmp_path, ds_caplog):
+def test_nested_call_runs_unprofiled_and_leaves_the_outer_run_alone(tmp_path, ds_caplog, monkeypatch):
     inner_dir = tmp_path / "inner"
+    runs_made = []
+
+    class CountedRun(profiler_calls.ProfilerRun):
+
+        def __init__(self, *args, **kwargs):
+            runs_made.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(profiler_calls, "ProfilerRun", CountedRun)
 
     @profiler(output_dir=str(inner_dir), skip_first=0, wait=0, warmup=0, active=1)
     def evaluate():
@@ -109,6 +118,7 @@ def test_nested_call_runs_unprofiled_and_leaves_the_outer_run_alone(tmp_path, ds
     assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 5]
     assert not inner_dir.exists()
     assert ds_caplog.text.count("runs unprofiled") == 1
+    assert len(runs_made) == 1  # the nested calls made no run of their own
     _assert_idle()
 
 

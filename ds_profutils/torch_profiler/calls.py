@@ -10,7 +10,7 @@ import contextlib
 import threading
 from threading import get_ident
 from types import TracebackType
-from typing import Any, Iterator, Optional, Type
+from typing import Any, Iterator, Optional, Tuple, Type
 
 from ..config import ProfilerConfig
 from ..logging import logger
@@ -33,7 +33,7 @@ def step_profiler(engine: Any = None) -> None:
     here rather than calling a method: a counter and one compare.
     """
     run = _current
-    if run is None or (run.shared and run.owner != get_ident()):
+    if run is None or (run.unprofiled_calls and run.owner != get_ident()):
         return
     if engine is not None and not run.engine_stepped(engine):
         return
@@ -42,13 +42,15 @@ def step_profiler(engine: Any = None) -> None:
         run.catch_up()
 
 
-def _claim(run: ProfilerRun) -> ProfilerRun:
-    """Make ``run`` the process's active run, unless one is active already; return the active run."""
+def _claim(settings: ProfilerConfig) -> Tuple[ProfilerRun, bool]:
+    """The process's active run, and whether it is a new one for ``settings`` (made only when none is
+    active: a profiled call nested in a profiled loop costs no run of its own)."""
     global _current
     with _claim_lock:
         if _current is None:
-            _current = run
-        return _current
+            _current = ProfilerRun(settings, on_done=_release)
+            return _current, True
+        return _current, False
 
 
 def _release(run: ProfilerRun) -> None:
@@ -73,7 +75,6 @@ def _beside(run: ProfilerRun) -> Iterator[None]:
     nested = run.owner == get_ident()
     with _claim_lock:
         run.unprofiled_calls += 1
-        run.shared = True
         if nested:
             run.owner = None
     try:
@@ -83,7 +84,6 @@ def _beside(run: ProfilerRun) -> Iterator[None]:
             if nested:
                 run.owner = get_ident()
             run.unprofiled_calls -= 1
-            run.shared = run.unprofiled_calls > 0
 
 
 class RunBlock:
@@ -95,16 +95,17 @@ class RunBlock:
     """
 
     def __init__(self, settings: ProfilerConfig) -> None:
-        self.run: Optional[ProfilerRun] = ProfilerRun(settings, on_done=_release)
+        self.settings = settings
+        self.run: Optional[ProfilerRun] = None
         self._beside: Optional[contextlib.AbstractContextManager] = None
 
     def __enter__(self) -> Optional[ProfilerRun]:
-        run = self.run
-        active = _claim(run)
-        if active is not run:
-            self.run, self._beside = None, _beside(active)
+        run, new = _claim(self.settings)
+        if not new:
+            self._beside = _beside(run)
             self._beside.__enter__()
             return None
+        self.run = run
         try:
             run.begin()
         except BaseException:

@@ -73,11 +73,10 @@ class ProfilerRun:
                                          repeat=settings.repeat)
         # Read by step_profiler on every call, so plain attributes: the step number, the step at which
         # the next event happens, and the thread of the profiled call (None while a nested call runs).
-        # ``shared`` is set while unprofiled calls run beside this one; only then is the thread checked.
+        # While unprofiled calls run beside this one (``unprofiled_calls``), and only then, the thread is checked.
         self.step = 0
         self.next_boundary = 0
         self.owner: Optional[int] = None
-        self.shared = False
         self.unprofiled_calls = 0
         self.warned_nested = False
         self.signals = SignalGuard()
