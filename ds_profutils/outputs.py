@@ -38,6 +38,7 @@ __all__ = [
     "fetch_records_file",
     "forget_before_signal_exit",
     "fetch_records_files",
+    "memory_snapshot_file",
     "probe_writable",
     "process_identity",
     "run_before_signal_exit",
@@ -155,6 +156,12 @@ def fetch_records_file(output_dir: os.PathLike | str, rank: int | str, engine: s
     """One engine's ZeRO-3 fetch records on one rank (or a placeholder such as ``"<r>"`` for messages)."""
     name = _FETCH_RECORDS if engine == MAIN_ENGINE else _ENGINE_FETCH_RECORDS
     return Path(output_dir) / name.format(engine=engine, rank=rank)
+
+
+def memory_snapshot_file(output_dir: os.PathLike | str, rank: int, global_step: Optional[int] = None) -> Path:
+    """The allocator history of one rank: written where memory ran out, or (``global_step``) after that step."""
+    suffix = "" if global_step is None else f"_step_{global_step}"
+    return Path(output_dir) / f"memory_snapshot_rank_{rank}{suffix}.pickle"
 
 
 def trace_files(directory: Path) -> Dict[int, Path]:

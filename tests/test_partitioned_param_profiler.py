@@ -9,7 +9,7 @@ import pytest
 import torch
 from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as Coordinator
 from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParameterProfiler as DeepSpeedProfiler
-from deepspeed.utils.timer import SynchronizedWallClockTimer
+from deepspeed.utils.timer import NoopTimer, SynchronizedWallClockTimer
 
 import ds_profutils
 import ds_profutils.zero3.fetch_profiler as module
@@ -88,7 +88,7 @@ def test_event_counter_keeps_deepspeeds_dataclass_interface():
 def test_counts_from_increment_alone_have_no_times(monkeypatch):
     logged = []
     monkeypatch.setattr(module, "log_dist", lambda message, ranks: logged.append(message))
-    profiler = PartitionedParameterProfiler(object())
+    profiler = PartitionedParameterProfiler(NoopTimer())
     profiler.event_counters["custom"] = profiler.EventCounter(name="custom", count=0, num_elem=0)
     profiler.event_counters["custom"].increment(3)
     stats = profiler.statistics()["custom"]
@@ -98,7 +98,7 @@ def test_counts_from_increment_alone_have_no_times(monkeypatch):
 
 
 def test_copies_are_profilers_in_the_same_state():
-    for timers in (None, object()):
+    for timers in (None, NoopTimer()):
         profiler = PartitionedParameterProfiler(timers)
         copied = copy.deepcopy(profiler)
         assert type(copied) is PartitionedParameterProfiler and copied.enabled is profiler.enabled
@@ -117,7 +117,7 @@ def test_times_bytes_and_percentiles(monkeypatch):
     durations = [us * 1000 for us in range(1, 101)]  # 1 .. 100 us
     random.Random(0).shuffle(durations)
     scripted_clock(monkeypatch, durations)
-    profiler = PartitionedParameterProfiler(object(), element_size=2)
+    profiler = PartitionedParameterProfiler(NoopTimer(), element_size=2)
     for _ in durations:
         profiler.start_event("forward_all_gather")
         profiler.stop_event("forward_all_gather", 100)
@@ -133,7 +133,7 @@ def test_times_bytes_and_percentiles(monkeypatch):
 def test_latency_samples_stay_bounded_and_percentiles_hold_beyond_the_sample(monkeypatch):
     durations = [us * 1000 for us in range(1, 20_001)]  # 1 .. 20000 us, in time order
     scripted_clock(monkeypatch, durations)
-    profiler = PartitionedParameterProfiler(object())
+    profiler = PartitionedParameterProfiler(NoopTimer())
     for _ in durations:
         with profiler.event("backward_fetch_wait", 1):
             pass
@@ -153,7 +153,7 @@ def test_percentiles_of_a_periodic_pattern_are_not_aliased(monkeypatch):
     period = [100_000] * 7 + [5_000_000]  # 0.1 ms x 7, then 5 ms
     durations = period * 4000  # 32000 fetches, far beyond the sample
     scripted_clock(monkeypatch, durations)
-    profiler = PartitionedParameterProfiler(object())
+    profiler = PartitionedParameterProfiler(NoopTimer())
     for _ in durations:
         with profiler.event("forward_fetch_wait", 1):
             pass
@@ -164,7 +164,7 @@ def test_percentiles_of_a_periodic_pattern_are_not_aliased(monkeypatch):
 
 
 def test_bytes_unknown_without_element_size_and_reset_clears_statistics():
-    profiler = PartitionedParameterProfiler(object())
+    profiler = PartitionedParameterProfiler(NoopTimer())
     profiler.start_event("custom")
     profiler.stop_event("custom", 3)
     assert profiler.statistics()["custom"]["bytes"] is None
@@ -180,7 +180,7 @@ def test_memory_is_bounded_however_many_events():
     bound = len(NUMEL_UNITS) * (SAMPLE_SIZE * 2 + FOLD_EVERY) * 44
     tracemalloc.start()
     try:
-        profiler = PartitionedParameterProfiler(object(), element_size=4)
+        profiler = PartitionedParameterProfiler(NoopTimer(), element_size=4)
         traced = []
         for _ in range(2):
             for _ in range(100_000 // (len(events) // 2) + 1):  # start+stop pairs
@@ -206,7 +206,7 @@ def test_disabled_profiler_does_nothing():
 def test_unpaired_calls_are_counted_as_dropped_not_raised():
     """DeepSpeed's backward runs leaf-module hooks from several threads: an unmatched stop or a start of a
     running event must not raise into it.  The stop still counts the event and its numel, as DeepSpeed would."""
-    profiler = PartitionedParameterProfiler(object())
+    profiler = PartitionedParameterProfiler(NoopTimer())
     profiler.stop_event("forward_fetch_wait", 1)  # no start
     profiler.start_event("forward_fetch_wait")
     profiler.start_event("forward_fetch_wait")  # already running: the first start is kept
@@ -221,7 +221,7 @@ def test_unpaired_calls_are_counted_as_dropped_not_raised():
 
 
 def test_context_manager_form_stops_on_error():
-    profiler = PartitionedParameterProfiler(object())
+    profiler = PartitionedParameterProfiler(NoopTimer())
     with pytest.raises(RuntimeError):
         with profiler.event("forward_fetch_wait", 7):
             raise RuntimeError("fetch failed")
@@ -231,18 +231,18 @@ def test_context_manager_form_stops_on_error():
 def test_log_events_reports_counts_and_times_on_rank_zero(monkeypatch):
     logged = []
     monkeypatch.setattr(module, "log_dist", lambda message, ranks: logged.append((message, ranks)))
-    profiler = PartitionedParameterProfiler(object())
+    profiler = PartitionedParameterProfiler(NoopTimer())
     with profiler.event("forward_fetch_wait", 12):
         pass
     profiler.log_events()
     assert len(logged) == 1
     message, ranks = logged[0]
     assert ranks == [0]
-    assert message.startswith("forward_fetch_wait: count = 1, numel = 12 (shard), time = ")
+    assert message.startswith("forward_fetch_wait: count = 1, numel = 12 (shard), host time = ")
 
 
 def test_trace_ranges_while_torch_profiler_records():
-    profiler = PartitionedParameterProfiler(object())
+    profiler = PartitionedParameterProfiler(NoopTimer())
     profiler.trace_ranges = True
     nvtx.set_torch_profiler_recording(True)
     try:
@@ -268,7 +268,7 @@ def test_calls_from_another_thread_interleaved_are_counted_not_raised():
     while another's event of the same name runs."""
     import threading
 
-    profiler = PartitionedParameterProfiler(object())
+    profiler = PartitionedParameterProfiler(NoopTimer())
     a_started, b_started, a_stopped = threading.Event(), threading.Event(), threading.Event()
     errors = []
 
@@ -301,3 +301,83 @@ def test_calls_from_another_thread_interleaved_are_counted_not_raised():
     stats = profiler.statistics()["backward_fetch_wait"]
     assert (stats["count"], stats["numel"], stats["dropped"]) == (2, 2, 2)
     assert profiler.event_counters["backward_fetch_wait"].durations.count == 1
+
+
+@pytest.mark.parametrize("timers_class", [SynchronizedWallClockTimer, ds_profutils.timer.SynchronizedWallClockTimer],
+                         ids=["deepspeeds-timers", "our-timers"])
+def test_drives_the_timers_it_is_given_as_deepspeeds_does(timers_class, capsys):
+    """DeepSpeed's profiler starts and stops ``timers(name)`` around each event and logs the group's line in
+    log_events(): the engine's wall-clock log shows the fetch timers.  Ours does the same with the same
+    group, and keeps its own figures besides."""
+    ours_timers, theirs_timers = timers_class(), timers_class()
+    ours, theirs = PartitionedParameterProfiler(ours_timers), DeepSpeedProfiler(theirs_timers)
+    events = coordinator_sequence(7, 50)
+    replay(ours, events)
+    replay(theirs, events)
+    names = sorted(theirs.event_counters)
+    assert sorted(ours_timers.get_timers()) == sorted(theirs_timers.get_timers()) == names
+    assert set(ours_timers.get_mean(names)) == set(names)  # every timer holds its durations
+    assert all(not timer.started_ for timer in ours_timers.get_timers().values())
+    capsys.readouterr()
+    ours.log_events()
+    printed = capsys.readouterr().out
+    assert "time (ms) | " in printed and all(f"{name}: " in printed for name in names)
+    assert ours.statistics().keys() == set(names)  # its own figures, after the timers were logged and reset
+
+
+def test_a_noop_timer_group_is_not_driven_and_nothing_else_is_needed():
+    profiler = PartitionedParameterProfiler(NoopTimer())
+    with profiler.event("forward_fetch_wait", 3):
+        pass
+    assert profiler.event_counters["forward_fetch_wait"].timer is None
+    assert counts(profiler) == {"forward_fetch_wait": (1, 3)}
+
+
+def test_what_was_gathered_on_demand_against_by_prefetch_and_the_most_gathered_at_once():
+    """All-gathers inside a fetch submit are on demand (the module waits for them); inside a prefetch submit
+    they were gathered ahead of need.  The most elements gathered at once is the coordinator's own count,
+    read as each all-gather starts (it only grows there)."""
+    available = [0]
+    profiler = PartitionedParameterProfiler(NoopTimer())
+    profiler.available_params = lambda: available[0]
+    for name, numel, live in (("forward_fetch_submit", 40, 100), ("forward_prefetch_submit", 60, 250),
+                              ("backward_prefetch_submit", 30, 180)):
+        profiler.start_event(name)
+        available[0] = live  # DeepSpeed counts the elements before it brackets the all-gather
+        with profiler.event(name.split("_")[0] + "_all_gather", numel):
+            pass
+        profiler.stop_event(name, numel)
+        available[0] -= numel  # released later
+    with profiler.event("backward_all_gather", 5):  # outside a submit: neither
+        pass
+    assert profiler.gathered == {"on_demand": 40, "prefetch": 90}
+    assert profiler.live_params_max == 250
+    profiler.reset_events()  # DeepSpeed's reset at the next forward
+    assert (profiler.gathered, profiler.live_params_max, profiler.collectives) == ({"on_demand": 0, "prefetch": 0}, 0,
+                                                                                   {})
+
+
+def test_built_directly_on_a_device_clock_accelerator_it_times_fetch_waits_on_the_device():
+    """DeepSpeed's profiler times through its timers' device events where the accelerator has them; ours,
+    built directly, reads the fetch waits' device times too (waiting for the device when asked, as
+    DeepSpeed's timers do when logged)."""
+    import deepspeed.accelerator.real_accelerator as installed
+    from deepspeed.accelerator import set_accelerator
+
+    from stream_clock import StreamClockAccelerator
+
+    previous = installed.ds_accelerator
+    stand_in = StreamClockAccelerator()
+    set_accelerator(stand_in)
+    try:
+        profiler = PartitionedParameterProfiler(NoopTimer())
+        for stall in (2.0, 6.0):
+            profiler.start_event("forward_fetch_wait")
+            stand_in.advance(stall)
+            profiler.stop_event("forward_fetch_wait", 1)
+    finally:
+        installed.ds_accelerator = previous
+    entry = profiler.statistics()["forward_fetch_wait"]
+    assert (entry["clock"], entry["time_ms"], entry["min_ms"], entry["max_ms"]) == ("device", 8.0, 2.0, 6.0)
+    assert entry["host_time_ms"] < 1.0
+    assert profiler.host_statistics()["forward_fetch_wait"]["clock"] == "host"

@@ -11,6 +11,7 @@ import deepspeed
 import pytest
 import torch
 from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParameterProfiler as DeepSpeedProfiler
+from deepspeed.utils.timer import NoopTimer
 
 import ds_profutils
 from ds_profutils import nvtx
@@ -18,7 +19,8 @@ from ds_profutils.config import PartitionedParamProfilerConfig
 from ds_profutils.exceptions import InvalidArgumentError
 from ds_profutils.outputs import ProcessIdentity
 from ds_profutils.report import build_report
-from ds_profutils.zero3 import AttachError, ZeroFetchRecorder
+from ds_profutils.zero3 import AttachError, Attachment, ZeroFetchRecorder
+from ds_profutils.zero3.attaching import ATTACHMENT_ATTR
 from ds_profutils.zero3.recorder import RECORDER_ATTR
 from launcher import DIST_SCRIPTS, run_deepspeed
 from report_testing import read_records_file
@@ -27,20 +29,31 @@ PROFILER_ATTR = "_PartitionedParameterCoordinator__profiler"
 
 
 class Coordinator:
-    """Holds its profiler where DeepSpeed's coordinator does, and fetches through it."""
+    """Holds its profiler where DeepSpeed's coordinator does, fetches through it, and counts the gathered
+    elements as DeepSpeed's does (before an all-gather's events)."""
 
     def __init__(self):
         self._PartitionedParameterCoordinator__profiler = DeepSpeedProfiler(None)
+        self._PartitionedParameterCoordinator__n_available_params = 0
 
     def fetch(self, name, numel):
         profiler = self._PartitionedParameterCoordinator__profiler
+        if name.endswith("all_gather"):
+            self._PartitionedParameterCoordinator__n_available_params += numel
         profiler.start_event(name)
         profiler.stop_event(name, numel)
+
+    def release(self, numel):
+        self._PartitionedParameterCoordinator__n_available_params -= numel
+
+    def _invalidate_trace(self):
+        pass
 
     def reset_step(self, module, args):
         profiler = self._PartitionedParameterCoordinator__profiler
         profiler.log_events()
         profiler.reset_events()
+        self._PartitionedParameterCoordinator__n_available_params = 0
 
 
 class Model(torch.nn.Module):
@@ -62,7 +75,7 @@ class Engine:
         self.module = Model(self.coordinator)
         self.module.register_forward_pre_hook(self.coordinator.reset_step)  # DeepSpeed's, registered first
         self.global_steps = self.micro_steps = 0
-        self.timers = object()
+        self.timers = NoopTimer()
         self.config = config or {}
         self.stage = stage
         self.optimizer = object()
@@ -70,6 +83,15 @@ class Engine:
 
     def zero_optimization_stage(self):
         return self.stage
+
+    def zero_max_live_parameters(self):
+        return 1_000_000_000
+
+    def steps_per_print(self):
+        return 10
+
+    def gradient_accumulation_steps(self):
+        return 1
 
     def forward(self, x=torch.ones(1)):
         return self.module(x)
@@ -96,14 +118,20 @@ class Engine:
 IDENTITY = ProcessIdentity(rank=3, world_size=4, local_rank=1, host="node-a", pid=4242, source="test")
 
 
-def recorder_for(engine, tmp_path, name="main", device_events=None, **settings):
+def recorder_for(engine, tmp_path, name="main", device_events=None, memory=None, append=False, **settings):
+    """What ``attach`` builds on a ZeRO-3 engine, on the stand-in engine: an Attachment with a recorder."""
     settings = PartitionedParamProfilerConfig(enabled=True, output_dir=str(tmp_path), **settings)
-    return ZeroFetchRecorder(engine, [engine.coordinator],
-                             settings,
-                             name=name,
-                             identity=IDENTITY,
-                             dtype=torch.float16,
-                             device_events=device_events)
+    attachment = Attachment(engine, name, None)
+    recorder = ZeroFetchRecorder(engine, engine.coordinator, settings,
+                                 name=name,
+                                 identity=IDENTITY,
+                                 dtype=torch.float16,
+                                 device_events=device_events,
+                                 memory=memory,
+                                 append=append)
+    attachment.recorder = recorder
+    attachment.add(recorder, recorder.close)
+    return attachment
 
 
 def read_records(tmp_path, rank=3):
@@ -124,9 +152,12 @@ def test_one_record_per_step_with_the_step_read_at_forward_start(tmp_path):
     first = records[0]
     assert {k: first[k] for k in ("schema", "engine", "rank", "world_size", "local_rank", "host", "pid", "dtype",
                                   "clock", "comms_logger")} == {
-        "schema": 2, "engine": "main", "rank": 3, "world_size": 4, "local_rank": 1, "host": "node-a", "pid": 4242,
+        "schema": 3, "engine": "main", "rank": 3, "world_size": 4, "local_rank": 1, "host": "node-a", "pid": 4242,
         "dtype": "float16", "clock": "host", "comms_logger": False
     }
+    # the coordinator's count of gathered elements after the forward's all-gather, beside the engine's limit
+    assert (first["live_params_max"], first["max_live_parameters"]) == (10, 1_000_000_000)
+    assert first["trace_cache_invalidations"] == 0 and "memory" not in first  # memory figures: see test_zero_memory
     # DeepSpeed's own reset at the next forward start did not eat the backward's events.
     assert {name: (e["count"], e["numel"], e["numel_unit"], e["bytes"])
             for name, e in first["events"].items()} == {
@@ -137,7 +168,7 @@ def test_one_record_per_step_with_the_step_read_at_forward_start(tmp_path):
     assert first["step_time_ms"] >= first["events"]["forward_fetch_wait"]["time_ms"]
     waits = first["events"]["forward_fetch_wait"]["time_ms"] + first["events"]["backward_fetch_wait"]["time_ms"]
     assert first["fetch_wait_ms"] == pytest.approx(waits)
-    assert first["collective_wait_ms"] == 0 and first["collectives"] == {}  # no deepspeed.comm backend here
+    assert first["collective_wait_ms"] == first["collective_ms"] == 0 and first["collectives"] == {}  # no backend here
     assert first["exposed_wait_ms"] == pytest.approx(waits)
     assert all(e["clock"] == "host" and e["dropped"] == 0 for e in first["events"].values())
 
@@ -189,26 +220,31 @@ def test_a_step_that_raises_is_not_recorded(tmp_path):
     assert read_records(tmp_path) == []
 
 
-def test_log_interval_skips_steps_with_deepspeeds_own_profiler(tmp_path):
+def test_log_interval_skips_steps_with_the_profiler_not_recording(tmp_path):
     engine = Engine()
     deepspeeds = getattr(engine.coordinator, PROFILER_ATTR)
-    with recorder_for(engine, tmp_path, log_interval=2) as recorder:
-        installed = []
+    with recorder_for(engine, tmp_path, log_interval=2) as attached:
+        profiler = attached.recorder.profiler
+        recording = []
         for _ in range(5):
             engine.forward()
-            installed.append(getattr(engine.coordinator, PROFILER_ATTR) is recorder.profiler)
-            assert getattr(engine.coordinator, PROFILER_ATTR) in (recorder.profiler, deepspeeds)
+            assert getattr(engine.coordinator, PROFILER_ATTR) is profiler  # installed once, at attach
+            recording.append(profiler.recording)
             engine.backward()
             engine.step()
+            assert not profiler.recording  # between steps nothing is counted
     assert [r["global_step"] for r in read_records(tmp_path)] == [0, 2, 4]
-    assert installed == [True, False, True, False, True]
+    assert recording == [True, False, True, False, True]
+    assert [r["events"]["backward_fetch_wait"]["count"] for r in read_records(tmp_path)] == [1, 1, 1]
+    assert getattr(engine.coordinator, PROFILER_ATTR) is deepspeeds  # given back at close
 
 
 def test_a_failing_write_is_logged_not_raised_into_training(tmp_path, monkeypatch):
     warnings = []
     monkeypatch.setattr(ds_profutils.zero3.recorder, "warning_once", warnings.append)
     engine = Engine()
-    with recorder_for(engine, tmp_path) as recorder:
+    with recorder_for(engine, tmp_path) as attached:
+        recorder = attached.recorder
         recorder._file.close()
         monkeypatch.setattr(recorder, "_file", open("/dev/full", "wb", buffering=0))
         engine.train_step()
@@ -220,13 +256,13 @@ def test_a_failing_write_is_logged_not_raised_into_training(tmp_path, monkeypatc
 def test_an_error_of_the_recorder_stops_recording_never_the_training(tmp_path, monkeypatch, ds_caplog):
     """An accelerator event that misbehaves (or any bug of ours) inside DeepSpeed's forward hooks."""
     engine = Engine()
-    recorder = recorder_for(engine, tmp_path)
+    recorder = recorder_for(engine, tmp_path).recorder
     engine.train_step()
 
     def broken(*args, **kwargs):
         raise RuntimeError("event recorded on another stream")
 
-    monkeypatch.setattr(recorder.profiler, "reset_events", broken)  # called in the forward pre-hook
+    monkeypatch.setattr(recorder.profiler, "host_statistics", broken)  # read when engine.step() returns
     engine.train_step()  # the hooks and step() of this step meet the error: training goes on
     engine.train_step()
     assert engine.global_steps == 3 and recorder.closed
@@ -239,7 +275,7 @@ def test_an_error_of_the_recorder_stops_recording_never_the_training(tmp_path, m
 
 def test_an_interruption_while_a_record_is_built_leaves_it_for_close(tmp_path, monkeypatch):
     engine = Engine()
-    recorder = recorder_for(engine, tmp_path)
+    recorder = recorder_for(engine, tmp_path).recorder
     build = recorder._line
 
     def interrupted_once(step):
@@ -272,18 +308,19 @@ def test_collective_timing_is_removed_with_the_last_recorder_closed_or_collected
 
     from ds_profutils.zero3 import collectives
 
-    backend = types.SimpleNamespace(all_reduce=lambda *args, **kwargs: None)
-    monkeypatch.setattr(collectives, "_backend", lambda: backend)
+    original = lambda *args, **kwargs: None  # noqa: E731
+    backend = types.SimpleNamespace(all_reduce=original)
+    monkeypatch.setattr(deepspeed.comm.comm, "cdb", backend)
     closed, dropped = Engine(), Engine()
     first = recorder_for(closed, tmp_path)
     recorder_for(dropped, tmp_path, name="engine1")
-    assert "all_reduce" in vars(backend)  # timed while a recorder listens
+    assert vars(backend)["all_reduce"] is not original  # timed while a recorder listens
     first.close()
     first.close()  # twice: counted once
-    assert "all_reduce" in vars(backend)
+    assert vars(backend)["all_reduce"] is not original
     del dropped
     gc.collect()
-    assert "all_reduce" not in vars(backend)  # DeepSpeed's backend as it was
+    assert vars(backend)["all_reduce"] is original  # the backend as it was
 
 
 def test_close_gives_the_engine_back(tmp_path):
@@ -303,7 +340,8 @@ def test_close_gives_the_engine_back(tmp_path):
 @pytest.mark.parametrize("trace_ranges", [True, False])
 def test_trace_ranges_follow_the_torch_profiler_at_forward_start(tmp_path, trace_ranges):
     engine = Engine()
-    with recorder_for(engine, tmp_path, trace_ranges=trace_ranges) as recorder:
+    with recorder_for(engine, tmp_path, trace_ranges=trace_ranges) as attached:
+        recorder = attached.recorder
         engine.forward()
         assert not recorder.profiler.trace_ranges
         nvtx.set_torch_profiler_recording(True)
@@ -462,7 +500,7 @@ def fresh_names(monkeypatch):
     """A process that has attached no engine yet."""
     from ds_profutils.zero3 import attaching as attach_module
 
-    monkeypatch.setattr(attach_module, "_engines_by_name", {})
+    monkeypatch.setattr(attach_module, "_attached_names", {})
     monkeypatch.setattr(attach_module, "_unnamed_attached", 0)
     return attach_module._engine_name
 
@@ -480,21 +518,21 @@ def test_a_bad_or_reserved_name_is_refused(fresh_names, name):
         fresh_names(Engine(), name)
 
 
-def test_a_name_in_use_by_another_engine_is_refused(fresh_names):
-    critic = Engine()
-    fresh_names(critic, "critic")
+def test_a_name_in_use_by_another_attached_engine_is_refused(fresh_names):
+    critic = Attachment(Engine(), "critic", None)
     with pytest.raises(InvalidArgumentError, match="an engine named 'critic' is already attached"):
         fresh_names(Engine(), "critic")
-    del critic  # an engine that is gone frees its name
+    critic.close()  # a closed attachment frees its name: a new engine may record under it (and append)
     assert fresh_names(Engine(), "critic") == "critic"
 
 
 def test_two_recorders_in_one_process_write_their_own_files(tmp_path):
     small, large = Engine(), Engine()
-    with recorder_for(small, tmp_path) as first, recorder_for(large, tmp_path, name="critic") as second:
+    with recorder_for(small, tmp_path) as main, recorder_for(large, tmp_path, name="critic") as critic:
         small.train_step()
         large.train_step()
         large.train_step()
+    first, second = main.recorder, critic.recorder
     assert (first.path.name, second.path.name) == ("zero_fetch_rank_3.jsonl", "zero_fetch_critic_rank_3.jsonl")
     assert [r["engine"] for r in read_records(tmp_path)] == ["main"]
     critic = read_records_file(second.path)

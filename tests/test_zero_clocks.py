@@ -1,13 +1,21 @@
-"""Fetch records on the device clock and the exposed wait in blocking collectives, on the stand-in engine
-of test_zero_attach (the real ZeRO-3 engine with a stand-in accelerator runs in test_zero_fidelity)."""
-import time
-import types
+"""Fetch records on the device clock, and collectives timed on their own streams, on the stand-in engine of
+test_zero_attach (the real ZeRO-3 engine with the same stand-in accelerator runs in test_zero_fidelity).
 
+Two stand-in devices: :mod:`stream_clock`'s, whose streams keep their own clocks (a misplaced event gives
+a wrong figure), and :class:`FakeDevice`, whose events complete only when the test says (records wait
+for their device times, pools run dry, devices hang).
+"""
+import time
+
+import deepspeed
 import pytest
 import torch
+from deepspeed.accelerator import set_accelerator
 
+import deepspeed.accelerator.real_accelerator as installed
 from ds_profutils.zero3 import collectives, recorder as recorder_module
 from ds_profutils.zero3.device_clock import DeviceEvents
+from stream_clock import StandInStream, StreamClockAccelerator, simulate_collectives
 from test_zero_attach import Engine, read_records, recorder_for
 
 
@@ -58,22 +66,255 @@ def device():
     return FakeDevice()
 
 
-def test_fetch_waits_and_step_time_are_device_times_and_host_times_are_kept(tmp_path, device):
-    engine = Engine()
-    with recorder_for(engine, tmp_path, device_events=DeviceEvents(device.event)):
+@pytest.fixture
+def accelerator():
+    """The stream-clock stand-in, installed as DeepSpeed's accelerator for the test."""
+    previous = installed.ds_accelerator
+    stand_in = StreamClockAccelerator()
+    set_accelerator(stand_in)
+    yield stand_in
+    installed.ds_accelerator = previous
+
+
+FORWARD_MS, WAIT_MS, STEP_MS = 2.0, 3.0, 1.0
+
+
+def on_device(engine, accelerator):
+    """The stand-in engine's work on the device: its forward computes FORWARD_MS, each fetch wait stalls the
+    compute stream WAIT_MS (an all-gather it waits for), its optimizer step computes STEP_MS."""
+    coordinator, step = engine.coordinator, engine.step
+
+    def fetch(name, numel):
+        profiler = coordinator._PartitionedParameterCoordinator__profiler
+        profiler.start_event(name)
+        if name.endswith("fetch_wait"):
+            accelerator.advance(WAIT_MS)
+        profiler.stop_event(name, numel)
+
+    def stepped():
+        accelerator.advance(STEP_MS)
+        step()
+
+    coordinator.fetch = fetch
+    engine.step = stepped
+    engine.module.register_forward_hook(lambda *_: accelerator.advance(FORWARD_MS))
+    return engine
+
+
+def test_fetch_waits_and_step_time_are_the_compute_streams_times(tmp_path, accelerator):
+    engine = on_device(Engine(), accelerator)
+    side = StandInStream("side")
+    with recorder_for(engine, tmp_path, device_events=DeviceEvents(accelerator.Event)):
         engine.train_step()
+        accelerator.advance(50.0, side)  # another stream's work is no part of this step's times
     (record, ) = read_records(tmp_path)
     assert record["clock"] == "device"
-    waits = {name: record["events"][name] for name in ("forward_fetch_wait", "backward_fetch_wait")}
-    for entry in waits.values():  # start and stop mark adjacent events: one tick apart on the device
-        assert (entry["clock"], entry["time_ms"], entry["min_ms"], entry["max_ms"]) == ("device", 1.0, 1.0, 1.0)
+    for name in ("forward_fetch_wait", "backward_fetch_wait"):
+        entry = record["events"][name]
+        assert (entry["clock"], entry["time_ms"], entry["min_ms"], entry["max_ms"]) == ("device", WAIT_MS, WAIT_MS,
+                                                                                         WAIT_MS)
         assert 0 <= entry["host_time_ms"] < 1.0  # the host's own measure, kept beside
-    assert record["fetch_wait_ms"] == 2.0 == record["exposed_wait_ms"]
+    assert record["fetch_wait_ms"] == 2 * WAIT_MS == record["exposed_wait_ms"]
     gather = record["events"]["forward_all_gather"]  # a launch: host clock
     assert gather["clock"] == "host" and "host_time_ms" not in gather
-    # After the step's start mark: two fetch waits of two marks each, the forward's end (a mark the step's
-    # end replaces) and the step's end.
-    assert record["step_time_ms"] == 6.0 and record["device_waits"] == 0
+    assert record["step_time_ms"] == FORWARD_MS + 2 * WAIT_MS + STEP_MS and record["device_waits"] == 0
+
+
+class FakeBackend:
+    """deepspeed.comm's backend as DeepSpeed 0.19's TorchBackend calls it (async_op positional)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def all_reduce(self, tensor, op=None, group=None, async_op=False):
+        self.calls.append(("all_reduce", async_op))
+        return _Done() if async_op else None
+
+    def reduce_scatter_tensor(self, output_tensor, input_tensor, op=None, group=None, async_op=False):
+        self.calls.append(("reduce_scatter_tensor", async_op))
+
+    def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False):
+        self.calls.append(("all_gather_into_tensor", async_op))
+        return _Done() if async_op else None
+
+
+class _Done:
+
+    def wait(self):
+        return True
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    backend = FakeBackend()
+    monkeypatch.setattr(deepspeed.comm.comm, "cdb", backend)
+    return backend
+
+
+ALL_REDUCE_MS, REDUCE_SCATTER_MS, ALL_GATHER_MS, BETWEEN_MS = 5.0, 7.0, 4.0, 2.5
+
+
+def one_step_of_collectives(engine, accelerator, backend):
+    """A train step whose forward makes: a blocking all-reduce on the compute stream, a reduce-scatter on a
+    side stream (overlap_comm), and an async all-gather launched on the compute stream and waited for after
+    BETWEEN_MS of compute (so the compute stream stalls ALL_GATHER_MS - BETWEEN_MS)."""
+    tensor, side = torch.ones(2), StandInStream("reduce_and_partition_stream")
+    engine.module.train()
+    engine.forward()
+    backend.all_reduce(tensor, None, None, False)  # positional, as DeepSpeed passes it
+    with accelerator.stream(side):
+        backend.reduce_scatter_tensor(tensor, tensor, None, None, False)
+    handle = backend.all_gather_into_tensor(tensor, tensor, None, True)
+    accelerator.advance(BETWEEN_MS)
+    handle.wait()
+    engine.backward()
+    engine.step()
+    backend.all_reduce(tensor)  # between steps: no record is open
+
+
+def simulated(accelerator, backend):
+    simulate_collectives(accelerator, backend, {"all_reduce": ALL_REDUCE_MS, "reduce_scatter_tensor": REDUCE_SCATTER_MS,
+                                                "all_gather_into_tensor": ALL_GATHER_MS},
+                         collectives.ASYNC_OP_POSITION)
+
+
+def test_every_collective_is_timed_on_its_own_stream(tmp_path, accelerator, backend):
+    simulated(accelerator, backend)
+    engine = on_device(Engine(), accelerator)
+    with recorder_for(engine, tmp_path, device_events=DeviceEvents(accelerator.Event)):
+        one_step_of_collectives(engine, accelerator, backend)
+    (record, ) = read_records(tmp_path)
+    assert record["collectives"] == {
+        "all_reduce": {"count": 1, "async": 0, "time_ms": ALL_REDUCE_MS, "exposed_ms": ALL_REDUCE_MS,
+                       "stream": "compute", "clock": "device"},
+        "reduce_scatter_tensor@side-stream": {"count": 1, "async": 0, "time_ms": REDUCE_SCATTER_MS, "exposed_ms": 0.0,
+                                              "stream": "side", "clock": "device"},
+        "all_gather_into_tensor": {"count": 1, "async": 1, "time_ms": ALL_GATHER_MS, "exposed_ms": 0.0,
+                                   "stream": "compute", "clock": "device"},
+    }
+    # Time inside collectives, waiting for late peers included, against what stalled the compute stream.
+    assert record["collective_ms"] == ALL_REDUCE_MS + REDUCE_SCATTER_MS + ALL_GATHER_MS
+    assert record["collective_wait_ms"] == ALL_REDUCE_MS
+    assert record["exposed_wait_ms"] == record["fetch_wait_ms"] + ALL_REDUCE_MS
+    assert "all_reduce" not in vars(backend) or vars(backend)["all_reduce"].__name__ == "call"  # the simulation's
+
+
+def test_a_misplaced_event_gives_a_wrong_figure(tmp_path, accelerator, backend, monkeypatch):
+    """The stand-in can tell: with every event recorded on the compute stream (not the collective's own),
+    the side stream's reduce-scatter comes out wrong."""
+    simulated(accelerator, backend)
+    events = DeviceEvents(accelerator.Event)
+    mark = events.mark
+
+    def on_the_compute_stream():
+        with accelerator.stream(accelerator.compute):
+            return mark()
+
+    monkeypatch.setattr(events, "mark", on_the_compute_stream)
+    engine = on_device(Engine(), accelerator)
+    with recorder_for(engine, tmp_path, device_events=events):
+        one_step_of_collectives(engine, accelerator, backend)
+    (record, ) = read_records(tmp_path)
+    assert record["collectives"]["reduce_scatter_tensor@side-stream"]["time_ms"] != REDUCE_SCATTER_MS
+
+
+def test_on_the_host_clock_async_collectives_count_their_wait(tmp_path, backend, monkeypatch):
+    """CPU: blocking calls are timed around the call, async ones by the time blocked in wait()."""
+    import types
+
+    tensor = torch.ones(2)
+    handle = types.SimpleNamespace(wait=lambda: time.sleep(0.03))
+    monkeypatch.setattr(backend, "all_gather_into_tensor", lambda *args, **kwargs: handle, raising=False)
+    monkeypatch.setattr(backend, "all_reduce", lambda *args, **kwargs: time.sleep(0.02), raising=False)
+    engine = Engine()
+    with recorder_for(engine, tmp_path):
+        engine.forward()
+        launched = backend.all_gather_into_tensor(tensor, tensor, None, True)
+        time.sleep(0.05)  # compute between launch and wait is not inside the collective
+        launched.wait()
+        backend.all_reduce(tensor, None, None, False)
+        engine.backward()
+        engine.step()
+    (record, ) = read_records(tmp_path)
+    gather, reduce = record["collectives"]["all_gather_into_tensor"], record["collectives"]["all_reduce"]
+    assert gather["clock"] == reduce["clock"] == "host" and gather["async"] == 1
+    assert 30 <= gather["time_ms"] < 45 and gather["exposed_ms"] == 0  # its stall is a fetch wait in ZeRO-3
+    assert 20 <= reduce["time_ms"] == reduce["exposed_ms"]
+    assert record["collective_ms"] == pytest.approx(gather["time_ms"] + reduce["time_ms"])
+    assert record["collective_wait_ms"] == reduce["time_ms"]
+
+
+def test_an_eval_record_holds_its_own_forwards_collectives_not_what_follows(tmp_path, backend):
+    """RLHF: a reference model's eval forward, then the actor trains; the actor's gradient collectives are
+    not the reference's (the eval record stays open until its engine's next forward)."""
+    reference, tensor = Engine(), torch.ones(2)
+    with recorder_for(reference, tmp_path):
+        reference.module.eval()
+        reference.forward()
+        backend.all_reduce(tensor, None, None, False)  # after the forward: another engine's step
+        reference.forward()
+    (first, second) = read_records(tmp_path)
+    assert first["mode"] == "eval" and first["collectives"] == {} and first["collective_ms"] == 0
+
+
+def test_the_compute_stream_is_the_one_the_forward_started_on(tmp_path, accelerator, backend):
+    """A job that runs its steps in a stream of its own: its collectives are on the compute stream."""
+    simulated(accelerator, backend)
+    engine, tensor = on_device(Engine(), accelerator), torch.ones(2)
+    job_stream = StandInStream("the job's stream")
+    with recorder_for(engine, tmp_path, device_events=DeviceEvents(accelerator.Event)):
+        with accelerator.stream(job_stream):
+            engine.forward()
+            backend.all_reduce(tensor, None, None, False)
+            engine.backward()
+            engine.step()
+    (record, ) = read_records(tmp_path)
+    assert record["collectives"]["all_reduce"]["stream"] == "compute"
+    assert record["collective_wait_ms"] == ALL_REDUCE_MS
+
+
+def test_collective_timing_gives_back_a_wrapper_that_was_there_before(tmp_path, backend):
+    def theirs(*args, **kwargs):
+        return None
+
+    backend.all_reduce = theirs  # some other tool's wrapper, on the instance
+    with recorder_for(Engine(), tmp_path):
+        assert vars(backend)["all_reduce"] is not theirs
+    assert vars(backend)["all_reduce"] is theirs and "reduce_scatter_tensor" not in vars(backend)
+
+
+def test_a_full_pool_first_looks_whether_its_oldest_pair_completed(device):
+    """Forced waits count only when the oldest pair has not completed (it is resolved otherwise)."""
+    events = DeviceEvents(device.event, capacity=2)
+    events.pair(events.mark(), events.mark(), 0)
+    events.mark()  # the pool is exhausted; the oldest pair has completed on this device
+    assert events.waits == 0 and device.synchronized == 0
+
+
+def test_a_signal_handler_may_close_a_recorder_while_the_pool_is_in_use(tmp_path, device):
+    """A program's signal handler runs between two bytecodes of the main thread, which may be inside the
+    pool; closing a recorder there takes the pool again (a plain lock would deadlock)."""
+    import threading
+
+    engine = Engine()
+    events = DeviceEvents(device.event)
+    attached = recorder_for(engine, tmp_path, device_events=events)
+    engine.train_step()
+    record = FakeEvent.record
+
+    def interrupted(event):  # the handler runs while mark() holds the pool
+        record(event)
+        FakeEvent.record = record
+        attached.close()
+
+    FakeEvent.record = interrupted
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (engine.train_step(), done.set()), daemon=True)
+    worker.start()
+    worker.join(5)
+    FakeEvent.record = record
+    assert done.is_set(), "closing the recorder inside the pool deadlocked"
+    assert attached.closed and [r["global_step"] for r in read_records(tmp_path)] == [0]
 
 
 def test_records_wait_for_their_device_times_without_synchronizing(tmp_path, device):
@@ -141,96 +382,6 @@ def test_eval_records_reach_the_disk_at_the_next_forward_not_at_the_next_step(tm
         for _ in range(50):
             engine.eval_forward()
         assert [r["mode"] for r in read_records(tmp_path)] == ["train"] + ["eval"] * 49  # the last at close
-
-
-class FakeBackend:
-    """deepspeed.comm's backend as DeepSpeed 0.19's TorchBackend calls it (async_op positional)."""
-
-    def __init__(self):
-        self.calls = []
-
-    def all_reduce(self, tensor, op=None, group=None, async_op=False):
-        self.calls.append(("all_reduce", async_op))
-        if not async_op:
-            time.sleep(0.02)  # a peer arrives late
-
-    def reduce_scatter_tensor(self, output_tensor, input_tensor, op=None, group=None, async_op=False):
-        self.calls.append(("reduce_scatter_tensor", async_op))
-
-
-@pytest.fixture
-def backend(monkeypatch):
-    backend = FakeBackend()
-    monkeypatch.setattr(collectives, "_backend", lambda: backend)
-    return backend
-
-
-def test_blocking_collectives_are_exposed_wait_and_async_ones_are_not(tmp_path, backend):
-    engine = Engine()
-    tensor = torch.ones(2)
-    with recorder_for(engine, tmp_path):
-        engine.forward()
-        backend.all_reduce(tensor, None, None, False)  # blocking, positional as DeepSpeed passes it
-        backend.all_reduce(tensor, None, None, True)  # overlaps compute: not a wait
-        backend.reduce_scatter_tensor(output_tensor=tensor, input_tensor=tensor, async_op=False)
-        engine.step()
-        backend.all_reduce(tensor)  # between steps: no record is open
-    (record, ) = read_records(tmp_path)
-    assert set(record["collectives"]) == {"all_reduce", "reduce_scatter_tensor"}
-    assert record["collectives"]["all_reduce"]["count"] == 1
-    assert record["collectives"]["all_reduce"]["time_ms"] >= 20
-    assert record["collective_wait_ms"] == pytest.approx(sum(c["time_ms"] for c in record["collectives"].values()))
-    assert record["exposed_wait_ms"] == pytest.approx(record["fetch_wait_ms"] + record["collective_wait_ms"])
-    assert record["step_time_ms"] >= record["exposed_wait_ms"]
-    assert len(backend.calls) == 4 and "all_reduce" not in vars(backend)  # closed: the backend is DeepSpeed's again
-
-
-def test_an_eval_record_holds_its_own_forwards_collectives_not_what_follows(tmp_path, backend):
-    """RLHF: a reference model's eval forward, then the actor trains; the actor's gradient collectives are
-    not the reference's waits (the eval record stays open until its engine's next forward)."""
-    reference, tensor = Engine(), torch.ones(2)
-    with recorder_for(reference, tmp_path):
-        reference.module.eval()
-        reference.forward()
-        backend.all_reduce(tensor, None, None, False)  # after the forward: another engine's step
-        reference.forward()
-    (first, second) = read_records(tmp_path)
-    assert first["mode"] == "eval" and first["collectives"] == {} and first["collective_wait_ms"] == 0
-
-
-def test_on_the_device_clock_a_side_stream_collective_is_timed_on_the_host_and_kept_apart(tmp_path, device,
-                                                                                         backend, monkeypatch):
-    """ZeRO-3's overlap_comm reduce-scatter runs on its own stream: events there would time the collective,
-    not a stall of the compute stream."""
-    on_side_stream = []
-    monkeypatch.setattr(collectives, "_on_side_stream", lambda: bool(on_side_stream))
-    engine, tensor = Engine(), torch.ones(2)
-    with recorder_for(engine, tmp_path, device_events=DeviceEvents(device.event)):
-        engine.forward()
-        backend.all_reduce(tensor, None, None, False)  # the compute stream: device events, one tick
-        on_side_stream.append(True)
-        backend.reduce_scatter_tensor(tensor, tensor, None, None, False)
-        backend.all_reduce(tensor, None, None, False)  # 20 ms on the host
-        engine.step()
-    (record, ) = read_records(tmp_path)
-    found = record["collectives"]
-    assert found["all_reduce"] == {"count": 1, "time_ms": 1.0, "clock": "device"}
-    assert found["all_reduce@side-stream"]["clock"] == "host" and found["all_reduce@side-stream"]["time_ms"] >= 20
-    assert found["reduce_scatter_tensor@side-stream"]["clock"] == "host"
-    assert record["collective_wait_ms"] == pytest.approx(sum(entry["time_ms"] for entry in found.values()))
-
-
-def test_the_compute_stream_is_the_one_the_forward_started_on(monkeypatch):
-    """A job that runs its steps in a stream of its own: its collectives are on the compute stream."""
-    import deepspeed.accelerator
-
-    current = ["the job's stream"]
-    accelerator = types.SimpleNamespace(current_stream=lambda: current[0], default_stream=lambda: "default")
-    monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", lambda: accelerator)
-    collectives.note_compute_stream()
-    assert not collectives._on_side_stream()
-    current[0] = "reduce_and_partition_stream"
-    assert collectives._on_side_stream()
 
 
 def test_async_op_positions_are_deepspeeds():

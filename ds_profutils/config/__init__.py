@@ -10,8 +10,8 @@ Nothing here imports torch or DeepSpeed.
 from .env import BOOL_FALSE, BOOL_TRUE, ENV_PREFIX, environment_overrides
 from .errors import ConfigError, ConfigProblem
 from .loading import ConfigSource, load_config, raw_settings, resolve_section
-from .models import (DEEPSPEED_APPLIED_KEYS, SECTIONS, SUMMARY_SORT_KEYS, CommsLoggerSettings, NvtxConfig,
-                     PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, check_ranks)
+from .models import (DEEPSPEED_APPLIED_KEYS, SECTIONS, SUMMARY_SORT_KEYS, CommsLoggerSettings, MemorySnapshotConfig,
+                     NvtxConfig, PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, check_ranks)
 
 __all__ = [
     "BOOL_FALSE",
@@ -22,6 +22,7 @@ __all__ = [
     "ConfigSource",
     "DEEPSPEED_APPLIED_KEYS",
     "ENV_PREFIX",
+    "MemorySnapshotConfig",
     "NvtxConfig",
     "PartitionedParamProfilerConfig",
     "ProfilerConfig",

@@ -63,9 +63,15 @@ def _parse_ranks(text: str) -> Optional[List[int]]:
     return None if text.strip().lower() == "all" else [_parse_int(part) for part in text.split(",")]
 
 
+def _parse_integers(text: str) -> List[int]:
+    return [_parse_int(part) for part in text.split(",")] if text.strip() else []
+
+
 def _env_reader(annotation: Any) -> Tuple[Callable[[str], Any], str]:
     if annotation == Optional[List[int]]:  # a list of global ranks, null for all
         return _parse_ranks, "comma-separated integers, or all"
+    if annotation == List[int]:  # a list of global steps
+        return _parse_integers, "comma-separated integers (empty for none)"
     return _ENV_READERS.get(annotation, (str, "a string"))  # str, or a type whose own checks say more
 
 

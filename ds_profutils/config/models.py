@@ -21,6 +21,7 @@ __all__ = [
     "NvtxConfig",
     "PartitionedParamProfilerConfig",
     "ProfilerConfig",
+    "MemorySnapshotConfig",
     "ProfUtilsConfig",
     "SECTIONS",
     "SUMMARY_SORT_KEYS",
@@ -142,7 +143,25 @@ class PartitionedParamProfilerConfig(_RecordsOnRanks, Section):
     ranks: RankList = None
     log_interval: int = Field(1, ge=1, description="write one record every this many optimizer steps")
     trace_ranges: bool = True
+    memory: bool = Field(True, description="per-step peak memory in each record (resets the accelerator's peak "
+                         "statistics at each phase boundary)")
 
+
+class MemorySnapshotConfig(Section):
+    """The ``"memory_snapshot"`` section: the CUDA allocator's history, written where memory runs out."""
+
+    enabled: bool = False
+    output_dir: str = Field("./profiler_logs", min_length=1)
+    max_entries: int = Field(100_000, ge=1, description="allocations and frees kept (a ring)")
+    at_steps: List[int] = Field(default_factory=list, description="global steps after which to write a snapshot")
+    on_oom: bool = True
+
+    @field_validator("at_steps")
+    @classmethod
+    def _steps_are_global_steps(cls, value: List[int]) -> List[int]:
+        if any(step < 0 for step in value):
+            raise ValueError("global steps >= 0")
+        return sorted(set(value))
 
 
 class CommsLoggerSettings(BaseModel):
@@ -173,6 +192,7 @@ class ProfUtilsConfig(BaseModel):
     nvtx: Optional[NvtxConfig] = None
     partitioned_param_profiler: PartitionedParamProfilerConfig = Field(
         default_factory=PartitionedParamProfilerConfig)
+    memory_snapshot: MemorySnapshotConfig = Field(default_factory=MemorySnapshotConfig)
     wall_clock_breakdown: bool = False
     comms_logger: CommsLoggerSettings = Field(default_factory=CommsLoggerSettings)
 
@@ -191,5 +211,6 @@ SECTIONS: Dict[str, Type[Section]] = {
     "profiler": ProfilerConfig,
     "nvtx": NvtxConfig,
     "partitioned_param_profiler": PartitionedParamProfilerConfig,
+    "memory_snapshot": MemorySnapshotConfig,
 }
 """Our own sections, by their key in ds_config: the only ones environment variables may override."""

@@ -1,16 +1,18 @@
-"""``attach(engine)``: switch on what the engine's ds_config asks of ds_profutils.
+"""``attach(engine)``: switch on what the engine's ds_config asks of ds_profutils, and take it off again.
 
 DeepSpeed 0.19's ZeRO-3 parameter coordinator times every fetch through a profiler object that is
-switched off in source (``ENABLE_PROFILER = False``).  ``attach`` swaps that object for our
-``PartitionedParameterProfiler`` on the engine's coordinator, without editing DeepSpeed, and a
-:class:`~.recorder.ZeroFetchRecorder` writes one JSON line per step and rank.  It also applies the
-config's engine settings (:mod:`.engine_setup`).  An engine it does not know is refused, untouched.
+switched off in source (``ENABLE_PROFILER = False``).  ``attach`` puts our
+``PartitionedParameterProfiler`` in its place on the engine's coordinator, without editing DeepSpeed,
+and a :class:`~.recorder.ZeroFetchRecorder` writes one JSON line per step and rank.  It also applies
+the config's engine settings (:mod:`.engine_setup`) and the memory snapshot (:mod:`.snapshot`), all
+following the engine's steps through one set of hooks (:mod:`.hooks`).  An engine it does not know is
+refused, untouched.  :class:`Attachment` is what it returns: ``close()`` takes everything off again.
 """
 from __future__ import annotations
 
 import weakref
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
 import deepspeed
 from packaging.specifiers import SpecifierSet
@@ -18,26 +20,31 @@ from packaging.version import Version
 
 from deepspeed.accelerator import get_accelerator
 
-from ..config import check_ranks, load_config, resolve_section
+from ..config import ProfUtilsConfig, check_ranks, load_config, resolve_section
 from ..exceptions import InvalidArgumentError
 from ..logging import log_dist, logger, warning_once
-from ..outputs import ENGINE_NAME, MAIN_ENGINE, fetch_records_file, process_identity
+from ..outputs import ENGINE_NAME, MAIN_ENGINE, ProcessIdentity, fetch_records_file, process_identity
+from . import snapshot
 from .device_clock import process_device_events
 from .engine_setup import apply_engine_settings
 from .fetch_profiler import PartitionedParameterProfiler
-from .recorder import PROFILER_ATTR, RECORDER_ATTR, ZeroFetchRecorder
+from .hooks import EngineHooks, Listener
+from .memory import StepMemory
+from .recorder import PROFILER_ATTR, ZeroFetchRecorder
 
-__all__ = ["AttachError", "SUPPORTED_DEEPSPEED", "attach"]
+__all__ = ["ATTACHMENT_ATTR", "AttachError", "Attachment", "SUPPORTED_DEEPSPEED", "attach"]
 
+ATTACHMENT_ATTR = "_ds_profutils_attachment"
+"""The engine attribute holding its attachment while attached, so ``attach`` twice returns the same one."""
 NAME_ATTR = "_ds_profutils_engine_name"
-"""The engine attribute holding the name it records under."""
-_engines_by_name: Dict[str, "weakref.ref[Any]"] = {}
-_unnamed_attached = 0
-
+"""The engine attribute holding the name it records under (kept after close: attaching again appends)."""
 SUPPORTED_DEEPSPEED = SpecifierSet(">=0.19.0,<0.20")
 """DeepSpeed releases whose coordinator layout ``attach`` knows (one coordinator per engine, its
 profiler in the name-mangled ``__profiler`` attribute, DeepSpeed's event names)."""
 
+_attached_names: Dict[str, "weakref.ref[Attachment]"] = {}  # names whose engines are attached now
+_started_files: Set[Path] = set()  # record files this process started: attaching again appends
+_unnamed_attached = 0
 
 
 class AttachError(RuntimeError):
@@ -50,8 +57,8 @@ def _refuse(reason: str) -> AttachError:
                        "to run without ZeRO-3 fetch records.")
 
 
-def _coordinators(engine: Any) -> List[Any]:
-    """The engine's ZeRO-3 parameter coordinators, or AttachError saying why there are none we know."""
+def _coordinator(engine: Any) -> Any:
+    """The engine's ZeRO-3 parameter coordinator, or AttachError saying why there is none we know."""
     from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
     from deepspeed.runtime.zero.partitioned_param_profiler import \
@@ -79,7 +86,7 @@ def _coordinators(engine: Any) -> List[Any]:
     current = vars(coordinator).get(PROFILER_ATTR)
     if not isinstance(current, (DeepSpeedProfiler, PartitionedParameterProfiler)):
         raise _refuse("the parameter coordinator has no profiler where DeepSpeed 0.19 keeps it")
-    return [coordinator]
+    return coordinator
 
 
 def _remove_stale_records(path: Path) -> None:
@@ -99,88 +106,180 @@ def _engine_name(engine: Any, requested: Optional[str]) -> str:
     """The engine's name: kept from an earlier attach, as given, or "main", "engine1", ... in attach order.
 
     Every rank attaches the same engines in the same order, so unnamed engines get the same names on
-    every rank; a name in use by another live engine of this process is an error.
+    every rank.  A name in use by another engine attached now is an error; the name of an engine whose
+    attachment was closed may be taken again (its file is then appended to: a resumed ``train()``).
     """
     global _unnamed_attached
-    known = getattr(engine, NAME_ATTR, None)
-    if known is not None:
-        return known
-    if requested is None:
-        name = MAIN_ENGINE if _unnamed_attached == 0 else f"engine{_unnamed_attached}"
-        _unnamed_attached += 1
-    elif not isinstance(requested, str) or not ENGINE_NAME.fullmatch(requested) or requested == MAIN_ENGINE:
-        raise InvalidArgumentError(f"attach: name must match {ENGINE_NAME.pattern} and not be {MAIN_ENGINE!r} "
-                                   f"(the first unnamed engine's), got {requested!r}")
-    else:
-        name = requested
-    holder = _engines_by_name.get(name)
-    if holder is not None and holder() is not None and holder() is not engine:
+    name = getattr(engine, NAME_ATTR, None)
+    if name is None:
+        if requested is None:
+            name = MAIN_ENGINE if _unnamed_attached == 0 else f"engine{_unnamed_attached}"
+            _unnamed_attached += 1
+        elif not isinstance(requested, str) or not ENGINE_NAME.fullmatch(requested) or requested == MAIN_ENGINE:
+            raise InvalidArgumentError(f"attach: name must match {ENGINE_NAME.pattern} and not be {MAIN_ENGINE!r} "
+                                       f"(the first unnamed engine's), got {requested!r}")
+        else:
+            name = requested
+        setattr(engine, NAME_ATTR, name)
+    holder = _attached_names.get(name)
+    other = holder() if holder is not None else None
+    if other is not None and not other.closed and other.engine is not engine:
         raise InvalidArgumentError(f"attach: an engine named {name!r} is already attached in this process; "
                                    f"give each engine its own name=")
-    _engines_by_name[name] = weakref.ref(engine)
-    setattr(engine, NAME_ATTR, name)
     return name
+
+
+class _StepSnapshots(Listener):
+    """The memory snapshots as the engine's steps and errors reach them."""
+
+    def __init__(self, engine: Any, snapshots: snapshot.MemorySnapshots) -> None:
+        self.engine = engine
+        self.snapshots = snapshots
+        self.watches_errors = snapshots.settings.on_oom
+        self._steps_before: Optional[int] = None
+
+    def step_started(self) -> None:
+        self._steps_before = self.engine.global_steps
+
+    def step_ended(self) -> None:
+        if self._steps_before is not None and self.engine.global_steps != self._steps_before:
+            self.snapshots.step_ended(self._steps_before)  # global step N is done once the count passes it
+
+    def failed(self, exc: BaseException) -> None:
+        self.snapshots.failed(exc)
+
+    def stop_after_error(self, exc: Exception) -> None:
+        logger.error("memory_snapshot: stopped after an error (%s: %s); training goes on", type(exc).__name__, exc)
+        self.snapshots.close()
+
+
+class Attachment:
+    """Everything ``attach`` put on one engine; ``close()`` (also at the end of a ``with`` block) takes it off.
+
+    ``recorder`` is the fetch recorder (None when fetch records are off or this rank does not record).
+    The engine's hooks are put on with the first feature that follows its steps.
+    """
+
+    def __init__(self, engine: Any, name: Optional[str], undo_settings: Optional[Callable[[], None]]) -> None:
+        self.engine = engine
+        self.name = name
+        self.recorder: Optional[ZeroFetchRecorder] = None
+        self._hooks: Optional[EngineHooks] = None
+        self._undo_settings = undo_settings
+        self._closers: List[Callable[[], None]] = []
+        self.closed = False
+        setattr(engine, ATTACHMENT_ATTR, self)
+        if name is not None:
+            setattr(engine, NAME_ATTR, name)
+            _attached_names[name] = weakref.ref(self)
+
+    def add(self, listener: Listener, close: Callable[[], None]) -> None:
+        """Have ``listener`` follow the engine's steps until ``close()``, which calls ``close`` first."""
+        if self._hooks is None:
+            self._hooks = EngineHooks(self.engine)
+        self._hooks.add(listener)
+        self._closers.append(close)
+
+    def close(self) -> None:
+        """Write what is finished and give the engine and the process back as they were before ``attach``."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            for close in self._closers:
+                close()
+        finally:
+            if self._hooks is not None:
+                self._hooks.remove()
+            if self._undo_settings is not None:
+                self._undo_settings()
+            if getattr(self.engine, ATTACHMENT_ATTR, None) is self:
+                delattr(self.engine, ATTACHMENT_ATTR)
+
+    def __enter__(self) -> "Attachment":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
 
 def attach(engine: Any,
            name: Optional[str] = None,
            *,
+           config: Any = None,
            enabled: Optional[bool] = None,
            output_dir: Optional[str] = None,
            ranks: Optional[List[int]] = None,
            log_interval: Optional[int] = None,
-           trace_ranges: Optional[bool] = None) -> Optional[ZeroFetchRecorder]:
-    """Switch on what the engine's ds_config asks of ds_profutils; return the fetch recorder, if any.
+           trace_ranges: Optional[bool] = None,
+           memory: Optional[bool] = None) -> Optional[Attachment]:
+    """Switch on what the engine's ds_config asks of ds_profutils; return what was attached, if anything.
 
-    Reads the ``"nvtx"``, ``"comms_logger"`` and ``"partitioned_param_profiler"`` sections and
-    ``wall_clock_breakdown`` of the config the engine was built with: the comms logger becomes
-    ds_profutils' (so ``"enabled": false`` is off), and with ``wall_clock_breakdown`` the engine's
-    timers become ds_profutils' (constant memory; see ``engine_setup.install_timers``).  Keyword
-    arguments override the fetch-record section, ``DS_PROFUTILS_*`` variables override both.
+    Reads the ``"partitioned_param_profiler"``, ``"memory_snapshot"``, ``"nvtx"`` and ``"comms_logger"``
+    sections and ``wall_clock_breakdown`` of the config the engine was built with (or ``config``: a
+    path or dict, for an engine built from another).  Keyword arguments override the fetch-record
+    section, ``DS_PROFUTILS_*`` variables override both.
 
     Several engines in one process (RLHF: actor, critic, ...) each write their own file: the first
     attached without ``name`` is "main" (``zero_fetch_rank_{r}.jsonl``), later unnamed ones "engine1",
     "engine2", ... in attach order; a ``name`` (letters, digits, dashes) writes
-    ``zero_fetch_{name}_rank_{r}.jsonl``.
+    ``zero_fetch_{name}_rank_{r}.jsonl``.  The first attach of a name in a process starts its file;
+    attaching again (after ``close()``, or a new engine under the name of a closed one) appends.
 
-    Returns None when fetch records are off, or this rank is not in ``ranks``.  Raises AttachError
-    (and changes nothing) on an engine it does not know how to profile.  Calling it again on the same
-    engine returns the recorder it already has.
+    Returns None, touching nothing, when the config asks nothing of the engine.  Raises AttachError
+    (and changes nothing) on an engine it does not know how to profile.  Calling it again on an
+    attached engine returns the same attachment.
     """
-    existing = getattr(engine, RECORDER_ATTR, None)
+    existing = getattr(engine, ATTACHMENT_ATTR, None)
     if existing is not None:
         return existing
-    config = load_config(engine)
+    loaded: ProfUtilsConfig = load_config(engine if config is None else config)
     settings = resolve_section(
-        config.partitioned_param_profiler,
+        loaded.partitioned_param_profiler,
         dict(enabled=enabled, output_dir=output_dir, ranks=ranks, log_interval=log_interval,
-             trace_ranges=trace_ranges))
+             trace_ranges=trace_ranges, memory=memory))
+    snapshot_settings = resolve_section(loaded.memory_snapshot)
     identity = process_identity()
-    coordinators: List[Any] = []
+    coordinator = engine_name = None
     if settings.enabled:  # every check that may refuse comes before anything changes
-        coordinators = _coordinators(engine)
+        coordinator = _coordinator(engine)
         check_ranks("partitioned_param_profiler.ranks", settings.ranks, identity.world_size)
         engine_name = _engine_name(engine, name)
-    apply_engine_settings(engine, config)
-    if not settings.enabled:
-        return None
-    if not settings.profiles_rank(identity.rank):  # an earlier run's file would pass for this run's in a report
+    undo_settings = apply_engine_settings(engine, loaded)  # None: it changed nothing
+    records_here = settings.enabled and settings.profiles_rank(identity.rank)
+    if settings.enabled and not records_here:  # an earlier run's file would pass for this run's in a report
         _remove_stale_records(fetch_records_file(settings.output_dir, identity.rank, engine_name))
+    history = snapshot.cuda_allocator_history(get_accelerator()) if snapshot_settings.enabled else None
+    if not records_here and history is None and undo_settings is None:
         return None
-    recorder = ZeroFetchRecorder(engine,
-                                 coordinators,
-                                 settings,
-                                 name=engine_name,
+    attachment = Attachment(engine, engine_name, undo_settings)
+    if records_here:
+        _attach_recorder(attachment, coordinator, settings, identity, loaded)
+    if history is not None:
+        snapshots = snapshot.MemorySnapshots(snapshot_settings, identity, history)
+        attachment.add(_StepSnapshots(engine, snapshots), snapshots.close)
+    return attachment
+
+
+def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, identity: ProcessIdentity,
+                     config: ProfUtilsConfig) -> None:
+    engine, name = attachment.engine, attachment.name
+    path = fetch_records_file(settings.output_dir, identity.rank, name).resolve()
+    recorder = ZeroFetchRecorder(engine, coordinator, settings,
+                                 name=name,
                                  identity=identity,
                                  dtype=engine.get_data_types()[0],
-                                 device_events=process_device_events(get_accelerator()))
+                                 device_events=process_device_events(get_accelerator()),
+                                 memory=StepMemory(get_accelerator()) if settings.memory else None,
+                                 append=path in _started_files)
+    _started_files.add(path)
+    attachment.recorder = recorder
+    attachment.add(recorder, recorder.close)
     if identity.rank == settings.reporting_rank:
-        pattern = fetch_records_file(settings.output_dir, "<r>", engine_name)
+        pattern = fetch_records_file(settings.output_dir, "<r>", name)
         ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"
-        print(f"ds_profutils: ZeRO-3 fetch records of engine {engine_name!r} ({ranks_text}) go to {pattern}",
-              flush=True)
+        print(f"ds_profutils: ZeRO-3 fetch records of engine {name!r} ({ranks_text}) go to {pattern}", flush=True)
         if config.comms_logger.enabled:
             logger.warning("ds_profutils: DeepSpeed's comms logger is on: it synchronizes the device after every "
                            "collective, so step times and waits in the fetch records include those synchronizations "
                            "(each record says \"comms_logger\": true)")
-    return recorder

@@ -1,31 +1,34 @@
-"""Time a rank spends blocked in the engine's collectives, without synchronizing the device per op.
+"""Every collective of a recorded step, timed on the stream it runs on, without synchronizing the device.
 
-The rank the others wait for is found by what the others do while waiting: a rank that arrives late
-at a gradient reduce-scatter or all-reduce costs its peers that time inside the call.  So every call
-through ``deepspeed.comm`` made without ``async_op`` (and the collectives that are always blocking)
-is timed while a record is open, on the record's clock: the host clock, or a pair of device events
-on the current stream where the accelerator has device timers (on NCCL a blocking call returns once
-the stream is made to wait; the events see the stall) -- unless the call comes from a side stream
-(:data:`SIDE_STREAM_SUFFIX`).  Calls with ``async_op=True`` overlap compute
-(ZeRO-3's parameter all-gathers) and are not waiting; their waits are the fetch waits.
+Which rank the others wait for is seen in the collectives they share: a rank that arrives late spends
+the least time inside them, its peers spend that much longer waiting there.  So every call through
+``deepspeed.comm``'s backend object (``cdb``, which every ``deepspeed.comm`` collective calls once) is
+timed while a profiler records, and handed to that :class:`~.fetch_profiler.PartitionedParameterProfiler`:
 
-DeepSpeed's comms logger is not built upon: it synchronizes the device after every collective.
+* a blocking call, from its start to its end on the stream it is issued on: device events recorded on
+  that stream around the call where the accelerator times on the device (with NCCL a blocking call
+  returns once the stream is made to wait; the events see the wait), else the host clock;
+* an ``async_op`` call (ZeRO-3's parameter all-gathers), from its launch to where its handle is
+  waited: on the device clock a start event at the launch and an end event after ``wait()`` on the
+  waiting stream; on the host clock the time blocked in ``wait()`` (the host cannot see when the
+  collective itself ended, and launch-to-wait would count the compute in between).
 
-The timing wraps the methods of ``deepspeed.comm``'s backend object (``cdb``), which every
-``deepspeed.comm`` collective calls once.  It is installed while at least one recorder listens and
-removed with the last one.
+The profiler tells the compute stream (the one its step's forward started on) from side streams
+(ZeRO-3's gradient reduce-scatter with ``overlap_comm``): only blocking calls on the compute stream
+stall it.  DeepSpeed's comms logger is not built upon: it synchronizes the device after every
+collective.  The wrappers are installed while at least one profiler is attached and removed with the
+last one.
 """
 from __future__ import annotations
 
+import weakref
 from time import perf_counter_ns
-from typing import Any, Callable, Dict, List, Optional, Protocol
+from typing import Any, Callable, Dict, List, Optional
 
-from .device_clock import DeviceEvents, Pair
+from .device_clock import DeviceEvents
+from .fetch_profiler import PartitionedParameterProfiler
 
-__all__ = [
-    "ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "CollectiveListener", "SIDE_STREAM_SUFFIX", "listen",
-    "note_compute_stream", "stop_listening", "subscribe", "unsubscribe"
-]
+__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "attach_profiler"]
 
 ASYNC_OP_POSITION: Dict[str, int] = {
     "all_reduce": 3,
@@ -47,77 +50,112 @@ ASYNC_OP_POSITION: Dict[str, int] = {
 """Collectives of DeepSpeed 0.19's ``TorchBackend`` that take ``async_op``, and its position (after self)."""
 ALWAYS_BLOCKING = ("inference_all_reduce", "broadcast_object_list", "all_gather_object", "monitored_barrier")
 """Collectives without ``async_op``: every call blocks."""
+_ABSENT = object()
 
 
-class CollectiveListener(Protocol):
-    """A record that is open: it is told about every blocking collective."""
+class _TimedWork:
+    """The handle of an async collective: its first ``wait()`` ends the collective's interval.
 
-    def collective(self, op: str, host_ns: int, pair: Optional[Pair]) -> None:
-        ...
+    Everything else is the handle's own (DeepSpeed wraps handles the same way, e.g. its StagedWork).
+    """
+
+    def __init__(self, work: Any, op: str, stream: Any, start: Any, profilers: List[PartitionedParameterProfiler],
+                 events: Optional[DeviceEvents]) -> None:
+        self._work, self._op, self._stream, self._start = work, op, stream, start
+        self._profilers, self._events = profilers, events
+        self._timed = False
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        if self._timed:
+            return self._work.wait(*args, **kwargs)
+        self._timed = True
+        began = perf_counter_ns()
+        result = self._work.wait(*args, **kwargs)
+        host_ns = perf_counter_ns() - began
+        events, start = self._events, self._start
+        self._start = None
+        recording = [profiler for profiler in self._profilers if profiler.recording]
+        pair = None
+        if events is not None:
+            if recording:
+                pair = events.pair(start, events.mark(), host_ns)
+            else:
+                events.release(start)
+        for profiler in recording:
+            profiler.add_collective(self._op, self._stream, True, host_ns, pair)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+    def __del__(self) -> None:
+        if self._start is not None and self._events is not None:  # never waited: its start event goes back
+            self._events.release(self._start)
 
 
 class _Monitor:
-    """The wrappers installed on one backend object, and who listens to them."""
+    """The wrappers installed on one backend object, and the profilers attached to them."""
 
-    def __init__(self, backend: Any, device_events: Optional[DeviceEvents]) -> None:
+    def __init__(self, backend: Any, device_events: Optional[DeviceEvents],
+                 current_stream: Optional[Callable[[], Any]]) -> None:
         self.backend = backend
         self.device_events = device_events
-        self.listeners: List[CollectiveListener] = []
-        self.subscribers = 0
+        self.current_stream = current_stream
+        # Weakly: a profiler reaches its engine's modules through the coordinator, and a dropped engine
+        # must not be kept alive by the process-wide wrappers.
+        self.profilers: List["weakref.ref[PartitionedParameterProfiler]"] = []
+        self._before: Dict[str, Any] = {}  # what the backend instance held under each name wrapped
+        self._wrappers: Dict[str, Callable[..., Any]] = {}
         for op in [*ASYNC_OP_POSITION, *ALWAYS_BLOCKING]:
             method = getattr(backend, op, None)
             if method is not None:
-                setattr(backend, op, self._timed(op, method, ASYNC_OP_POSITION.get(op)))
+                self._before[op] = vars(backend).get(op, _ABSENT)
+                self._wrappers[op] = self._timed(op, method, ASYNC_OP_POSITION.get(op))
+                setattr(backend, op, self._wrappers[op])
 
     def _timed(self, op: str, method: Callable[..., Any], async_position: Optional[int]) -> Callable[..., Any]:
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if not self.listeners or _is_async(args, kwargs, async_position):
+            recording = [profiler for profiler in map(weakref.ref.__call__, self.profilers)
+                         if profiler is not None and profiler.recording]
+            if not recording:
                 return method(*args, **kwargs)
-            events, name = self.device_events, op
-            if events is not None and _on_side_stream():
-                events, name = None, op + SIDE_STREAM_SUFFIX
+            is_async = _is_async(args, kwargs, async_position)
+            events = self.device_events
+            stream = self.current_stream() if events is not None else None
             start = events.mark() if events is not None else None
             began = perf_counter_ns()
             try:
-                return method(*args, **kwargs)
-            finally:
-                host_ns = perf_counter_ns() - began
-                pair = events.pair(start, events.mark(), host_ns) if events is not None else None
-                for listener in self.listeners:
-                    listener.collective(name, host_ns, pair)
+                result = method(*args, **kwargs)
+            except BaseException:
+                if start is not None:
+                    events.release(start)
+                raise
+            if is_async:
+                if result is None:  # nothing to wait for: no interval to time
+                    if start is not None:
+                        events.release(start)
+                    return result
+                return _TimedWork(result, op, stream, start, recording, events)
+            host_ns = perf_counter_ns() - began
+            pair = events.pair(start, events.mark(), host_ns) if events is not None else None
+            for profiler in recording:
+                profiler.add_collective(op, stream, False, host_ns, pair)
+            return result
 
         return timed
 
     def remove(self) -> None:
-        for op in [*ASYNC_OP_POSITION, *ALWAYS_BLOCKING]:
-            vars(self.backend).pop(op, None)
-
-
-SIDE_STREAM_SUFFIX = "@side-stream"
-"""Appended to a collective called on the device clock's accelerator from a stream other than the
-one the step's forward started on: ZeRO-3's gradient reduce-scatter with ``overlap_comm`` runs in
-``with get_accelerator().stream(reduce_and_partition_stream)``.  Events there would time the collective
-on that stream, not a stall of the compute stream, so such calls are timed on the host (on NCCL,
-about the launch) and kept apart in the record."""
-
-
-_compute_stream: Any = None
-
-
-def note_compute_stream() -> None:
-    """A forward starts on the device clock: the stream it runs on is the compute stream (usually the
-    default one; a job may run its steps in a stream of its own)."""
-    global _compute_stream
-    from deepspeed.accelerator import get_accelerator
-
-    _compute_stream = get_accelerator().current_stream()
-
-
-def _on_side_stream() -> bool:
-    from deepspeed.accelerator import get_accelerator
-
-    return get_accelerator().current_stream() != _compute_stream
+        """Give the backend back as it was: a wrapper put there before ours stays; ours, if wrapped since by
+        someone else, stays in the chain (it times nothing once no profiler is attached)."""
+        attributes = vars(self.backend)
+        for op, wrapper in self._wrappers.items():
+            if attributes.get(op) is not wrapper:
+                continue
+            if self._before[op] is _ABSENT:
+                del attributes[op]
+            else:
+                attributes[op] = self._before[op]
 
 
 def _is_async(args: tuple, kwargs: Dict[str, Any], position: Optional[int]) -> bool:
@@ -129,42 +167,38 @@ def _is_async(args: tuple, kwargs: Dict[str, Any], position: Optional[int]) -> b
 _monitor: Optional[_Monitor] = None
 
 
-def _backend() -> Any:
+def attach_profiler(profiler: PartitionedParameterProfiler) -> Callable[[], None]:
+    """Time the collectives of ``profiler``'s recorded steps from now on; return the call that stops it.
+
+    The first profiler attached installs the wrappers on ``deepspeed.comm``'s backend; the call returned
+    by the last one removes them.  Without a backend (``init_distributed`` not called) nothing is timed.
+    """
+    global _monitor
     from deepspeed.comm import comm
 
-    return comm.cdb
-
-
-def subscribe(device_events: Optional[DeviceEvents]) -> bool:
-    """A recorder will listen from now on; install the wrappers if none are.  False without a backend."""
-    global _monitor
-    backend = _backend()
+    backend = comm.cdb
     if backend is None:
-        return False
+        return lambda: None
     if _monitor is None or _monitor.backend is not backend:
-        _monitor = _Monitor(backend, device_events)
-    _monitor.subscribers += 1
-    return True
+        events = profiler.device_events
+        current_stream = None
+        if events is not None:
+            from deepspeed.accelerator import get_accelerator
 
+            current_stream = get_accelerator().current_stream
+        _monitor = _Monitor(backend, events, current_stream)
+    monitor = _monitor
+    ref = weakref.ref(profiler)
+    monitor.profilers.append(ref)
 
-def unsubscribe() -> None:
-    """A recorder closed; the last one out removes the wrappers."""
-    global _monitor
-    if _monitor is None:
-        return
-    _monitor.subscribers -= 1
-    if _monitor.subscribers <= 0:
-        _monitor.remove()
-        _monitor = None
+    def detach() -> None:
+        global _monitor
+        if ref not in monitor.profilers:
+            return
+        monitor.profilers.remove(ref)
+        if not monitor.profilers:
+            monitor.remove()
+            if _monitor is monitor:
+                _monitor = None
 
-
-def listen(listener: CollectiveListener) -> None:
-    """``listener``'s record is open: add the blocking collectives to it."""
-    if _monitor is not None and listener not in _monitor.listeners:
-        _monitor.listeners.append(listener)
-
-
-def stop_listening(listener: CollectiveListener) -> None:
-    """``listener``'s record is closed."""
-    if _monitor is not None and listener in _monitor.listeners:
-        _monitor.listeners.remove(listener)
+    return detach

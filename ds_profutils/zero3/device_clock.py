@@ -43,7 +43,11 @@ class DeviceEvents:
     """A bounded pool of timing events and the pairs recorded with them, resolved oldest first.
 
     DeepSpeed runs leaf-module backward hooks on several threads, so the pool is guarded by a lock
-    (taken for a few list operations around an event record, which costs microseconds itself).
+    (taken for a few list operations around an event record, which costs microseconds itself).  The
+    lock is reentrant: a signal handler runs on the main thread between two bytecodes, possibly while
+    that thread is inside the pool, and may close a recorder (which polls the pool); a plain lock
+    would deadlock there.  Every step under the lock leaves the pool consistent, so a reentrant call
+    sees a whole pool.
     """
 
     def __init__(self, event_class: Callable[..., Any], capacity: int = 4096) -> None:
@@ -52,16 +56,18 @@ class DeviceEvents:
         self._free: List[Any] = []
         self._made = 0
         self._in_flight: Deque[Pair] = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.waits = 0  # times the pool was exhausted and the oldest pair was waited for
 
     def mark(self) -> Any:
         """Record an event on the current stream (the start or end of an interval)."""
         with self._lock:
             if not self._free and self._made >= self._capacity and self._in_flight:
-                self.waits += 1
-                self._in_flight[0].end.synchronize()
-                self._resolve_completed()
+                self._resolve_completed()  # the oldest pairs may have completed: no wait then
+                if not self._free:
+                    self.waits += 1
+                    self._in_flight[0].end.synchronize()
+                    self._resolve_completed()
             if self._free:
                 event = self._free.pop()
             else:

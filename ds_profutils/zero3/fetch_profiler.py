@@ -1,38 +1,50 @@
 """``PartitionedParameterProfiler``: DeepSpeed's ZeRO-3 fetch profiler, cheap enough to leave on.
 
 DeepSpeed's ZeRO-3 parameter coordinator calls ``start_event(name)`` / ``stop_event(name, numel)``
-around every parameter fetch, wait, prefetch and all-gather.  Its own profiler does this through a
-``SynchronizedWallClockTimer`` (one stored record per event until logged, ``time.time()``) and is
-switched off in source.  This class keeps DeepSpeed's interface and meaning -- counts and numel are
-the ones DeepSpeed would count -- and adds, per event name and in constant memory, exact total,
-min and max time on ``time.perf_counter_ns()``, percentiles from a bounded random sample
+around every parameter fetch, wait, prefetch and all-gather.  Its own profiler drives the
+``timers`` object it is given (``timers(name).start()``/``.stop()``, ``timers.log(names=...)`` in
+``log_events``) and is switched off in source.  This class does what DeepSpeed's does with the same
+``timers`` -- the same calls, so the same timer lines in the engine's wall-clock log -- and keeps its
+own figures besides: per event name and in constant memory, exact count, numel, total, min and max
+time on ``time.perf_counter_ns()``, percentiles from a bounded random sample
 (:class:`ds_profutils._stats.DurationStats`), and bytes from the parameters' element size.
 
-``timers=None`` means disabled, as in DeepSpeed.  The ``timers`` object itself only switches the
-profiler on; time is measured here, so it never synchronizes a device.  With ``device_events`` (where
-``use_host_timers()`` is False, e.g. CUDA), the fetch waits -- the stall the compute stream sees --
-are also bracketed by device events (:mod:`.device_clock`); submits, prefetches and the all-gather
-pair DeepSpeed brackets are launches (the all-gather pair wraps a copy on DeepSpeed's all-gather
-stream, not the NCCL kernel), so they stay on the host clock.
+It is also the one object that holds everything one recorded step measures: the fetch events, their
+device-clock intervals, the collectives of the step (given by :mod:`.collectives`), the most
+parameter elements gathered at once, and how much was gathered by prefetch against on demand.
+``recording`` switches all of it: False costs one attribute test per call, what DeepSpeed's disabled
+profiler costs (``timers is None``).  ``attach`` installs one per engine once and switches
+``recording`` per step; built directly, it records whenever ``timers`` is not None, as DeepSpeed's.
+
+Clocks: where the accelerator times on the device (``use_host_timers()`` False, e.g. CUDA) the fetch
+waits -- the stall the compute stream sees -- are also bracketed by device events
+(:mod:`.device_clock`); submits, prefetches and the all-gather pair DeepSpeed brackets are launches
+(the all-gather pair wraps a copy on DeepSpeed's all-gather stream, not the NCCL kernel), so they
+stay on the host clock.
 
 Nothing here raises into DeepSpeed's forward or backward: a start of an event that is running, or a
 stop without a start (DeepSpeed runs leaf-module backward hooks from several threads), is counted
-in ``dropped`` and training goes on.  Such a stop still counts the event and its numel, as
-DeepSpeed's counters would; it only has no time.
+in ``dropped`` and training goes on (DeepSpeed's would fail an assertion).  Such a stop still counts
+the event and its numel, as DeepSpeed's counters would; it only has no time.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from time import perf_counter_ns
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+from deepspeed.utils.timer import NoopTimer
 
 from .._stats import FOLD_EVERY, DurationStats
 from ..logging import log_dist
 from ..nvtx import nvtx_range
-from .device_clock import DeviceEvents, Pair
+from .device_clock import DeviceEvents, Pair, process_device_events
 
-__all__ = ["DEVICE_TIMED", "NUMEL_UNITS", "PartitionedParameterProfiler", "event_entry"]
+__all__ = [
+    "DEVICE_TIMED", "NUMEL_UNITS", "SIDE_STREAM_SUFFIX", "PartitionedParameterProfiler", "device_entry", "event_entry",
+    "pair_ns", "pairs_clock"
+]
 
 NUMEL_UNITS: Dict[str, str] = {
     "forward_fetch_submit": "shard",
@@ -53,15 +65,47 @@ count the whole parameters (``ds_numel``).  Records name the unit so nobody adds
 DEVICE_TIMED = frozenset({"forward_fetch_wait", "backward_fetch_wait"})
 """Events timed on the device clock where there is one: the waits the compute stream sees."""
 
+SIDE_STREAM_SUFFIX = "@side-stream"
+"""Appended to a collective called from a stream other than the one the step's forward started on
+(ZeRO-3's gradient reduce-scatter with ``overlap_comm`` runs in its own stream): its time inside the
+collective is its own, and none of it is a stall of the compute stream."""
+
+# What an event tells about where an all-gather inside it comes from (DeepSpeed's coordinator opens a
+# submit event, gathers, and closes it): on demand (a fetch submit) or ahead of need (a prefetch submit).
+_GATHER, _ON_DEMAND, _PREFETCH = "gather", "on_demand", "prefetch"
+_KINDS = {
+    "forward_all_gather": _GATHER, "backward_all_gather": _GATHER,
+    "forward_fetch_submit": _ON_DEMAND, "backward_fetch_submit": _ON_DEMAND,
+    "forward_prefetch_submit": _PREFETCH, "backward_prefetch_submit": _PREFETCH,
+}
+
 _NS_PER_MS = 1e6
 _PERCENTILES = {"p50_ms": 50, "p95_ms": 95}
+_FROM_ACCELERATOR: Any = object()  # device_events default: as the accelerator's timers decide
+
+
+class _Collective:
+    """One collective op's calls in a step, on one kind of stream: blocking calls and async ones apart.
+
+    Times are kept twice: the host's measure, and device intervals where there is a device clock.
+    """
+
+    __slots__ = ("count", "async_count", "blocking_ns", "async_ns", "blocking_pairs", "async_pairs")
+
+    def __init__(self) -> None:
+        self.count = self.async_count = self.blocking_ns = self.async_ns = 0
+        self.blocking_pairs: List[Pair] = []
+        self.async_pairs: List[Pair] = []
 
 
 class PartitionedParameterProfiler:
     """Drop-in for ``deepspeed.runtime.zero.partitioned_param_profiler.PartitionedParameterProfiler``.
 
-    ``timers`` is DeepSpeed's switch: None disables the profiler; anything else enables it.
-    ``element_size`` (bytes per parameter element) lets statistics report bytes; None leaves them out.
+    ``timers`` is DeepSpeed's: None disables the profiler; any timer group is driven as DeepSpeed
+    drives it (a ``NoopTimer`` is skipped: driving it shows nothing).  ``element_size`` (bytes per
+    parameter element) lets statistics report bytes; None leaves them out.  ``device_events``: the
+    pool that times fetch waits on the device; by default the accelerator's where its timers use
+    device events (as DeepSpeed's timers would), None for the host clock only.
     """
 
     @dataclass(eq=False)
@@ -75,12 +119,15 @@ class PartitionedParameterProfiler:
         dropped: int = 0
         started_ns: Optional[int] = None  # perf_counter_ns() at start_event while the event runs
         device_start: Any = None  # the device event marked at start_event, when timed on the device
-        device_pairs: Optional[List[Pair]] = None  # this record's device intervals; None: host clock only
+        device_pairs: Optional[List[Pair]] = None  # this step's device intervals; None: host clock only
+        timer: Any = None  # the timer of the ``timers`` group driven for this event, if any
+        kind: Optional[str] = None  # what an all-gather inside this event is (see _KINDS)
 
         def __post_init__(self) -> None:
             if self.durations is None:
                 self.durations = DurationStats(self.name)
             self.pending = self.durations.pending  # the hot path appends here
+            self.kind = _KINDS.get(self.name)
 
         def reset(self) -> None:
             """Forget what was counted; an event that is running keeps running."""
@@ -98,22 +145,37 @@ class PartitionedParameterProfiler:
                  timers: Any,
                  *,
                  element_size: Optional[int] = None,
-                 device_events: Optional[DeviceEvents] = None) -> None:
+                 device_events: Optional[DeviceEvents] = _FROM_ACCELERATOR) -> None:
         self.timers = timers
         self.element_size = element_size
+        if device_events is _FROM_ACCELERATOR:
+            from deepspeed.accelerator import get_accelerator
+
+            device_events = process_device_events(get_accelerator())
         self.device_events = device_events
+        self.recording = timers is not None
+        self.logging_enabled = True  # attach lets DeepSpeed's per-forward log_events() through at print steps only
         self.trace_ranges = False
         self.event_counters: Dict[str, PartitionedParameterProfiler.EventCounter] = {}
+        self._drives_timers = timers is not None and not isinstance(timers, NoopTimer)
         self._open_ranges: Dict[str, nvtx_range] = {}
+        # What one step measures besides the events (attach fills in available_params).
+        self.available_params: Optional[Callable[[], int]] = None  # the coordinator's count of gathered elements
+        self.compute_stream: Any = None  # the stream the step's forward started on (device clock)
+        self.collectives: Dict[tuple, _Collective] = {}
+        self.live_params_max = 0
+        self.gathered = {_ON_DEMAND: 0, _PREFETCH: 0}
+        self.trace_cache_invalidations = 0
+        self._gathering: Optional[str] = None  # the submit event open now, if an all-gather comes
 
     @property
     def enabled(self) -> bool:
-        """Whether events are measured (``timers`` was not None)."""
+        """Whether the profiler was given timers (DeepSpeed's switch); ``recording`` says whether it counts now."""
         return self.timers is not None
 
     def start_event(self, name: str) -> None:
         """Mark the start of one ``name`` event."""
-        if self.timers is None:
+        if not self.recording:
             return
         counter = self.event_counters.get(name)
         if counter is None:
@@ -121,15 +183,23 @@ class PartitionedParameterProfiler:
         elif counter.started_ns is not None:  # already running: keep the first start
             counter.dropped += 1
             return
+        kind = counter.kind
+        if kind is not None:
+            if kind is _GATHER:
+                self._note_gathered()
+            else:
+                self._gathering = kind
         if self.trace_ranges:
             self._open_range(name)
+        if counter.timer is not None:
+            counter.timer.start()
         if counter.device_pairs is not None:
             counter.device_start = self.device_events.mark()
         counter.started_ns = perf_counter_ns()
 
     def stop_event(self, name: str, num_elem: int) -> None:
         """Mark the end of the running ``name`` event, which moved ``num_elem`` elements."""
-        if self.timers is None:
+        if not self.recording:
             return
         end_ns = perf_counter_ns()
         counter = self.event_counters.get(name)
@@ -149,13 +219,32 @@ class PartitionedParameterProfiler:
         if counter.device_pairs is not None:
             end = self.device_events.mark()
             counter.device_pairs.append(self.device_events.pair(counter.device_start, end, end_ns - started_ns))
+        if counter.timer is not None:
+            counter.timer.stop()
+        kind = counter.kind
+        if kind is not None:
+            if kind is _GATHER:
+                if self._gathering is not None:
+                    self.gathered[self._gathering] += num_elem
+            else:
+                self._gathering = None
         if self.trace_ranges:
             self._close_range(name, num_elem)
+
+    def _note_gathered(self) -> None:
+        """An all-gather starts: the coordinator has just counted its elements as gathered."""
+        available = self.available_params
+        if available is not None:
+            live = available()
+            if live > self.live_params_max:
+                self.live_params_max = live
 
     def _new_counter(self, name: str) -> "PartitionedParameterProfiler.EventCounter":
         counter = self.event_counters[name] = self.EventCounter(name)
         if self.device_events is not None and name in DEVICE_TIMED:
             counter.device_pairs = []
+        if self._drives_timers:
+            counter.timer = self.timers(name)
         return counter
 
     @contextmanager
@@ -181,26 +270,99 @@ class PartitionedParameterProfiler:
                 pass
             scope.__exit__(None, None, None)
 
+    # ---- collectives (called by .collectives while recording) ----------------------------------------
+
+    def add_collective(self, op: str, stream: Any, is_async: bool, host_ns: int, pair: Optional[Pair]) -> None:
+        """One collective of this step: ``host_ns`` and ``pair`` time it on its own stream (``stream``, the
+        stream it was issued on; None on the host clock).  An async one is counted at its wait."""
+        side = stream is not None and stream != self.compute_stream
+        totals = self.collectives.get((op, side))
+        if totals is None:
+            totals = self.collectives[(op, side)] = _Collective()
+        totals.count += 1
+        if is_async:
+            totals.async_count += 1
+            totals.async_ns += host_ns
+            if pair is not None:
+                totals.async_pairs.append(pair)
+        else:
+            totals.blocking_ns += host_ns
+            if pair is not None:
+                totals.blocking_pairs.append(pair)
+
+    # ---- DeepSpeed's step interface ------------------------------------------------------------------
+
     def reset_events(self) -> None:
         """Zero every counter (DeepSpeed calls this at the start of each forward)."""
         for counter in self.event_counters.values():
             counter.reset()
+        self.collectives = {}
+        self.live_params_max = 0
+        self.gathered = {_ON_DEMAND: 0, _PREFETCH: 0}
+        self.trace_cache_invalidations = 0
 
-    def statistics(self) -> Dict[str, Dict[str, Any]]:
+    def host_statistics(self) -> Dict[str, Dict[str, Any]]:
         """Per event seen since the last reset: count, numel (and its unit), bytes and host times in ms."""
         return {
             name: event_entry(counter.name, counter.count, counter.num_elem, counter.dropped, counter.durations,
                               "host", self.element_size) for name, counter in self.event_counters.items() if counter.count
         }
 
-    def log_events(self) -> None:
-        """Log each event's counters and times on rank 0, as DeepSpeed's profiler does."""
-        for name, entry in self.statistics().items():
+    def statistics(self) -> Dict[str, Dict[str, Any]]:
+        """``host_statistics()``, with the events timed on the device on the device clock.
+
+        Reading device times waits for the device, as DeepSpeed's CUDA-event timers do when they are
+        logged; the recorder never calls this (it reads device times lazily).
+        """
+        entries = self.host_statistics()
+        for name, counter in self.event_counters.items():
+            if counter.count and counter.device_pairs:
+                counter.device_pairs[-1].end.synchronize()  # one stream: every earlier event completed too
+                self.device_events.poll()
+                entries[name] = device_entry(name, entries[name], counter.device_pairs, self.element_size)
+        return entries
+
+    def _log_event_counters(self) -> None:
+        # Host times: logging never waits for the device (the timers' own line has their clock).
+        for name, entry in self.host_statistics().items():
             unit = entry["numel_unit"] or "as counted"
             times = "" if entry["min_ms"] is None else (
-                f", time = {entry['time_ms']:.3f} ms (min {entry['min_ms']:.3f}, p50 {entry['p50_ms']:.3f}, "
+                f", host time = {entry['time_ms']:.3f} ms (min {entry['min_ms']:.3f}, p50 {entry['p50_ms']:.3f}, "
                 f"p95 {entry['p95_ms']:.3f}, max {entry['max_ms']:.3f})")
             log_dist(f"{name}: count = {entry['count']}, numel = {entry['numel']} ({unit}){times}", ranks=[0])
+
+    def _log_timers(self) -> None:
+        if self.timers is not None:
+            self.timers.log(names=list(self.event_counters))
+
+    def log_events(self) -> None:
+        """Log each event's counters and times on rank 0, then the timers' line, as DeepSpeed's profiler does."""
+        if not self.logging_enabled:
+            return
+        self._log_event_counters()
+        self._log_timers()
+
+
+def device_entry(name: str, host: Dict[str, Any], pairs: List[Pair], element_size: Optional[int]) -> Dict[str, Any]:
+    """Event ``name``'s entry on the device clock: its device intervals (the host's measure of each whose
+    device time is not known), with the host's total kept as ``host_time_ms``."""
+    durations = DurationStats(name)
+    for pair in pairs:
+        durations.add(pair_ns(pair))
+    entry = event_entry(name, host["count"], host["numel"], host["dropped"], durations, pairs_clock(pairs),
+                        element_size)
+    entry["host_time_ms"] = host["time_ms"]
+    return entry
+
+
+def pair_ns(pair: Pair) -> float:
+    """A pair's device time once known, else the host time measured beside it."""
+    return pair.device_ns if pair.resolved else pair.host_ns
+
+
+def pairs_clock(pairs: List[Pair]) -> str:
+    """``"device"`` when every pair's device time is known, else ``"host-fallback"``."""
+    return "device" if all(pair.resolved for pair in pairs) else "host-fallback"
 
 
 def event_entry(name: str, count: int, numel: int, dropped: int, durations: DurationStats, clock: str,

@@ -1,0 +1,171 @@
+"""The hooks ``attach`` puts on one engine, once, for every feature that follows the engine's steps.
+
+The fetch recorder, the memory snapshots and the engine-driven profiler all need the same moments:
+a forward starts, a forward ends, ``engine.step()`` starts and returns, and (for the snapshots) an
+error leaves the engine's forward, backward or step.  :class:`EngineHooks` puts one forward pre-hook
+(prepended, so it runs before DeepSpeed's own, which resets the ZeRO-3 coordinator's counters), one
+forward hook and one wrapper of ``engine.step`` -- and of ``engine.forward``/``engine.backward`` only
+when a listener watches errors -- and tells each listener.
+
+Removing them restores exactly what was there: an instance attribute another wrapper had put on the
+engine before is put back, none is left where there was none.  A wrapper put over ours after attach
+keeps calling ours, which then passes calls through untouched.
+
+A listener's error never reaches the training loop: it is logged and that listener is stopped
+(:meth:`Listener.stop_after_error`), the engine goes on.  An exception raised by a signal handler
+while a listener ran (torch's DataLoader SIGCHLD handler, a program's own) is not the listener's: it
+goes on to the training loop as it would without ds_profutils.
+"""
+from __future__ import annotations
+
+import functools
+import signal
+from types import TracebackType
+from typing import Any, Callable, List, Optional
+
+import torch
+
+__all__ = ["EngineHooks", "Listener", "raised_by_signal_handler"]
+
+_ABSENT = object()
+
+
+class Listener:
+    """What a feature hears of an engine; each method is optional (the base does nothing)."""
+
+    watches_errors = False  # True: also told of errors leaving forward, backward and step
+
+    def forward_started(self, module: torch.nn.Module) -> None:
+        pass
+
+    def forward_ended(self, module: torch.nn.Module) -> None:
+        pass
+
+    def step_started(self) -> None:
+        pass
+
+    def step_ended(self) -> None:
+        pass
+
+    def failed(self, exc: BaseException) -> None:
+        pass
+
+    def stop_after_error(self, exc: Exception) -> None:
+        """This listener raised ``exc``: stop listening (the hooks remove it afterwards)."""
+
+
+def raised_by_signal_handler(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside a Python signal handler installed now (it ran between two
+    bytecodes of whatever code it interrupted, so the traceback passes through it)."""
+    handlers = set()
+    for signum in signal.valid_signals():
+        try:
+            handler = signal.getsignal(signum)
+        except (ValueError, OSError):
+            continue
+        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+        if code is not None:
+            handlers.add(code)
+    traceback: Optional[TracebackType] = exc.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code in handlers:
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
+class EngineHooks:
+    """The hooks on one engine and the listeners they tell, in the order they were added."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.listeners: List[Listener] = []
+        self._active = True
+        module = engine.module
+        self._handles = [
+            module.register_forward_pre_hook(self._forward_started, prepend=True),
+            module.register_forward_hook(self._forward_ended),
+        ]
+        self._wrapped: List[tuple] = []  # (attribute, what the instance held before, our wrapper)
+        self._wrap("step", self._around_step)
+
+    def add(self, listener: Listener) -> None:
+        """Tell ``listener`` from now on (and watch errors if it does)."""
+        self.listeners.append(listener)
+        if listener.watches_errors and not any(name == "forward" for name, _, _ in self._wrapped):
+            self._wrap("forward", self._around_call)
+            self._wrap("backward", self._around_call)
+
+    def _wrap(self, attribute: str, around: Callable[..., Any]) -> None:
+        engine = self.engine
+        before = vars(engine).get(attribute, _ABSENT)
+        original = getattr(engine, attribute)
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not self._active:
+                return original(*args, **kwargs)
+            return around(original, *args, **kwargs)
+
+        setattr(engine, attribute, wrapper)
+        self._wrapped.append((attribute, before, wrapper))
+
+    def remove(self) -> None:
+        """Take every hook off and restore what the engine held (see the module doc)."""
+        self._active = False
+        self.listeners = []
+        for handle in self._handles:
+            handle.remove()
+        engine = self.engine
+        for attribute, before, wrapper in reversed(self._wrapped):
+            if vars(engine).get(attribute) is not wrapper:
+                continue  # wrapped again since: ours stays in the chain, passing calls through
+            if before is _ABSENT:
+                delattr(engine, attribute)
+            else:
+                setattr(engine, attribute, before)
+        self._wrapped = []
+
+    # ---- what the engine does ------------------------------------------------------------------------
+
+    def _tell(self, method: str, *args: Any) -> None:
+        for listener in list(self.listeners):
+            try:
+                getattr(listener, method)(*args)
+            except Exception as exc:
+                if raised_by_signal_handler(exc):
+                    raise
+                self._drop(listener, exc)
+
+    def _drop(self, listener: Listener, exc: Exception) -> None:
+        """``listener`` failed: stop it; with none left the engine is DeepSpeed's again at once."""
+        self.listeners.remove(listener)
+        listener.stop_after_error(exc)
+        if not self.listeners:
+            self.remove()
+
+    def _forward_started(self, module: torch.nn.Module, args: Any) -> None:
+        if self._active:
+            self._tell("forward_started", module)
+
+    def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._active:
+            self._tell("forward_ended", module)
+
+    def _around_step(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._tell("step_started")
+        result = self._around_call(step, *args, **kwargs)
+        self._tell("step_ended")  # not on an exception: that step did not finish
+        return result
+
+    def _around_call(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except BaseException as exc:
+            for listener in list(self.listeners):
+                if listener.watches_errors:
+                    try:
+                        listener.failed(exc)
+                    except Exception as error:  # the engine's own error goes on, unchanged
+                        self._drop(listener, error)
+            raise
