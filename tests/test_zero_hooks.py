@@ -1,0 +1,133 @@
+"""The hooks ``attach`` puts on an engine: restored exactly, never raising into training, and not mistaking
+an exception raised by a signal handler for their own."""
+import os
+import signal
+
+import pytest
+
+from ds_profutils.zero3.hooks import EngineHooks, Listener
+from test_zero_attach import Engine, read_records, recorder_for
+
+
+def test_close_restores_a_wrapper_put_on_the_engine_before_attach(tmp_path):
+    engine = Engine()
+    step = engine.step
+    calls = []
+
+    def theirs():  # e.g. a framework that wraps engine.step on the instance
+        calls.append("theirs")
+        step()
+
+    engine.step = theirs
+    with recorder_for(engine, tmp_path):
+        engine.train_step()
+        assert vars(engine)["step"] is not theirs
+    assert vars(engine)["step"] is theirs and "forward" not in vars(engine) and "backward" not in vars(engine)
+    engine.train_step()
+    assert calls == ["theirs", "theirs"] and len(read_records(tmp_path)) == 1
+
+
+def test_a_wrapper_put_over_ours_after_attach_keeps_working_after_close(tmp_path):
+    engine = Engine()
+    attached = recorder_for(engine, tmp_path)
+    ours = engine.step
+
+    def theirs():
+        ours()
+
+    engine.step = theirs
+    engine.train_step()
+    attached.close()
+    assert vars(engine)["step"] is theirs  # not taken out from under their wrapper
+    engine.train_step()  # ours passes through, recording nothing
+    assert engine.global_steps == 2 and len(read_records(tmp_path)) == 1
+
+
+def test_a_recorder_started_afresh_replaces_the_file_and_one_appending_adds_to_it(tmp_path):
+    engine = Engine()
+    with recorder_for(engine, tmp_path):
+        engine.train_step()
+    with recorder_for(engine, tmp_path, append=True):  # attached again: an RLHF phase, a resumed train()
+        engine.train_step()
+        engine.train_step()
+    assert [r["global_step"] for r in read_records(tmp_path)] == [0, 1, 2]
+    with recorder_for(engine, tmp_path):
+        engine.train_step()
+    assert [r["global_step"] for r in read_records(tmp_path)] == [3]
+
+
+class Failing(Listener):
+
+    def __init__(self, error):
+        self.error = error
+        self.stopped = None
+
+    def forward_started(self, module):
+        raise self.error
+
+    def stop_after_error(self, exc):
+        self.stopped = exc
+
+
+def test_a_listeners_own_error_stops_it_and_training_goes_on():
+    engine = Engine()
+    hooks = EngineHooks(engine)
+    failing = Failing(RuntimeError("ours"))
+    hooks.add(failing)
+    engine.train_step()
+    engine.train_step()
+    assert engine.global_steps == 2 and str(failing.stopped) == "ours"
+    assert "step" not in vars(engine)  # the last listener gone: the engine is as DeepSpeed made it
+
+
+def test_an_exception_from_a_signal_handler_inside_a_hook_reaches_the_training_loop():
+    """torch's DataLoader SIGCHLD handler raises RuntimeError when a worker dies, from whatever code runs;
+    inside one of our hooks that is the program's error, not ours to swallow."""
+
+    class Signalled(Listener):
+
+        def forward_started(self, module):
+            os.kill(os.getpid(), signal.SIGUSR1)  # the handler runs before the next bytecode here
+
+    def handler(signum, frame):
+        raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed.")
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        engine = Engine()
+        hooks = EngineHooks(engine)
+        hooks.add(Signalled())
+        with pytest.raises(RuntimeError, match="DataLoader worker"):
+            engine.train_step()
+        assert len(hooks.listeners) == 1  # and the listener was not taken for a failed one
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_errors_leaving_the_engine_reach_listeners_that_watch_them_and_go_on_unchanged():
+
+    class Watching(Listener):
+        watches_errors = True
+
+        def __init__(self):
+            self.seen = []
+
+        def failed(self, exc):
+            self.seen.append(exc)
+
+    engine = Engine()
+    error = MemoryError("out of memory")
+
+    def backward():
+        raise error
+
+    engine.backward = backward
+    watching = Watching()
+    hooks = EngineHooks(engine)
+    hooks.add(watching)
+    engine.forward()
+    with pytest.raises(MemoryError) as raised:
+        engine.backward()
+    assert raised.value is error and watching.seen == [error]
+    hooks.remove()
+    assert vars(engine)["backward"] is backward and "forward" not in vars(engine)

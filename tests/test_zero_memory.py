@@ -1,0 +1,185 @@
+"""Memory in the fetch records (per phase, from the accelerator's peak statistics) and the allocator-history
+snapshot written where memory runs out, on the stand-in engine of test_zero_attach."""
+import pickle
+
+import pytest
+from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+from ds_profutils.config import MemorySnapshotConfig
+from ds_profutils.outputs import ProcessIdentity
+from ds_profutils.zero3 import snapshot
+from ds_profutils.zero3.attaching import _StepSnapshots
+from ds_profutils.zero3.hooks import EngineHooks
+from ds_profutils.zero3.memory import StepMemory
+from test_zero_attach import Engine, read_records, recorder_for
+
+
+class Allocator:
+    """An accelerator's allocator the test moves: current and peak bytes, reserved a fixed 1 MiB above."""
+
+    def __init__(self):
+        self.allocated = self.peak = 0
+        self.resets = 0
+
+    def device_name(self):
+        return "stand-in"
+
+    def allocate(self, size):
+        self.allocated += size
+        self.peak = max(self.peak, self.allocated)
+
+    def reset_peak_memory_stats(self):
+        self.resets += 1
+        self.peak = self.allocated
+
+    def max_memory_allocated(self):
+        return self.peak
+
+    def max_memory_reserved(self):
+        return self.peak + 2**20
+
+
+def using_memory(engine, allocator):
+    """The stand-in engine's memory: its forward keeps 100 bytes of activations (peak 300 within), its
+    backward frees them (peak 250 within), its optimizer step peaks 50 bytes above what is kept."""
+    backward, step = engine.backward, engine.step
+
+    def forward_using(module, args):
+        allocator.allocate(300)
+        allocator.allocate(-200)
+
+    def backward_using():
+        allocator.allocate(150)
+        allocator.allocate(-250)
+        backward()
+
+    def step_using():
+        allocator.allocate(50)
+        allocator.allocate(-50)
+        step()
+
+    engine.module.register_forward_pre_hook(forward_using)  # inside the module's forward, after the hooks of attach
+    engine.backward, engine.step = backward_using, step_using
+    return engine
+
+
+def test_each_record_holds_the_peaks_of_its_phases(tmp_path):
+    allocator = Allocator()
+    allocator.allocate(1000)  # the model
+    engine = using_memory(Engine(), allocator)
+    with recorder_for(engine, tmp_path, memory=StepMemory(allocator)):
+        engine.train_step()
+        engine.eval_forward()
+    train, evaluated = read_records(tmp_path)
+    assert train["memory"] == {"source": "allocator", "peak_allocated_bytes": 1300,
+                               "peak_reserved_bytes": 1300 + 2**20,
+                               "phases": {"forward": 1300, "backward": 1250, "step": 1050}}
+    assert evaluated["memory"]["phases"] == {"forward": 1300}  # the backward freed the activations
+    assert allocator.resets == 4  # a reset per phase, nothing between steps
+
+
+def test_on_deepspeeds_cpu_accelerator_the_figures_are_the_process_rss(tmp_path):
+    engine = Engine()
+    with recorder_for(engine, tmp_path, memory=StepMemory(CPU_Accelerator())):
+        engine.train_step()
+    (record, ) = read_records(tmp_path)
+    assert record["memory"]["source"] == "rss" and record["memory"]["peak_allocated_bytes"] > 10 * 2**20
+
+
+def test_steps_left_out_by_log_interval_do_not_touch_the_allocator(tmp_path):
+    allocator = Allocator()
+    engine = Engine()
+    with recorder_for(engine, tmp_path, memory=StepMemory(allocator), log_interval=3):
+        for _ in range(3):
+            engine.train_step()
+    assert allocator.resets == 3 and len(read_records(tmp_path)) == 1
+
+
+class History:
+    """The allocator history of a stand-in accelerator: what was asked of it, and what it wrote."""
+
+    def __init__(self):
+        self.started, self.stopped, self.dumps = [], 0, []
+
+    def start(self, max_entries):
+        self.started.append(max_entries)
+
+    def dump(self, path):
+        self.dumps.append(path.name)
+        path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+
+    def stop(self):
+        self.stopped += 1
+
+
+IDENTITY = ProcessIdentity(rank=1, world_size=2, local_rank=1, host="node-a", pid=7, source="test")
+
+
+def snapshotting(engine, tmp_path, history, **settings):
+    settings = MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path), **settings)
+    snapshots = snapshot.MemorySnapshots(settings, IDENTITY, history)
+    hooks = EngineHooks(engine)
+    hooks.add(_StepSnapshots(engine, snapshots))
+    return hooks, snapshots
+
+
+def test_an_out_of_memory_error_in_the_engine_writes_the_history_and_goes_on_unchanged(tmp_path):
+    import torch
+
+    engine, history = Engine(), History()
+    hooks, snapshots = snapshotting(engine, tmp_path, history, max_entries=500)
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB")
+
+    def backward():
+        raise error
+
+    engine.forward()
+    engine.backward = backward
+    hooks.remove()  # the hooks wrap what the engine holds when a listener watching errors is added
+    hooks = EngineHooks(engine)
+    hooks.add(_StepSnapshots(engine, snapshots))
+    with pytest.raises(torch.OutOfMemoryError) as raised:
+        engine.backward()
+    assert raised.value is error and history.started == [500]
+    assert history.dumps[-1].startswith(".memory_snapshot_rank_1.pickle")  # written under a temporary name
+    assert pickle.loads((tmp_path / "memory_snapshot_rank_1.pickle").read_bytes())["segments"] == []
+    snapshots.close()
+    snapshots.close()
+    assert history.stopped == 1
+
+
+def test_other_errors_write_nothing_and_at_steps_write_after_those_global_steps(tmp_path):
+    engine, history = Engine(), History()
+    hooks, snapshots = snapshotting(engine, tmp_path, history, at_steps=[1, 3])
+    for _ in range(4):
+        engine.train_step()
+
+    def step():
+        raise ValueError("not memory")
+
+    engine.forward()
+    engine.step = step
+    with pytest.raises(ValueError):
+        engine.step()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["memory_snapshot_rank_1_step_1.pickle",
+                                                               "memory_snapshot_rank_1_step_3.pickle"]
+    snapshots.close()
+
+
+def test_the_history_is_the_processs_started_by_the_first_engine_and_stopped_by_the_last(tmp_path):
+    history = History()
+    first = snapshot.MemorySnapshots(MemorySnapshotConfig(enabled=True), IDENTITY, history)
+    second = snapshot.MemorySnapshots(MemorySnapshotConfig(enabled=True), IDENTITY, history)
+    first.close()
+    assert len(history.started) == 1 and history.stopped == 0
+    second.close()
+    assert history.stopped == 1
+
+
+def test_an_accelerator_without_allocator_history_says_so_once(ds_caplog):
+    snapshot.warning_once.cache_clear() if hasattr(snapshot.warning_once, "cache_clear") else None
+    assert snapshot.cuda_allocator_history(CPU_Accelerator()) is None
+    assert snapshot.cuda_allocator_history(CPU_Accelerator()) is None
+    lines = [r.getMessage() for r in ds_caplog.records if "memory_snapshot" in r.getMessage()]
+    assert lines == ["memory_snapshot: the 'cpu' accelerator keeps no allocator history (CUDA's does); no memory "
+                     "snapshot is written"]
