@@ -450,6 +450,33 @@ def test_real_engine_every_train_forward_gathers_the_whole_model(zero3_run, rank
 
 
 @pytest.mark.parametrize("rank", RANKS)
+def test_real_engine_live_parameters_prefetch_and_memory(zero3_run, rank):
+    """The most elements gathered at once lies within the model and falls with stage3_max_live_parameters;
+    every train record says what prefetch gathered against on demand, and the process's RSS."""
+    records = [r for r in zero3_run.records[rank] if r["mode"] == "train"]
+    total = zero3_run.expected[rank]["total_numel"]
+    assert all(0 < r["live_params_max"] <= total for r in records if "forward_all_gather" in r["events"])
+    limited = read_records_file(zero3_run.out / "records" / f"zero_fetch_limited_rank_{rank}.jsonl")
+    assert {r["max_live_parameters"] for r in limited} == {zero3_run.expected[rank]["limited_max_live"]}
+    assert max(r["live_params_max"] for r in limited) < max(r["live_params_max"] for r in records)
+    for record in records:
+        gathered = record["prefetch"]["hits"] + record["prefetch"]["waited"]
+        gathers = sum(record["events"].get(f"{d}_all_gather", {"numel": 0})["numel"] for d in ("forward", "backward"))
+        assert gathered == gathers  # every all-gather was either prefetched or fetched on demand
+        assert record["memory"]["source"] == "rss" and record["memory"]["peak_allocated_bytes"] > 0
+        assert set(record["memory"]["phases"]) == {"forward", "backward", "step"}
+    assert sum(r["prefetch"]["hits"] for r in records) > 0  # stage3_prefetch_bucket_size: 600
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_real_engine_attached_again_appends_and_close_gives_everything_back(zero3_run, rank):
+    expected = zero3_run.expected[rank]["phases"]
+    assert expected["given_back"] and expected["name_kept"]
+    records = read_records_file(zero3_run.out / "records" / f"zero_fetch_phases_rank_{rank}.jsonl")
+    assert [r["global_step"] for r in records] == [0, 1, 2, 3, 0]  # two attaches of one engine, then a new one
+
+
+@pytest.mark.parametrize("rank", RANKS)
 def test_real_engine_attach_is_idempotent_and_refuses_zero1(zero3_run, rank):
     expected = zero3_run.expected[rank]
     assert expected["second_attach_same"]
@@ -479,8 +506,10 @@ def test_real_engine_rank_subset_and_our_timers(zero3_run, rank):
     # in which the engine and the optimizer created their timers by using them (DeepSpeed's own group
     # saw nothing after attach).
     assert found["timers_ours"] and found["optimizer_and_offload_share_them"]
-    assert found["deepspeeds_timers_untouched_since"]
+    assert found["deepspeeds_timers_untouched_since"] and found["timers_given_back"]
     assert {"fwd", "bwd", "step", "optimizer_step"} <= set(found["timer_names"])
+    # the fetch profiler drives the engine's timers, as DeepSpeed's does when switched on in source
+    assert ({"forward_fetch_wait", "backward_fetch_wait"} <= set(found["timer_names"])) is (rank == 0)
 
 
 def test_real_engine_report_of_a_rank_subset(zero3_run):

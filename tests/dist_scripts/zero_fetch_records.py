@@ -7,8 +7,10 @@ Between train steps it runs an eval forward, and ends with one more (written at 
 engine must be refused.  A second ZeRO-3 engine records on rank 0 only (``ranks: [0]``, into
 ``{out}/rank0_only`` where both ranks have a file of an earlier run; the second engine attached without
 a name in this process, so "engine1") with ``wall_clock_breakdown``,
-so ds_profutils' timers replace DeepSpeed's.  Findings go to ``{out}/expected_rank_{rank}.json``;
-records to ``{out}/records``.
+so ds_profutils' timers replace DeepSpeed's (and the fetch timers are driven in them).  An engine named
+"limited" trains with a small ``stage3_max_live_parameters``; one named "phases" is attached, closed
+and attached again, then a new engine takes its name (a resumed ``train()``): its file holds every
+phase.  Findings go to ``{out}/expected_rank_{rank}.json``; records to ``{out}/records``.
 """
 import argparse
 import json
@@ -47,6 +49,9 @@ def ds_config(stage: int, records: Path, **extra) -> dict:
             "stage": stage,
             "stage3_param_persistence_threshold": 0,
             "stage3_prefetch_bucket_size": 600,  # some fetches become prefetches
+            # release each module's parameters after use (the default keeps those reused in backward
+            # gathered, so the whole model would be live at once whatever stage3_max_live_parameters says)
+            "stage3_max_reuse_distance": 0,
         },
         "partitioned_param_profiler": {"enabled": True, "output_dir": str(records), "log_interval": 1},
         **extra,
@@ -110,8 +115,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = Net()
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(3, records))
-    recorder = ds_profutils.attach(engine)
-    findings["second_attach_same"] = ds_profutils.attach(engine) is recorder
+    attachment = ds_profutils.attach(engine)
+    findings["second_attach_same"] = ds_profutils.attach(engine) is attachment
     findings["total_numel"] = sum(p.ds_numel for p in engine.module.parameters())
     counter = FetchCounter(engine)
 
@@ -137,6 +142,8 @@ def main() -> None:
 
     findings["counted"] = {key: dict(counts) for key, counts in counter.by_record.items()}
     findings["rank0_only"] = rank0_only_with_our_timers(args.out / "rank0_only", rank)
+    findings["limited_max_live"] = train_limited(records)
+    findings["phases"] = attached_in_phases(records)
     (args.out / f"expected_rank_{rank}.json").write_text(json.dumps(findings))
 
 
@@ -150,22 +157,61 @@ def rank0_only_with_our_timers(records: Path, rank: int) -> dict:
     config["partitioned_param_profiler"]["ranks"] = [0]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     deepspeeds_timers = engine.timers
-    recorder = ds_profutils.attach(engine)
+    attachment = ds_profutils.attach(engine)
     timers = engine.timers
     offload = engine.optimizer.parameter_offload
     for _ in range(2):
         engine.backward(engine(torch.randn(4, 16)).pow(2).mean())
         engine.step()
+    attachment.close()  # every rank changed the engine's timers: every rank has an attachment to close
     return {
-        "recorder": recorder is not None,
+        "recorder": attachment.recorder is not None,
+        "timers_given_back": engine.timers is deepspeeds_timers and offload.timers is deepspeeds_timers,
         "stale_file_left": stale.exists() and stale.read_text().startswith("{}"),
         "timers_ours": isinstance(timers, SynchronizedWallClockTimer),
         "optimizer_and_offload_share_them": engine.optimizer.timers is timers and offload.timers is timers,
         # DeepSpeed's Timer.stop() appends to event_timers: empty means nobody timed into its group.
         "deepspeeds_timers_untouched_since": not any(t.started_ or t.event_timers
                                                      for t in deepspeeds_timers.get_timers().values()),
-        "timer_names": sorted(timers),
+        "timer_names": sorted(timers.get_timers()),
     }
+
+
+def train(engine, steps: int) -> None:
+    for _ in range(steps):
+        engine.backward(engine(torch.randn(4, 16)).pow(2).mean())
+        engine.step()
+
+
+def train_limited(records: Path) -> int:
+    """An engine whose stage3_max_live_parameters is below the model's size; returns that limit."""
+    limit = 400
+    model = Net()
+    config = ds_config(3, records)
+    config["zero_optimization"]["stage3_max_live_parameters"] = limit
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    with ds_profutils.attach(engine, name="limited"):
+        train(engine, 4)
+    return limit
+
+
+def attached_in_phases(records: Path) -> dict:
+    """Attach, close, attach the same engine again, then a new engine under the closed one's name."""
+    model = Net()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(3, records))
+    first = ds_profutils.attach(engine, name="phases")
+    train(engine, 2)
+    first.close()
+    given_back = "step" not in vars(engine) and "forward" not in vars(engine)
+    with ds_profutils.attach(engine) as again:  # the same engine keeps its name
+        name_kept = again.name == "phases"
+        train(engine, 2)
+    resumed_model = Net()
+    resumed, *_ = deepspeed.initialize(model=resumed_model, model_parameters=resumed_model.parameters(),
+                                       config=ds_config(3, records))
+    with ds_profutils.attach(resumed, name="phases"):
+        train(resumed, 1)
+    return {"given_back": given_back, "name_kept": name_kept}
 
 
 if __name__ == "__main__":
