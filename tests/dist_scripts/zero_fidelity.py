@@ -1,69 +1,49 @@
 """Run under the deepspeed launcher (2 ranks): fetch records in the conditions real jobs meet.
 
-``--mode device``: every rank installs, before ``deepspeed.initialize``, a stand-in accelerator:
-DeepSpeed's CPU accelerator with ``use_host_timers()`` False and an ``Event`` whose clock this script
-moves (3 ms per recorded event), nothing else changed.  Two ZeRO-3 engines of different sizes train
-in one process, interleaved: the first attached without a name (gradient accumulation 2) and one
-named "critic".
+``--mode device``: every rank installs, before ``deepspeed.initialize``, the stand-in accelerator of
+tests/stream_clock.py (DeepSpeed's CPU accelerator timing on device events whose streams keep their own
+clocks) and makes ``deepspeed.comm``'s collectives take known device times on the streams they run on.
+Each Linear layer's forward computes 1 ms on the compute stream, and every forward also reduces a
+tensor on a side stream (as ZeRO-3's overlap_comm reduce-scatter does).  Two ZeRO-3 engines of
+different sizes train in one process, interleaved: the first attached without a name (gradient
+accumulation 2) and one named "critic".  The script's own model of the device (what each collective
+took inside, how long each wait stalled the compute stream, the compute clock at each record's start
+and end) goes to ``{out}/expected_rank_{r}.json``, per record, for the test to hold the records to.
 
 ``--mode straggler``: the real CPU accelerator; every forward of every rank sleeps 20 ms (a step that
 waits on its device, as a GPU job's host does, so two ranks sharing two busy cores stay even); engine
-"slowed" trains with rank 1 sleeping 30 ms more, then engine "calm" trains with no rank slowed.
+"slowed" trains with rank 1 sleeping 30 ms more in forward, engine "slowed-backward" with rank 1
+sleeping 30 ms more in backward only, then engine "calm" trains with no rank slowed.
 
-Records go to ``{out}/records``; what the script knows independently goes to
-``{out}/expected_rank_{r}.json``.
+Records go to ``{out}/records``.
 """
 import argparse
 import json
+import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import deepspeed
 import torch
-from deepspeed.accelerator import set_accelerator
-from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+from deepspeed import comm as dist
+from deepspeed.accelerator import get_accelerator, set_accelerator
+from deepspeed.comm import comm
 
 import ds_profutils
+from ds_profutils.zero3.collectives import ALWAYS_BLOCKING, ASYNC_OP_POSITION
 
-TICK_MS = 3.0
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
+from stream_clock import StandInStream, StreamClockAccelerator, simulate_collectives  # noqa: E402
+
 STEPS = 3
+LAYER_MS = 1.0
+DURATIONS_MS = {"all_gather_into_tensor": 3.0, "reduce_scatter_tensor": 4.0, "all_reduce": 5.0}
+"""Device time of each collective; any other takes 2 ms."""
 # Enough steps that scheduling noise, which makes either rank the step straggler now and then, cannot reach
-# the report's bar (straggler in at least half the steps) by chance.
+# the report's bar by chance.
 STRAGGLER_STEPS = 60
 DEVICE_SECONDS, SLOW_SECONDS = 0.02, 0.03
-
-
-class ScriptedEvent:
-    """A device event on a clock this script controls: every ``record()`` moves it ``TICK_MS``."""
-
-    clock_ms = 0.0
-
-    def __init__(self, enable_timing: bool = False) -> None:
-        self.time_ms = None
-
-    def record(self, stream=None) -> None:
-        ScriptedEvent.clock_ms += TICK_MS
-        self.time_ms = ScriptedEvent.clock_ms
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, end: "ScriptedEvent") -> float:
-        return end.time_ms - self.time_ms
-
-
-class DeviceTimedCPU(CPU_Accelerator):
-    """DeepSpeed's CPU accelerator, timing on "device" events as CUDA's does; nothing else differs."""
-
-    def use_host_timers(self) -> bool:
-        return False
-
-    @property
-    def Event(self):
-        return ScriptedEvent
 
 
 def mlp(width: int) -> torch.nn.Module:
@@ -93,39 +73,112 @@ def engine_for(width: int, records: Path, accumulation: int = 1):
     return engine
 
 
-def micro_step(engine, generator: torch.Generator) -> None:
+class DeviceModel:
+    """What the stand-in device did, per record (engine, micro step): the test's independent expectation."""
+
+    def __init__(self, accelerator: StreamClockAccelerator) -> None:
+        self.accelerator = accelerator
+        self.records = defaultdict(lambda: {"async_inside_ms": defaultdict(float), "stall_ms": 0.0,
+                                            "stall_in_reset_ms": 0.0, "side_reduces": 0})
+        self.current = None
+        self.in_reset = False
+
+    def async_waited(self, op: str, inside_ms: float, stall_ms: float) -> None:
+        if self.current is None:
+            return
+        record = self.records[self.current]
+        record["async_inside_ms"][op] += inside_ms
+        record["stall_in_reset_ms" if self.in_reset else "stall_ms"] += stall_ms
+
+    def follow(self, name: str, engine) -> None:
+        """This engine's records: opened at its forward start (before attach's hook), compute per layer,
+        DeepSpeed's reset_step marked, a side-stream reduce in each forward."""
+        accelerator = self.accelerator
+
+        def opened(module, args):
+            self.current = f"{name}/{engine.micro_steps}"
+            self.records[self.current]["start_ms"] = accelerator.compute.clock_ms
+
+        engine.module.register_forward_pre_hook(opened, prepend=True)
+        for layer in engine.module.modules():
+            if isinstance(layer, torch.nn.Linear):
+                layer.register_forward_hook(lambda *_: accelerator.advance(LAYER_MS))
+        side = StandInStream("reduce_and_partition_stream")
+
+        def side_reduce(module, args, output):
+            with accelerator.stream(side):
+                dist.all_reduce(torch.ones(8))  # through deepspeed.comm's backend object
+            self.records[self.current]["side_reduces"] += 1
+
+        engine.module.register_forward_hook(side_reduce)
+        coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
+        reset_step = coordinator.reset_step
+
+        def marked_reset():
+            self.in_reset = True
+            try:
+                reset_step()
+            finally:
+                self.in_reset = False
+
+        coordinator.reset_step = marked_reset
+
+    def closed(self) -> None:
+        self.records[self.current]["end_ms"] = self.accelerator.compute.clock_ms
+        self.current = None
+
+
+def micro_step(engine, generator: torch.Generator, model: DeviceModel = None) -> None:
     engine.backward(engine(torch.randn(4, 16, generator=generator)).pow(2).mean())
     engine.step()
+    if model is not None:
+        model.closed()
 
 
 def device_mode(records: Path, rank: int) -> dict:
+    accelerator = get_accelerator()
+    model = DeviceModel(accelerator)
+    durations = {op: DURATIONS_MS.get(op, 2.0) for op in [*ASYNC_OP_POSITION, *ALWAYS_BLOCKING]
+                 if hasattr(comm.cdb, op)}
+    simulate_collectives(accelerator, comm.cdb, durations, ASYNC_OP_POSITION, model.async_waited)
     main = engine_for(32, records, accumulation=2)
     critic = engine_for(96, records)
-    main_recorder, critic_recorder = ds_profutils.attach(main), ds_profutils.attach(critic, name="critic")
+    main_attachment, critic_attachment = ds_profutils.attach(main), ds_profutils.attach(critic, name="critic")
+    model.follow("main", main)
+    model.follow("critic", critic)
     generator = torch.Generator().manual_seed(rank)
     for _ in range(STEPS):
         for _ in range(2):
-            micro_step(main, generator)
-        micro_step(critic, generator)
-    main_recorder.close()
-    critic_recorder.close()
+            micro_step(main, generator, model)
+        micro_step(critic, generator, model)
+    main_attachment.close()
+    critic_attachment.close()
     return {
         "numel": {"main": sum(p.ds_numel for p in main.module.parameters()),
                   "critic": sum(p.ds_numel for p in critic.module.parameters())},
-        "paths": {"main": str(main_recorder.path), "critic": str(critic_recorder.path)},
+        "paths": {"main": str(main_attachment.recorder.path), "critic": str(critic_attachment.recorder.path)},
+        "durations_ms": durations,
+        "records": model.records,
     }
+
+
+def _sleep_in_backward(module, args, output) -> None:
+    output.register_hook(lambda grad: time.sleep(SLOW_SECONDS))
 
 
 def straggler_mode(records: Path, rank: int) -> dict:
     generator = torch.Generator().manual_seed(rank)
-    for name, slowed in (("slowed", True), ("calm", False)):
+    for name, slowed in (("slowed", "forward"), ("slowed-backward", "backward"), ("calm", None)):
         engine = engine_for(32, records)
-        pause = DEVICE_SECONDS + (SLOW_SECONDS if slowed and rank == 1 else 0)
-        engine.module.register_forward_hook(lambda *_: time.sleep(pause))
-        recorder = ds_profutils.attach(engine, name=name)
-        for _ in range(STRAGGLER_STEPS):
-            micro_step(engine, generator)
-        recorder.close()
+        engine.module.register_forward_hook(lambda *_: time.sleep(DEVICE_SECONDS))
+        if rank == 1 and slowed == "forward":
+            engine.module.register_forward_hook(lambda *_: time.sleep(SLOW_SECONDS))
+        elif rank == 1 and slowed == "backward":  # the gradient of the first layer's output: late in backward
+            first = next(m for m in engine.module.modules() if isinstance(m, torch.nn.Linear))
+            first.register_forward_hook(_sleep_in_backward)
+        with ds_profutils.attach(engine, name=name):
+            for _ in range(STRAGGLER_STEPS):
+                micro_step(engine, generator)
     return {"slowed_rank": 1, "slow_ms": SLOW_SECONDS * 1e3}
 
 
@@ -136,7 +189,7 @@ def main() -> None:
     parser.add_argument("--local_rank", type=int, default=-1)
     args = parser.parse_args()
     if args.mode == "device":
-        set_accelerator(DeviceTimedCPU())
+        set_accelerator(StreamClockAccelerator())
     deepspeed.init_distributed(dist_backend="gloo")
     rank = torch.distributed.get_rank()
     records = args.out / "records"
