@@ -22,7 +22,7 @@ from ds_profutils import (RepeatingLoader, attach, profiler, safe_get_full_fp32_
                           step_profiler)
 from ds_profutils.logging import print_dist
 from ds_profutils.report import build_report, render_text
-from ds_profutils.zero3 import ZeroFetchRecorder
+from ds_profutils.zero3 import Attachment
 
 
 class ToyModel(torch.nn.Module):
@@ -52,14 +52,14 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def train(args: argparse.Namespace) -> Optional[ZeroFetchRecorder]:
+def train(args: argparse.Namespace) -> Optional[Attachment]:
     deepspeed.init_distributed(dist_backend="gloo")
     model = ToyModel()
     engine, _, loader, _ = deepspeed.initialize(args=args,
                                                 model=model,
                                                 model_parameters=model.parameters(),
                                                 training_data=toy_dataset())
-    recorder = attach(engine)  # ZeRO-3 fetch records, when the ds_config's "partitioned_param_profiler" asks
+    attachment = attach(engine)  # ZeRO-3 fetch records, when the ds_config's "partitioned_param_profiler" asks
     batches = iter(RepeatingLoader(loader))
     for _ in range(args.steps):
         step = engine.global_steps  # the step number of the records, the traces and the report
@@ -74,17 +74,18 @@ def train(args: argparse.Namespace) -> Optional[ZeroFetchRecorder]:
                    f"head weight norm {weight_norm:.4f}",
                    ranks=[0])
         step_profiler(engine)  # one profiler step per optimizer step
-    return recorder
+    return attachment
 
 
-def report_outputs(recorder: Optional[ZeroFetchRecorder]) -> None:
+def report_outputs(attachment: Optional[Attachment]) -> None:
     """Once every rank has written its records, rank 0 prints the merged fetch report.
 
     (The profiler has already printed, on rank 0, where its traces went and the operator summary.)
     """
+    recorder = attachment.recorder if attachment is not None else None
     if recorder is None:
         return
-    recorder.close()
+    attachment.close()
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         command = shutil.which("ds-profutils") or f"{sys.executable} -m ds_profutils"

@@ -469,6 +469,17 @@ def test_real_engine_live_parameters_prefetch_and_memory(zero3_run, rank):
 
 
 @pytest.mark.parametrize("rank", RANKS)
+def test_real_engine_memory_held_from_a_step_on_shows_in_that_steps_peaks(zero3_run, rank):
+    found = zero3_run.expected[rank]["memory"]
+    records = read_records_file(zero3_run.out / "records" / f"zero_fetch_memory_rank_{rank}.jsonl")
+    peaks = {r["global_step"]: r["memory"]["peak_allocated_bytes"] for r in records}
+    before = max(peaks[step] for step in range(found["from_step"]))
+    after = min(peaks[step] for step in range(found["from_step"], 6))
+    assert after - before >= 0.9 * found["bytes"]
+    assert after - before < 0.9 * 256 * 2**20 or rank == 1
+
+
+@pytest.mark.parametrize("rank", RANKS)
 def test_real_engine_attached_again_appends_and_close_gives_everything_back(zero3_run, rank):
     expected = zero3_run.expected[rank]["phases"]
     assert expected["given_back"] and expected["name_kept"]

@@ -144,6 +144,7 @@ def main() -> None:
     findings["rank0_only"] = rank0_only_with_our_timers(args.out / "rank0_only", rank)
     findings["limited_max_live"] = train_limited(records)
     findings["phases"] = attached_in_phases(records)
+    findings["memory"] = rank1_keeps_more_memory(records, rank)
     (args.out / f"expected_rank_{rank}.json").write_text(json.dumps(findings))
 
 
@@ -193,6 +194,20 @@ def train_limited(records: Path) -> int:
     with ds_profutils.attach(engine, name="limited"):
         train(engine, 4)
     return limit
+
+
+def rank1_keeps_more_memory(records: Path, rank: int) -> dict:
+    """Engine "memory": rank 1 keeps an extra 256 MB tensor alive from global step 3 on (the last engine of
+    this process: the RSS it adds stays)."""
+    model = Net()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(3, records))
+    kept = []
+    with ds_profutils.attach(engine, name="memory"):
+        for _ in range(6):
+            if rank == 1 and engine.global_steps == 3:
+                kept.append(torch.ones(64 * 2**20))  # 256 MB, touched
+            train(engine, 1)
+    return {"from_step": 3, "bytes": 256 * 2**20 if rank == 1 else 0}
 
 
 def attached_in_phases(records: Path) -> dict:
