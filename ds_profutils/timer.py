@@ -18,7 +18,7 @@ What differs from DeepSpeed's timers, and why:
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from deepspeed.accelerator import get_accelerator
 # DeepSpeed's own objects, for code that imports them from here; none holds any state to share.
@@ -108,6 +108,12 @@ class _Timer:
     def _fold(self) -> None:
         """Bring the statistics up to date before a time is read."""
         self._durations.fold()
+
+    def add_durations(self, durations_ns: Sequence[float]) -> None:
+        """Count intervals measured elsewhere on this timer's clock (the ZeRO-3 fetch profiler's, in batches)."""
+        self._pending.extend(durations_ns)
+        if len(self._pending) >= FOLD_EVERY:
+            self._durations.fold()
 
     def reset(self) -> None:
         """Forget all measurements and any interval in progress."""

@@ -38,6 +38,7 @@ from deepspeed.utils.timer import NoopTimer
 
 from .._stats import FOLD_EVERY, DurationStats
 from ..logging import log_dist
+from ..timer import _Timer as HostTimer
 from ..nvtx import nvtx_range
 from .device_clock import DeviceEvents, Pair, process_device_events
 
@@ -120,8 +121,11 @@ class PartitionedParameterProfiler:
         started_ns: Optional[int] = None  # perf_counter_ns() at start_event while the event runs
         device_start: Any = None  # the device event marked at start_event, when timed on the device
         device_pairs: Optional[List[Pair]] = None  # this step's device intervals; None: host clock only
-        timer: Any = None  # the timer of the ``timers`` group driven for this event, if any
+        timer: Any = None  # a timer of the ``timers`` group started and stopped with each event
+        feeds: Any = None  # a host-clock timer of ds_profutils given this counter's durations in batches
+        fed: int = 0  # how many of the pending durations ``feeds`` has had
         kind: Optional[str] = None  # what an all-gather inside this event is (see _KINDS)
+        extras: bool = False  # anything beyond the host clock to do at start and stop (trace ranges included)
 
         def __post_init__(self) -> None:
             if self.durations is None:
@@ -129,9 +133,16 @@ class PartitionedParameterProfiler:
             self.pending = self.durations.pending  # the hot path appends here
             self.kind = _KINDS.get(self.name)
 
+        def feed(self) -> None:
+            """Give ``feeds`` the durations it has not had yet (before they are folded or forgotten)."""
+            if self.feeds is not None and len(self.pending) > self.fed:
+                self.feeds.add_durations(self.pending[self.fed:])
+                self.fed = len(self.pending)
+
         def reset(self) -> None:
             """Forget what was counted; an event that is running keeps running."""
-            self.count = self.num_elem = self.dropped = 0
+            self.feed()
+            self.count = self.num_elem = self.dropped = self.fed = 0
             self.durations.reset()
             if self.device_pairs is not None:
                 self.device_pairs = []
@@ -155,7 +166,7 @@ class PartitionedParameterProfiler:
         self.device_events = device_events
         self.recording = timers is not None
         self.logging_enabled = True  # attach lets DeepSpeed's per-forward log_events() through at print steps only
-        self.trace_ranges = False
+        self._trace_ranges = False
         self.event_counters: Dict[str, PartitionedParameterProfiler.EventCounter] = {}
         self._drives_timers = timers is not None and not isinstance(timers, NoopTimer)
         self._open_ranges: Dict[str, nvtx_range] = {}
@@ -167,6 +178,17 @@ class PartitionedParameterProfiler:
         self.gathered = {_ON_DEMAND: 0, _PREFETCH: 0}
         self.trace_cache_invalidations = 0
         self._gathering: Optional[str] = None  # the submit event open now, if an all-gather comes
+
+    @property
+    def trace_ranges(self) -> bool:
+        """Whether each event is also a range in the torch trace and in Nsight (``zero3.<event>``)."""
+        return self._trace_ranges
+
+    @trace_ranges.setter
+    def trace_ranges(self, on: bool) -> None:
+        self._trace_ranges = on
+        for counter in self.event_counters.values():
+            counter.extras = on or _needs_extras(counter)
 
     @property
     def enabled(self) -> bool:
@@ -183,18 +205,8 @@ class PartitionedParameterProfiler:
         elif counter.started_ns is not None:  # already running: keep the first start
             counter.dropped += 1
             return
-        kind = counter.kind
-        if kind is not None:
-            if kind is _GATHER:
-                self._note_gathered()
-            else:
-                self._gathering = kind
-        if self.trace_ranges:
-            self._open_range(name)
-        if counter.timer is not None:
-            counter.timer.start()
-        if counter.device_pairs is not None:
-            counter.device_start = self.device_events.mark()
+        if counter.extras:
+            self._start_extras(counter, name)
         counter.started_ns = perf_counter_ns()
 
     def stop_event(self, name: str, num_elem: int) -> None:
@@ -215,20 +227,41 @@ class PartitionedParameterProfiler:
         pending = counter.pending
         pending.append(end_ns - started_ns)
         if len(pending) >= FOLD_EVERY:
+            counter.feed()
             counter.durations.fold()
+            counter.fed = 0
+        if counter.extras:
+            self._stop_extras(counter, name, num_elem, end_ns - started_ns)
+
+    def _start_extras(self, counter: "PartitionedParameterProfiler.EventCounter", name: str) -> None:
+        """What some events need at their start besides the host clock: a trace range, the all-gather
+        bookkeeping, a timer of the ``timers`` group, a device event."""
+        if self._trace_ranges:
+            self._open_range(name)
+        kind = counter.kind
+        if kind is _GATHER:
+            self._note_gathered()
+        elif kind is not None:
+            self._gathering = kind
+        if counter.timer is not None:
+            counter.timer.start()
+        if counter.device_pairs is not None:
+            counter.device_start = self.device_events.mark()
+
+    def _stop_extras(self, counter: "PartitionedParameterProfiler.EventCounter", name: str, num_elem: int,
+                     host_ns: int) -> None:
         if counter.device_pairs is not None:
             end = self.device_events.mark()
-            counter.device_pairs.append(self.device_events.pair(counter.device_start, end, end_ns - started_ns))
+            counter.device_pairs.append(self.device_events.pair(counter.device_start, end, host_ns))
         if counter.timer is not None:
             counter.timer.stop()
         kind = counter.kind
-        if kind is not None:
-            if kind is _GATHER:
-                if self._gathering is not None:
-                    self.gathered[self._gathering] += num_elem
-            else:
-                self._gathering = None
-        if self.trace_ranges:
+        if kind is _GATHER:
+            if self._gathering is not None:
+                self.gathered[self._gathering] += num_elem
+        elif kind is not None:
+            self._gathering = None
+        if self._trace_ranges:
             self._close_range(name, num_elem)
 
     def _note_gathered(self) -> None:
@@ -244,7 +277,12 @@ class PartitionedParameterProfiler:
         if self.device_events is not None and name in DEVICE_TIMED:
             counter.device_pairs = []
         if self._drives_timers:
-            counter.timer = self.timers(name)
+            timer = self.timers(name)
+            if type(timer) is HostTimer:  # ours, on the host clock: the same durations, given in batches
+                counter.feeds = timer
+            else:  # DeepSpeed's, or ours on device events: started and stopped as DeepSpeed does
+                counter.timer = timer
+        counter.extras = self._trace_ranges or _needs_extras(counter)
         return counter
 
     @contextmanager
@@ -303,10 +341,14 @@ class PartitionedParameterProfiler:
 
     def host_statistics(self) -> Dict[str, Dict[str, Any]]:
         """Per event seen since the last reset: count, numel (and its unit), bytes and host times in ms."""
-        return {
-            name: event_entry(counter.name, counter.count, counter.num_elem, counter.dropped, counter.durations,
-                              "host", self.element_size) for name, counter in self.event_counters.items() if counter.count
-        }
+        entries = {}
+        for name, counter in self.event_counters.items():
+            if counter.count:
+                counter.feed()  # reading the figures folds the pending durations
+                entries[name] = event_entry(name, counter.count, counter.num_elem, counter.dropped, counter.durations,
+                                            "host", self.element_size)
+                counter.fed = 0
+        return entries
 
     def statistics(self) -> Dict[str, Dict[str, Any]]:
         """``host_statistics()``, with the events timed on the device on the device clock.
@@ -333,6 +375,8 @@ class PartitionedParameterProfiler:
 
     def _log_timers(self) -> None:
         if self.timers is not None:
+            for counter in self.event_counters.values():
+                counter.feed()
             self.timers.log(names=list(self.event_counters))
 
     def log_events(self) -> None:
@@ -341,6 +385,11 @@ class PartitionedParameterProfiler:
             return
         self._log_event_counters()
         self._log_timers()
+
+
+def _needs_extras(counter: "PartitionedParameterProfiler.EventCounter") -> bool:
+    """Whether an event always has more to do than the host clock: device events, a timer, all-gathers."""
+    return counter.device_pairs is not None or counter.timer is not None or counter.kind is not None
 
 
 def device_entry(name: str, host: Dict[str, Any], pairs: List[Pair], element_size: Optional[int]) -> Dict[str, Any]:
