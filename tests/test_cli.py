@@ -60,7 +60,8 @@ def test_check_config_prints_resolved_settings(path, capsys):
     assert out.startswith(f"{path}: valid; resolved ds_profutils settings:\n")
     ours, _, theirs = out.partition("applied by DeepSpeed, not read by ds_profutils:\n")
     keys = [line.split(":")[0] for line in ours.splitlines()[1:] if not line.startswith("    ")]
-    assert keys == ["  profiler", "  nvtx", "  partitioned_param_profiler", "  wall_clock_breakdown", "  comms_logger"]
+    assert keys == ["  profiler", "  nvtx", "  partitioned_param_profiler", "  memory_snapshot", "  wall_clock_breakdown",
+                    "  comms_logger"]
     raw = json.loads(path.read_text())
     assert [line.split(":")[0] for line in theirs.splitlines() if not line.startswith("    ")] == \
         [f"  {key}" for key in ("timers", "steps_per_print") if key in raw]

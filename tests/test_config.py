@@ -373,7 +373,7 @@ def test_unknown_env_variables_are_errors(monkeypatch):
                             "DS_PROFUTILS_PROFILER_ACTIVE?); profiler settings are DS_PROFUTILS_PROFILER_<FIELD> "
                             "with FIELD one of ACTIVE, ENABLED, ")
     assert second == ("DS_PROFUTILS_PROFILR_ENABLED: unknown variable; expected DS_PROFUTILS_<SECTION>_<FIELD> "
-                      "with SECTION one of PROFILER, NVTX, PARTITIONED_PARAM_PROFILER")
+                      "with SECTION one of PROFILER, NVTX, PARTITIONED_PARAM_PROFILER, MEMORY_SNAPSHOT")
 
 
 def test_env_and_file_problems_are_reported_together(monkeypatch):
@@ -478,3 +478,25 @@ def test_a_real_engines_config_is_checked_for_misspelt_sections(ds_caplog, fresh
     load_config(Engine())
     assert [r.getMessage().split(";")[0] for r in ds_caplog.records if r.levelname == "WARNING"] == [
         'ds_profutils: top-level key "nvxt" is not one of our sections (did you mean nvtx?)']
+
+
+def test_memory_snapshot_section_steps_from_the_file_and_the_environment(monkeypatch):
+    config = load_config({"memory_snapshot": {"enabled": True, "at_steps": [10, 3, 3]}})
+    assert config.memory_snapshot.at_steps == [3, 10] and config.memory_snapshot.on_oom
+    monkeypatch.setenv("DS_PROFUTILS_MEMORY_SNAPSHOT_AT_STEPS", "5,1")
+    assert load_config({"memory_snapshot": {"enabled": True}}).memory_snapshot.at_steps == [1, 5]
+    monkeypatch.setenv("DS_PROFUTILS_MEMORY_SNAPSHOT_AT_STEPS", "5,x")
+    with pytest.raises(ConfigError, match="DS_PROFUTILS_MEMORY_SNAPSHOT_AT_STEPS"):
+        load_config({})
+    monkeypatch.delenv("DS_PROFUTILS_MEMORY_SNAPSHOT_AT_STEPS")
+    with pytest.raises(ConfigError, match=r"memory_snapshot\.at_steps"):
+        load_config({"memory_snapshot": {"at_steps": [-1]}})
+
+
+def test_check_config_says_the_memory_snapshot_needs_cuda(tmp_path, capsys):
+    from ds_profutils.config.command import check_files
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"memory_snapshot": {"enabled": True, "output_dir": str(tmp_path)}}))
+    assert check_files([str(path)])
+    assert "note: memory_snapshot writes only on a CUDA accelerator" in capsys.readouterr().out

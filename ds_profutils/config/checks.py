@@ -106,7 +106,8 @@ def output_dir_problems(config: ProfUtilsConfig) -> List[ConfigProblem]:
     """Each enabled section's ``output_dir`` that cannot be created or written (a disabled one writes nothing)."""
     problems = []
     for name, section in (("profiler", config.profiler), ("partitioned_param_profiler",
-                                                          config.partitioned_param_profiler)):
+                                                          config.partitioned_param_profiler),
+                          ("memory_snapshot", config.memory_snapshot)):
         if section.enabled:
             problem = _output_dir_problem(f"{name}.output_dir", section.output_dir)
             if problem is not None:

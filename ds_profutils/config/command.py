@@ -88,6 +88,9 @@ def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
             print("  (with environment overrides "
                   f"{', '.join(f'{name}={value}' for name, value in sorted(overrides.items()))})")
         print("\n".join(_render(config.model_dump(), "  ")))
+        if config.memory_snapshot.enabled:
+            print("note: memory_snapshot writes only on a CUDA accelerator (the allocator history is CUDA's); "
+                  "elsewhere the job says so at start and writes nothing")
         theirs = {key: raw[key] for key in DEEPSPEED_APPLIED_KEYS if key in raw}
         if theirs:
             print("applied by DeepSpeed, not read by ds_profutils:")
