@@ -1,0 +1,134 @@
+"""What instrumentation costs on a GPU, measured against DeepSpeed in one run (needs CUDA; one GPU).
+
+    python benchmarks/bench_gpu.py [--pairs 100000] [--repeats 15] [--steps 200]
+
+(a) ``timers(name).start()`` + ``.stop()`` as the engine calls it, garbage collector on: ds_profutils'
+    timer group against DeepSpeed's ``SynchronizedWallClockTimer``, both on CUDA events (target <= 0.9x),
+    and the memory each holds after all the pairs (ours bounded).
+(b) A ZeRO-3 training step on one GPU (world size 1, NCCL), fetch records on (``attach``) against off,
+    interleaved: the median over adjacent on/off steps of the ratio of their times (target <= 1.01x).
+    Each step ends with ``torch.cuda.synchronize()`` so that its time is the device's.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import socket
+import statistics
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any, Dict, List
+
+TIMER_TARGET, STEP_TARGET = 0.9, 1.01
+
+
+def timer_pairs(timers: Any, pairs: int) -> float:
+    began = time.perf_counter()
+    for _ in range(pairs):
+        timers("fwd").start()
+        timers("fwd").stop()
+    return time.perf_counter() - began
+
+
+def bench_timer(pairs: int, repeats: int) -> float:
+    import torch
+    from deepspeed.utils.timer import SynchronizedWallClockTimer as DeepSpeeds
+
+    from ds_profutils.timer import SynchronizedWallClockTimer as Ours
+
+    samples: Dict[str, List[float]] = {"deepspeed": [], "ds_profutils": []}
+    for _ in range(repeats):
+        for name, group in (("deepspeed", DeepSpeeds()), ("ds_profutils", Ours())):
+            seconds = timer_pairs(group, pairs)
+            torch.cuda.synchronize()
+            group("fwd").elapsed()  # what a log reads; not timed
+            samples[name].append(seconds / pairs * 1e9)
+    ns = {name: statistics.median(values) for name, values in samples.items()}
+    ratio = ns["ds_profutils"] / ns["deepspeed"]
+    print(f"(a) timers(name).start()+stop() on CUDA events, gc on, ns per pair (median of {repeats} repeats of "
+          f"{pairs:,})")
+    for name, value in ns.items():
+        print(f"    {name:14s} {value:8.1f} ns")
+    print(f"    ours vs DeepSpeed's {ratio:5.2f}x  (target <= {TIMER_TARGET}x)")
+    for name, group in (("deepspeed", DeepSpeeds()), ("ds_profutils", Ours())):
+        tracemalloc.start()
+        timer_pairs(group, pairs)
+        print(f"    {name:14s} memory after {pairs:,} pairs: {tracemalloc.get_traced_memory()[0]:>12,} bytes")
+        tracemalloc.stop()
+    return ratio
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def bench_step(steps: int) -> float:
+    import deepspeed
+    import torch
+
+    from ds_profutils import attach
+
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(_free_port())})
+    deepspeed.init_distributed(dist_backend="nccl")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(16)])
+    with tempfile.TemporaryDirectory() as out:
+        config = {
+            "train_micro_batch_size_per_gpu": 16,
+            "steps_per_print": 10**9,
+            "optimizer": {"type": "Adam", "params": {"lr": 1e-4}},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "partitioned_param_profiler": {"enabled": True, "output_dir": out},
+        }
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        batch = torch.randn(16, 2048, device="cuda")
+
+        def step() -> float:
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            engine.backward(engine(batch).pow(2).mean())
+            engine.step()
+            torch.cuda.synchronize()
+            return time.perf_counter() - began
+
+        for _ in range(10):
+            step()
+        seconds: Dict[str, List[float]] = {"off": [], "on": []}
+        for pair in range(steps):
+            for mode in (("off", "on") if pair % 2 == 0 else ("on", "off")):
+                attachment = attach(engine) if mode == "on" else None
+                gc.collect()
+                step()  # the first step after attach pays once what a job pays once
+                seconds[mode].append(step())
+                if attachment is not None:
+                    attachment.close()
+    ratio = statistics.median(on / off for off, on in zip(seconds["off"], seconds["on"]))
+    print(f"(b) ZeRO-3 step on one GPU ({torch.cuda.get_device_name()}), {steps} interleaved on/off pairs: "
+          f"off {statistics.median(seconds['off']) * 1e3:.2f} ms, on {statistics.median(seconds['on']) * 1e3:.2f} ms,"
+          f" ratio {ratio:.3f}x  (target <= {STEP_TARGET}x)")
+    return ratio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gpu.py needs a CUDA device")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    bench_timer(args.pairs, args.repeats)
+    bench_step(args.steps)
+
+
+if __name__ == "__main__":
+    main()
