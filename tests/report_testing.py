@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 
 def event(count: int, numel: int, time_ms: float, unit: str = "shard", element_size: int = 4) -> Dict[str, Any]:
@@ -118,3 +118,13 @@ def write_trace(path: Path, steps: Dict[int, float], *, rank: int = 0, world_siz
     header = json.dumps(head)[1:-1]
     body = '"traceEvents": [\n' + ",\n".join(json.dumps(e) for e in events) + "\n]"
     path.write_text("{" + (f"{header}, {body}" if header_first else f"{body}, {header}") + "}\n")
+
+
+def memory_run(directory: Path, ranks: int, steps: int, peak: Callable[[int, int], int], *, engine: str = "main",
+               **figures: Any) -> None:
+    """Schema 3 records of ``ranks`` x ``steps`` whose step peak (allocated bytes) is ``peak(rank, step)``;
+    ``figures``: the other :func:`schema3` arguments."""
+    for rank in range(ranks):
+        write_records(directory, rank, [schema3(record(rank, step, world_size=ranks, engine=engine,
+                                                       host=f"node-{rank // 2}"), peak_bytes=peak(rank, step),
+                                                **figures) for step in range(steps)], engine=engine)

@@ -102,7 +102,7 @@ def memory_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
     if not files:
         return None
     kept: List[Tuple[float, int, int, float, float]] = []  # a heap of (rise, rank, global step, peak, baseline)
-    count = 0
+    jump_count = 0
     ranks: Dict[int, Dict[str, Any]] = {}
     for records in sorted(files, key=lambda f: f.rank):
         peaks, rank_count = records.peak_allocated_bytes, 0
@@ -114,7 +114,7 @@ def memory_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
             elif jump > kept[0]:
                 heapq.heapreplace(kept, jump)
             rank_count += 1
-        count += rank_count
+        jump_count += rank_count
         ranks[records.rank] = _rank_memory(records, rank_count)
     peaks_by_rank = {rank: row["peak_allocated_bytes"] for rank, row in ranks.items()
                      if row["peak_allocated_bytes"] is not None}
@@ -122,9 +122,9 @@ def memory_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
     lowest = min(peaks_by_rank, key=peaks_by_rank.__getitem__, default=None)
     sources: Dict[str, int] = {}
     for records in files:
-        for source, count in records.memory_sources.items():
+        for source, records_of_it in records.memory_sources.items():
             if source is not None:
-                sources[source] = sources.get(source, 0) + count
+                sources[source] = sources.get(source, 0) + records_of_it
     return {
         "sources": sources,
         "ranks": ranks,
@@ -133,7 +133,7 @@ def memory_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
         "imbalance": (peaks_by_rank[highest] / peaks_by_rank[lowest]
                       if highest is not None and peaks_by_rank[lowest] > 0 else None),
         "jump_rule": {"text": jump_rule(), "over_baseline_share": JUMP_SHARE, "baseline_steps": JUMP_BASELINE_STEPS},
-        "jump_count": count,
+        "jump_count": jump_count,
         "jumps": [{"rank": rank, "global_step": step, "peak_allocated_bytes": int(peak), "baseline_bytes": int(baseline)}
                   for _, rank, step, peak, baseline in sorted(kept, key=lambda jump: (jump[2], jump[1]))],
     }

@@ -278,7 +278,7 @@ _MEMORY_SOURCES = {
            "boundaries; it counts everything the process holds, not only tensors)",
 }
 _MEMORY_COLUMNS = (  # key, header, how a value is shown
-    ("peak_allocated_bytes", "peak allocated", _size), ("peak_step", "at step", None), ("peak_phase", "in", None),
+    ("peak_allocated_bytes", "peak allocated", _size), ("peak_step", "at step", None), ("peak_phase", "phase", None),
     ("median_peak_allocated_bytes", "median peak", _size), ("peak_reserved_bytes", "peak reserved", _size),
     ("median_peak_reserved_bytes", "median reserved", _size), ("live_params_max", "live params max", None),
     ("max_live_parameters", "limit", None), ("live_params_share", "of limit", _percent),
@@ -299,9 +299,14 @@ def _memory(engine: Mapping[str, Any], limit: int) -> List[str]:
                         for source, count in memory["sources"].items()) or "none"
     columns = [(key, header, show) for key, header, show in _MEMORY_COLUMNS
                if key == "jumps" or any(row[key] is not None for row in ranks.values())]
-    by_peak = sorted(ranks, key=lambda rank: (-(ranks[rank]["peak_allocated_bytes"] or 0), rank))
-    shown = sorted(ranks) if len(ranks) <= limit else sorted(by_peak[:limit - 1] + by_peak[-1:])
-    note = "" if len(ranks) <= limit else f"; {limit} of {len(ranks)} ranks shown: the highest peaks and the lowest"
+    shown = sorted(ranks)
+    note = ""
+    if len(ranks) > limit:
+        lowest = memory["lowest_rank"]
+        by_peak = sorted((rank for rank in ranks if rank != lowest),
+                         key=lambda rank: (-(ranks[rank]["peak_allocated_bytes"] or 0), rank))
+        shown = by_peak[:limit - 1] + ([lowest] if lowest is not None else by_peak[limit - 1:limit])
+        note = f"; {limit} of {len(ranks)} ranks shown: the highest peaks, then the lowest"
     lines = ["", *_wrap(f"Memory (train steps: per rank the highest step peak, the step and phase it was in, and the "
                         f"median step peak; ZeRO-3's most live parameter elements against stage3_max_live_parameters; "
                         f"memory from {sources}){note}:")]
