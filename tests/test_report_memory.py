@@ -43,7 +43,7 @@ def test_a_tensor_kept_alive_from_step_3_is_the_highest_peak_an_imbalance_and_on
     assert ("Highest peak: rank 1 (node-0), 1.25 GiB at step 3 (backward); imbalance 1.25x (highest over lowest "
             "peak: rank 0, 1.00 GiB).") in text
     assert ("JUMPS (a jump is a train step whose peak allocated bytes are more than 10% over the median of the "
-            "rank's earlier steps (from its step 4 on), once per rise): rank 1 at step 3: 1.25 GiB (1.00 GiB "
+            "rank's earlier steps, once it has 3 of them; once per rise): rank 1 at step 3: 1.25 GiB (1.00 GiB "
             "before).") in text
 
 
@@ -173,3 +173,13 @@ def test_the_plot_has_a_memory_panel_with_the_jumps(tmp_path):
     write_records(tmp_path, 0, [record(0, step) for step in range(3)])
     write_records(tmp_path, 1, [record(1, step) for step in range(3)])
     assert not any("peak allocated" in axes.get_title(loc="left") for axes in build_figure(build_report(tmp_path)).axes)
+
+
+def test_a_record_with_a_bad_memory_figure_is_skipped_whole(tmp_path):
+    bad = schema3(record(0, 1), peak_bytes=BASE)
+    bad["memory"]["peak_reserved_bytes"] = "lots"
+    write_records(tmp_path, 0, [schema3(record(0, 0), peak_bytes=BASE, live_params=10), bad])
+    report = build_report(tmp_path)
+    assert report["problems"][0]["first"] == ["line 2: not a fetch record, skipped"]
+    engine = report["engines"]["main"]
+    assert engine["steps"].global_steps == [0] and engine["memory"]["ranks"][0]["prefetch_hits"] == 6

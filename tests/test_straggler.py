@@ -78,16 +78,21 @@ def test_among_many_ranks_only_the_slowed_one_is_named(tmp_path):
     assert report["engines"]["main"]["ranks_summary"][4]["attributed_wait_ms"] == pytest.approx(8 * 5 * 30, rel=0.05)
 
 
+def slow_host_run(directory, ranks, steps, jitter_ms):
+    """The upper half of the ranks on node-b, 30 ms slower per step; waits jittering by up to 8 x ``jitter_ms``."""
+    for rank in range(ranks):
+        slow = rank >= ranks // 2
+        write_records(directory, rank, [
+            record(rank, step, busy_ms=20.0 + (30.0 if slow else 0.0), world_size=ranks,
+                   host="node-b" if slow else "node-a",
+                   collective_ms=1.0 + (rank * 5 + step * 3) % 8 * jitter_ms + (0.0 if slow else 30.0))
+            for step in range(steps)])
+
+
 def test_a_slow_host_is_named_when_its_ranks_take_turns_as_step_straggler(tmp_path):
     """A whole node slowed (8 ranks of 16, 30 ms per step): each step's least wait falls on any of its
     ranks, so no rank stands out, but every step's straggler is on that host."""
-    for rank in range(16):
-        slow = rank >= 8
-        rows = [record(rank, step, busy_ms=20.0 + (30.0 if slow else 0.0), world_size=16,
-                       host="node-b" if slow else "node-a",
-                       collective_ms=1.0 + (rank * 5 + step * 3) % 8 * 0.25 + (0.0 if slow else 30.0))
-                for step in range(60)]
-        write_records(tmp_path, rank, rows)
+    slow_host_run(tmp_path, 16, 60, jitter_ms=0.25)
     report = build_report(tmp_path)
     engine = report["engines"]["main"]
     assert engine["straggler_ranks"] == [] and all(8 <= rank for rank in engine["steps"].straggler)
@@ -105,13 +110,7 @@ def test_a_slow_host_is_named_when_its_ranks_take_turns_as_step_straggler(tmp_pa
 def test_a_slow_host_is_named_even_when_some_of_its_ranks_are(tmp_path):
     """A slow node of 4 ranks in 8, 40 steps: its ranks take turns, and with 1/8 the chance each, some come out
     named too; they are not the whole story, so the host is still said."""
-    for rank in range(8):
-        slow = rank >= 4
-        rows = [record(rank, step, busy_ms=20.0 + (30.0 if slow else 0.0), world_size=8,
-                       host="node-b" if slow else "node-a",
-                       collective_ms=1.0 + (rank * 5 + step * 3) % 8 * 0.5 + (0.0 if slow else 30.0))
-                for step in range(40)]
-        write_records(tmp_path, rank, rows)
+    slow_host_run(tmp_path, 8, 40, jitter_ms=0.5)
     report = build_report(tmp_path)
     engine = report["engines"]["main"]
     assert engine["straggler_ranks"] and set(engine["straggler_ranks"]) < {4, 5, 6, 7}

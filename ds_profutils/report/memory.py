@@ -7,7 +7,7 @@ two numbers per rank and step (the peaks) and running totals for the rest, so th
 grows with the size of the records.
 
 A jump is a step whose peak rose more than ``JUMP_SHARE`` over the rank's usual level, the median of
-its earlier steps (from its ``JUMP_BASELINE_STEPS + 1``-th step on: the first steps allocate the
+its earlier steps (once there are ``JUMP_BASELINE_STEPS`` of them: the first steps allocate the
 optimizer's state), counted once per rise: a tensor kept alive from step 3 on is one jump, at step 3,
 whether the run ends at step 5 or 500; a leak is one jump, where it passes 10%.  The median over the
 whole run would hide a rise that lasts more than half of it.
@@ -36,7 +36,7 @@ than 10% step after step has one every few steps and rank); ``jump_count`` has t
 def jump_rule() -> str:
     """The jump rule in words, as the report prints it."""
     return (f"a jump is a train step whose peak allocated bytes are more than {JUMP_SHARE:.0%} over the median of "
-            f"the rank's earlier steps (from its step {JUMP_BASELINE_STEPS + 1} on), once per rise")
+            f"the rank's earlier steps, once it has {JUMP_BASELINE_STEPS} of them; once per rise")
 
 
 def rises(values: Sequence[float]) -> Iterator[Tuple[int, float]]:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from statistics import median
-from collections import Counter
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .chance import binomial_upper_tail
