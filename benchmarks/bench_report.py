@@ -3,15 +3,16 @@
     python benchmarks/bench_report.py [--gb 1.0] [--ranks 1024] [--steps 1000] [--skip-big]
                                       [--trace-mb 56] [--hta-python PATH]
 
-Records are generated as attach writes them (record schema 2: eight events with every field, the
-blocking collectives, device clock), about 2.8 KB a line.  Every command runs in a fresh process,
+Records are generated as attach writes them (record schema 3: eight events with every field, the
+collectives with their exposed part and stream, the time inside collectives, memory peaks per phase,
+live parameters, trace-cache invalidations and prefetch hits, device clock), about 3 KB a line.  Every command runs in a fresh process,
 as a user runs it, stdout to /dev/null.
 
 (a) ``ds-profutils report`` on ``--gb`` of records (64 ranks): seconds per GB (target <= 10 s).
 (b) ``--ranks`` x ``--steps`` (1024 x 1000): the disk such a job's records take, and the report's
     time and peak memory, text and ``--json``: the process's peak RSS (VmHWM) and the largest of the
-    reader processes it forks.  Memory is bounded by 10 doubles per rank and step (4 columns read per
-    rank, 6 in the joined view) plus one record per reader, not by the size of the records; ``--json``
+    reader processes it forks.  Memory is bounded by 15 numbers per rank and step (7 columns read per
+    rank, 8 in the joined view) plus one record per reader, not by the size of the records; ``--json``
     adds its output.
 (c) Start to finish on a small run (2 ranks x 10 steps): ``report``, ``report --json``, ``timeline``
     and ``check-config``, median of 7 (target <= 0.5 s), and which heavy modules they import (none).
@@ -75,9 +76,19 @@ def _variants(rng: random.Random, count: int = 64) -> List[str]:
                             "clock": "device" if name.endswith("_wait") else "host"}
             if name.endswith("_wait"):
                 events[name]["host_time_ms"] = times[1] * calls
-        collectives = {"reduce_scatter_tensor": {"count": 2, "time_ms": rng.uniform(1, 20)},
-                       "all_reduce": {"count": 1, "time_ms": rng.uniform(0.1, 2)}}
-        variants.append(f'"collectives":{json.dumps(collectives, separators=(",", ":"))},"comms_logger":false,'
+        scatter, reduce = rng.uniform(1, 20), rng.uniform(0.1, 2)
+        collectives = {"reduce_scatter_tensor@side-stream": {"count": 2, "time_ms": scatter, "exposed_ms": 0.0,
+                                                             "stream": "side", "async": 2, "clock": "device"},
+                       "all_reduce": {"count": 1, "time_ms": reduce, "exposed_ms": reduce, "stream": "compute",
+                                      "async": 0, "clock": "device"}}
+        peak = rng.randint(30, 33) * 2**30  # GPU-sized figures, a few percent apart: no jumps
+        figures = {"collective_ms": scatter + reduce,
+                   "memory": {"source": "allocator", "peak_allocated_bytes": peak, "peak_reserved_bytes": peak + 2**31,
+                              "phases": {"forward": peak - 2**30, "backward": peak, "step": peak - 2**29}},
+                   "live_params_max": rng.randint(10**8, 10**9), "max_live_parameters": 10**9,
+                   "trace_cache_invalidations": 0, "prefetch": {"hits": rng.randint(20, 40), "waited": rng.randint(0, 5)}}
+        variants.append(f'{json.dumps(figures, separators=(",", ":"))[1:-1]},'
+                        f'"collectives":{json.dumps(collectives, separators=(",", ":"))},"comms_logger":false,'
                         f'"events":{json.dumps(events, separators=(",", ":"))}}}\n')
     return variants
 
@@ -85,7 +96,7 @@ def _variants(rng: random.Random, count: int = 64) -> List[str]:
 def rank_lines(rank: int, world: int, steps: int, variants: List[str]) -> str:
     """One rank's ``steps`` records."""
     return "".join(
-        f'{{"schema":2,"engine":"main","rank":{rank},"world_size":{world},"local_rank":{rank % 8},'
+        f'{{"schema":3,"engine":"main","rank":{rank},"world_size":{world},"local_rank":{rank % 8},'
         f'"host":"node-{rank // 8}","pid":{4000 + rank % 8},"recording_ranks":null,"dtype":"bfloat16",'
         f'"mode":"train","global_step":{step},"micro_step":{step},"time":1790000000.{step},"clock":"device",'
         f'"step_time_ms":{250 + (step + rank) % 17}.5,"fetch_wait_ms":{(step * 7 + rank) % 11}.25,'
@@ -180,14 +191,15 @@ def bench_big(ranks: int, steps: int) -> None:
         size = generate(Path(tmp), ranks, steps)
         print(f"(b) {ranks} ranks x {steps} steps: records take {size / 2**30:.2f} GB on disk "
               f"({size / ranks / steps / 1024:.2f} KB per record; generated in {time.perf_counter() - began:.0f} s)")
-        # Per rank and step: 4 columns read per rank (global step, step time, two waits) and the 6 of the
-        # joined view, 8 bytes each; the rest does not grow with steps.
-        arrays_mb = 10 * 8 * ranks * steps / 2**20
+        # Per rank and step: 7 columns read per rank (global step, step time, two waits, the time inside
+        # collectives, two memory peaks) and the 8 of the joined view, 8 bytes each; the rest does not grow
+        # with steps.
+        arrays_mb = 15 * 8 * ranks * steps / 2**20
         for args in (("report", tmp), ("report", tmp, "--json")):
             result = run_command(*args)
             print(f"    ds-profutils {' '.join(args[:1] + args[2:])}: {result['seconds']:.1f} s "
                   f"({result['seconds'] / (size / 2**30):.1f} s per GB), peak RSS {result['peak_mb']:.0f} MB "
-                  f"(readers {result['workers_peak_mb']:.0f} MB); bound: 80 bytes per rank and step "
+                  f"(readers {result['workers_peak_mb']:.0f} MB); bound: 120 bytes per rank and step "
                   f"({arrays_mb:.0f} MB here) + the interpreter and one record per reader"
                   + (" + the JSON text" if len(args) > 2 else ""))
 

@@ -1,9 +1,10 @@
-"""Records (schema 2) and traces as ds_profutils writes them, generated for the report's tests."""
+"""Records (schema 2, and schema 3 by :func:`schema3`) and traces as ds_profutils writes them, generated for
+the report's tests."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 
 def event(count: int, numel: int, time_ms: float, unit: str = "shard", element_size: int = 4) -> Dict[str, Any]:
@@ -29,6 +30,27 @@ def record(rank: int, global_step: int, *, busy_ms: float = 20.0, fetch_ms: floa
     }
 
 
+def schema3(base: Dict[str, Any], *, inside_ms: Optional[float] = None, peak_bytes: Optional[int] = None,
+            reserved_bytes: Optional[int] = None, source: str = "allocator", live_params: Optional[int] = 5000,
+            max_live: int = 1_000_000_000, invalidations: int = 0, hits: int = 6, waited: int = 2) -> Dict[str, Any]:
+    """``base`` (a :func:`record`) as schema 3 writes it: the time inside collectives (``inside_ms``; default
+    its blocking wait, as on gloo), the collectives per schema 3, and memory figures when ``peak_bytes`` is
+    given (reserved: 25% more unless said; phases: the step's peak in backward)."""
+    waited_ms = base["collective_wait_ms"]
+    inside = waited_ms if inside_ms is None else inside_ms
+    out = dict(base, schema=3, collective_ms=inside, max_live_parameters=max_live,
+               trace_cache_invalidations=invalidations, prefetch={"hits": hits, "waited": waited},
+               collectives={"reduce_scatter_tensor": {"count": 1, "time_ms": inside, "exposed_ms": waited_ms,
+                                                      "stream": "compute", "async": 0, "clock": "host"}})
+    if live_params is not None:
+        out["live_params_max"] = live_params
+    if peak_bytes is not None:
+        out["memory"] = {"source": source, "peak_allocated_bytes": peak_bytes,
+                         "peak_reserved_bytes": peak_bytes * 5 // 4 if reserved_bytes is None else reserved_bytes,
+                         "phases": {"forward": peak_bytes * 3 // 4, "backward": peak_bytes, "step": peak_bytes // 2}}
+    return out
+
+
 def read_records_file(path: Path) -> List[Dict[str, Any]]:
     """The records of one file as a user's script reads them, every line whole (a torn line fails)."""
     text = path.read_text()
@@ -48,17 +70,26 @@ def write_records(directory: Path, rank: int, records: Iterable[Dict[str, Any]],
 
 
 def slowed_run(directory: Path, ranks: int, steps: int, slowed: Optional[int], *, slow_ms: float = 30.0,
-               engine: str = "main", noise_ms: float = 0.5) -> None:
+               engine: str = "main", noise_ms: float = 0.5, overlapped: bool = False) -> None:
     """A run in which ``slowed`` spends ``slow_ms`` more per step outside the collectives (None: no rank
-    slowed): every other rank waits that long in the gradient collective, the slowed one does not."""
+    slowed): every other rank waits that long in the gradient collective, the slowed one does not.
+
+    ``overlapped``: schema 3 records of collectives on a side stream (ZeRO-3's ``overlap_comm``), as a GPU
+    job writes them: the others' wait is inside the collective (``collective_ms``), but no blocking call
+    stalls, so it lands in their step time and none of it in their exposed wait."""
     for rank in range(ranks):
         rows: List[Dict[str, Any]] = []
         for step in range(steps):
             jitter = noise_ms * ((rank * 7 + step * 3) % 5 - 2) / 2  # deterministic, +-noise_ms
-            waits_for_peer = slowed is not None and rank != slowed
-            rows.append(record(rank, step, busy_ms=20.0 + (slow_ms if rank == slowed else 0.0),
-                               collective_ms=2.0 + jitter + (slow_ms if waits_for_peer else 0.0),
-                               world_size=ranks, engine=engine, host=f"node-{rank // 2}"))
+            waited = slow_ms if slowed is not None and rank != slowed else 0.0
+            busy = 20.0 + (slow_ms if rank == slowed else 0.0)
+            if overlapped:
+                row = record(rank, step, busy_ms=busy + waited, collective_ms=2.0, world_size=ranks, engine=engine,
+                             host=f"node-{rank // 2}")
+                rows.append(schema3(row, inside_ms=2.0 + jitter + waited))
+            else:
+                rows.append(record(rank, step, busy_ms=busy, collective_ms=2.0 + jitter + waited, world_size=ranks,
+                                   engine=engine, host=f"node-{rank // 2}"))
         write_records(directory, rank, rows, engine=engine)
 
 
@@ -87,3 +118,13 @@ def write_trace(path: Path, steps: Dict[int, float], *, rank: int = 0, world_siz
     header = json.dumps(head)[1:-1]
     body = '"traceEvents": [\n' + ",\n".join(json.dumps(e) for e in events) + "\n]"
     path.write_text("{" + (f"{header}, {body}" if header_first else f"{body}, {header}") + "}\n")
+
+
+def memory_run(directory: Path, ranks: int, steps: int, peak: Callable[[int, int], int], *, engine: str = "main",
+               **figures: Any) -> None:
+    """Schema 3 records of ``ranks`` x ``steps`` whose step peak (allocated bytes) is ``peak(rank, step)``;
+    ``figures``: the other :func:`schema3` arguments."""
+    for rank in range(ranks):
+        write_records(directory, rank, [schema3(record(rank, step, world_size=ranks, engine=engine,
+                                                       host=f"node-{rank // 2}"), peak_bytes=peak(rank, step),
+                                                **figures) for step in range(steps)], engine=engine)

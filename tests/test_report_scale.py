@@ -1,5 +1,6 @@
 """The report of 1024 ranks stays readable (summaries and the worst ranks, not 1024 rows) while its JSON
-holds every rank and step; the plot is drawn at 2 ranks and at 1024 (look at them: ``--basetemp``)."""
+holds every rank and step; the plot is drawn at 2 ranks and at 1024, with its memory panel for schema 3
+records (look at them: ``--basetemp``)."""
 import json
 
 import pytest
@@ -7,9 +8,10 @@ import pytest
 from ds_profutils.cli import main
 from ds_profutils.report import build_report, render_text
 
-from report_testing import slowed_run
+from report_testing import memory_run, slowed_run
 
 RANKS, STEPS, SLOWED = 1024, 12, 700
+HUNGRY, JUMP_STEP = 300, 6  # the rank whose peak jumps, and when
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +49,32 @@ def test_json_of_1024_ranks_is_complete(big_run, capsys):
     assert steps["straggler"] == [SLOWED] * STEPS
 
 
+def hungry_peak(rank, step):
+    return 2**30 + (rank % 7) * 2**20 + (2**28 if rank == HUNGRY and step >= JUMP_STEP else 0)
+
+
+@pytest.fixture(scope="module")
+def big_memory_run(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("memory_1024")
+    memory_run(directory, RANKS, STEPS, hungry_peak)
+    return directory
+
+
+def test_memory_of_1024_ranks_is_a_summary_in_text_and_complete_in_json(big_memory_run, capsys):
+    text = render_text(build_report(big_memory_run))
+    assert len(text.splitlines()) < 90
+    memory = text.split("\nMemory (")[1].split("\n\n")[0]
+    rows = [line.split()[0] for line in memory.splitlines() if line[:1].isdigit()]
+    assert rows == [str(HUNGRY), "6", "13", "20", "27", "34", "41", "0"]  # the highest peaks, then the lowest
+    assert f"Highest peak: rank {HUNGRY} (node-{HUNGRY // 2})" in memory
+    assert f"rank {HUNGRY} at step {JUMP_STEP}: 1.26 GiB (1.01 GiB before)" in " ".join(memory.split())
+    assert main(["report", str(big_memory_run), "--json"]) == 0
+    engine = json.loads(capsys.readouterr().out)["engines"]["main"]
+    assert len(engine["memory"]["ranks"]) == RANKS and engine["memory"]["highest_rank"] == HUNGRY
+    assert [(jump["rank"], jump["global_step"]) for jump in engine["memory"]["jumps"]] == [(HUNGRY, JUMP_STEP)]
+    assert len(engine["steps"]["peak_allocated_bytes"]) == RANKS
+
+
 @pytest.mark.parametrize("ranks", [2, RANKS])
 def test_plot_at_2_and_1024_ranks(ranks, big_run, tmp_path, capsys):
     pytest.importorskip("matplotlib")
@@ -60,3 +88,10 @@ def test_plot_at_2_and_1024_ranks(ranks, big_run, tmp_path, capsys):
         assert main(["report", str(directory), "--plot", str(png), "--plot-metric", metric]) == 0
         assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
         assert f"plot written to {png}" in capsys.readouterr().err
+
+
+def test_plot_with_memory_at_1024_ranks(big_memory_run, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "report_1024_memory.png"
+    assert main(["report", str(big_memory_run), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000

@@ -1,7 +1,8 @@
 """``ds-profutils report`` and ``timeline``: a run's per-rank fetch records and traces read back and explained.
 
 :mod:`.records` and :mod:`.traces` read the files, :mod:`.steps` joins them per step and finds the
-straggler, :mod:`.build` computes the tables, :mod:`.text`, :mod:`.jsonout` and :mod:`.plot` show
+straggler (tested against chance by :mod:`.chance`), :mod:`.memory` finds the memory peaks and jumps,
+:mod:`.build` computes the tables, :mod:`.text`, :mod:`.jsonout` and :mod:`.plot` show
 them, :mod:`.command` is the subcommand; :mod:`.timeline` merges the ranks' traces into one.
 Nothing here imports torch, DeepSpeed or pydantic; the file names come from :mod:`ds_profutils.outputs`.
 """

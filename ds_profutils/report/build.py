@@ -11,9 +11,10 @@ from statistics import median
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
+from .memory import memory_report
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
-from .steps import (HOST_MAX_SHARE, HOST_OVER_FAIR_SHARE, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_OVERALL_SHARE,
-                    STRAGGLER_STEP_SHARE, StepView, host_share_needed, is_straggler, step_view, straggler_rule)
+from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
+                    host_stragglers, is_straggler, step_view, straggler_rule)
 from .traces import TraceFormatError, summarize_trace
 
 __all__ = ["ReportError", "build_report"]
@@ -66,15 +67,22 @@ def _event_tables(files: Sequence[FileRecords]) -> Dict[str, Dict[str, Any]]:
 
 
 def _collective_table(files: Sequence[FileRecords]) -> Dict[str, Any]:
-    """Blocking deepspeed.comm collectives in train steps: count and time per rank, by operation."""
+    """deepspeed.comm collectives in train steps: count, time (inside the call) and, where the records say
+    (schema 3), the part of it that stalled the compute stream, per rank, by operation."""
     ops: Dict[str, Dict[int, List[float]]] = {}
     for records in files:
         for op, totals in records.collectives.items():
             ops.setdefault(op, {})[records.rank] = totals
-    return {op: {"count": _median_total(count for count, _ in per_rank.values()),
-                 "time_ms": _spread({rank: time_ms for rank, (_, time_ms) in per_rank.items()}),
-                 "per_rank": {rank: {"count": count, "time_ms": time_ms} for rank, (count, time_ms) in per_rank.items()}}
-            for op, per_rank in sorted(ops.items())}
+    table = {}
+    for op, per_rank in sorted(ops.items()):
+        exposed = {rank: exposed_ms for rank, (_, _, exposed_ms) in per_rank.items() if exposed_ms == exposed_ms}
+        table[op] = {"count": _median_total(count for count, _, _ in per_rank.values()),
+                     "time_ms": _spread({rank: time_ms for rank, (_, time_ms, _) in per_rank.items()}),
+                     "exposed_ms": _spread(exposed) if exposed else None,
+                     "per_rank": {rank: {"count": count, "time_ms": time_ms,
+                                         "exposed_ms": exposed_ms if exposed_ms == exposed_ms else None}
+                                  for rank, (count, time_ms, exposed_ms) in per_rank.items()}}
+    return table
 
 
 def _median_of(values: Iterable[float]) -> Optional[float]:
@@ -110,33 +118,28 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
             "fetch_wait_ms_median": _median_of(records.fetch_wait_ms),
             "collective_wait_ms_median": _median_of(records.collective_wait_ms),
             "exposed_wait_ms_median": _median_of(exposed),
+            "collective_ms_median": _median_of(records.collective_ms),
             "busy_ms_median": _median_of(step - wait for step, wait in zip(records.step_ms, exposed)),
             **_mean_split(records),
             "exposed_wait_share": sum(exposed) / total_step_ms if total_step_ms > 0 else None,
             "straggler_steps": view.straggler_steps.get(rank, 0),
             "attributed_wait_ms": view.attributed_ms.get(rank, 0.0),
             "waited_for_stragglers_ms": view.waited_ms.get(rank, 0.0),
+            "straggler_p_value": view.p_values.get(rank),
             "straggler": is_straggler(view, rank),
         }
     return table
 
 
 def _host_table(ranks_summary: Mapping[int, Mapping[str, Any]], view: StepView) -> Dict[str, Dict[str, Any]]:
-    """Per host, the steps whose straggler was one of its ranks, flagged by :func:`host_share_needed`.
-
-    A slow node slows all its ranks alike, so each step's least exposed wait falls on any one of them and
-    no single rank reaches half the steps; the host does.  Only with ranks on more than one host.
-    """
+    """Per host (only with ranks on more than one), its ranks and :func:`.steps.host_stragglers`' verdict."""
     hosts: Dict[str, List[int]] = {}
     for rank, row in ranks_summary.items():
         hosts.setdefault(row["host"], []).append(rank)
     if len(hosts) < 2:
         return {}
-    host_of = {rank: host for host, ranks in hosts.items() for rank in ranks}
-    counts = Counter(host_of[rank] for rank in view.straggler if rank is not None)
-    steps = len(view.global_steps)
-    return {host: {"ranks": sorted(ranks), "straggler_steps": counts[host],
-                   "straggler": steps > 0 and counts[host] >= host_share_needed(len(ranks), len(host_of)) * steps}
+    verdicts = host_stragglers(view, hosts)
+    return {host: {"ranks": sorted(ranks), **verdicts[host]}
             for host, ranks in sorted(hosts.items(), key=lambda item: min(item[1]))}
 
 
@@ -171,6 +174,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
     view = step_view(with_records, trace_steps)
     ranks_summary = _rank_table(with_records, view)
     hosts_summary = _host_table(ranks_summary, view)
+    ranks = len(view.ranks)
     return {
         "world_size": world,
         "recording_ranks": None if isinstance(recording, range) else list(recording),
@@ -179,12 +183,17 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "clocks": _sum_counts(records.clocks for records in files),
         "old_format_records": sum(records.old_format for records in files),
         "comms_logger_records": sum(records.comms_logger for records in files),
+        "straggler_figure": view.arrival,
+        "straggler_test": {"steps": view.tested_steps, "chance_per_step": 1 / ranks if ranks else None,
+                           "rank_level": STRAGGLER_LEVEL / ranks if ranks else None,
+                           "host_level": STRAGGLER_LEVEL / len(hosts_summary) if hosts_summary else None},
         "straggler_ranks": [rank for rank in view.ranks if is_straggler(view, rank)],
         "ranks_summary": ranks_summary,
         "straggler_hosts": [host for host, row in hosts_summary.items() if row["straggler"]],
         "hosts_summary": hosts_summary,
         "events": _event_tables(with_records),
         "collectives": _collective_table(with_records),
+        "memory": memory_report(with_records),
         "steps": view,
     }
 
@@ -299,10 +308,12 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
             hosts.setdefault(summary["host"], set()).add(rank)
     return {
         "directory": str(directory),
-        "straggler_rule": {"text": straggler_rule(), "min_spread_ms": STRAGGLER_MIN_SPREAD_MS,
+        "straggler_rule": {"text": straggler_rule(), "figure": list(ARRIVAL_FIGURES),
+                           "min_spread_ms": STRAGGLER_MIN_SPREAD_MS,
                            "min_spread_share_of_median_step": STRAGGLER_STEP_SHARE,
-                           "overall_share_of_steps": STRAGGLER_OVERALL_SHARE,
-                           "host_over_fair_share": HOST_OVER_FAIR_SHARE, "host_max_share": HOST_MAX_SHARE},
+                           "test": "one-sided exact binomial: straggler steps against 1/ranks per tested step "
+                                   "(a host: its share of the ranks)",
+                           "level": STRAGGLER_LEVEL, "rank_level": "level / ranks", "host_level": "level / hosts"},
         "hosts": {host: sorted(ranks) for host, ranks in sorted(hosts.items())},
         "incomplete": sorted(incomplete, key=lambda entry: (entry["kind"], entry["engine"] or "", entry["rank"])),
         "problems": [{"engine": records.engine, "rank": records.rank, "file": Path(records.path).name,

@@ -1,14 +1,16 @@
 """Reading one engine's per-rank fetch records: one pass per file, running totals, nothing raised.
 
 A 1024-rank job writes gigabytes of records, so each file is read once, line by line, with orjson,
-keeping running totals per event and collective and five numbers per global step: memory grows with
+keeping running totals per event and collective and seven numbers per global step: memory grows with
 ranks x steps, never with the size of a record.  Records of one global step (one per micro step
-with gradient accumulation) are added up.  A torn last line (a killed job) marks the file
+with gradient accumulation) are added up (their memory peaks: the largest).  A torn last line (a killed job) marks the file
 incomplete; a bad line is a problem of that file; both are skipped.  Large runs are read in parallel
 processes: parsing is the bottleneck.
 
-Records without ``"schema"`` come from an older ds_profutils: read best effort (the fetch wait from
-their events, no collective wait) and counted as such.
+Schema 3 adds the time inside collectives (``collective_ms``), memory peaks and ZeRO-3's live
+parameters, trace-cache invalidations and prefetch hits; schema 2 records lack them (NaN or None
+here).  Records without ``"schema"`` come from an older ds_profutils: read best effort (the fetch
+wait from their events, no collective wait) and counted as such.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import orjson
 
-__all__ = ["BYTES", "COUNT", "FETCH_WAIT_EVENTS", "MAX", "MIN", "NUMEL", "TIME", "FileRecords", "read_all", "read_records"]
+__all__ = ["BYTES", "COUNT", "FETCH_WAIT_EVENTS", "MAX", "MIN", "NUMEL", "TIME", "FileRecords", "read_all",
+           "read_records"]
 
 FETCH_WAIT_EVENTS = ("forward_fetch_wait", "backward_fetch_wait")
 _PROBLEMS_SHOWN = 5  # per file; the rest are counted
@@ -32,18 +35,24 @@ _PARALLEL_BYTES = 64 * 2**20  # below this, starting processes costs more than i
 # Event totals, one list per mode and event: count, numel, bytes (None once a record lacks them),
 # time_ms, min_ms, max_ms (inf and -inf until an event is timed).
 COUNT, NUMEL, BYTES, TIME, MIN, MAX = range(6)
-_INF = math.inf
+_INF, _NAN = math.inf, math.nan
+_NO_INSIDE = (_NAN, )  # a step's time inside collectives where the record lacks it (schema 2 or older)
+_NO_PEAKS = (_NAN, _NAN)  # a step's peak allocated and reserved bytes where the record has no memory figures
 
-# What is counted per record, as one key: mode, host, clock, old format, comms logger on.
-Kind = Tuple[str, str, str, bool, bool]
+# What is counted per record, as one key: mode, host, clock, old format, comms logger on, memory source
+# (None: no memory figures), time inside collectives recorded.
+Kind = Tuple[str, str, str, bool, bool, Optional[str], bool]
 
 
 @dataclass
 class FileRecords:
     """What one ``zero_fetch_*rank_{r}.jsonl`` says.
 
-    Per train global step (in file order): step time, fetch wait and blocking-collective wait, each
-    the sum over the step's records.  Totals per mode and event, and per collective over train records.
+    Per train global step (in file order): step time, fetch wait, blocking-collective wait and time inside
+    collectives, each the sum over the step's records; peak allocated and reserved bytes, the largest of
+    them.  Totals per mode and event, and per collective over train records.  Over every record: the most
+    live parameters, the trace-cache invalidations and the prefetch hits and waits (None until a record
+    has them).
     """
 
     engine: str
@@ -55,15 +64,25 @@ class FileRecords:
     kinds: Dict[Kind, int] = field(default_factory=dict)  # records of each kind
     events: Dict[str, Dict[str, List[Any]]] = field(default_factory=dict)  # mode -> event -> totals
     units: Dict[str, Optional[str]] = field(default_factory=dict)
-    collectives: Dict[str, List[float]] = field(default_factory=dict)  # op -> [count, time_ms]
+    collectives: Dict[str, List[float]] = field(default_factory=dict)  # op -> [count, time_ms, exposed_ms]
     global_steps: array = field(default_factory=lambda: array("q"))
     step_ms: array = field(default_factory=lambda: array("d"))
     fetch_wait_ms: array = field(default_factory=lambda: array("d"))
     collective_wait_ms: array = field(default_factory=lambda: array("d"))
+    collective_ms: array = field(default_factory=lambda: array("d"))  # NaN: not recorded (schema 2)
+    peak_allocated_bytes: array = field(default_factory=lambda: array("d"))  # NaN: no memory figures
+    peak_reserved_bytes: array = field(default_factory=lambda: array("d"))
+    peak_phase: Optional[str] = None  # the phase of the highest train peak (forward, backward, step)
+    live_params_max: Optional[int] = None
+    max_live_parameters: Optional[int] = None  # the engine's stage3_max_live_parameters, as last recorded
+    trace_cache_invalidations: Optional[int] = None
+    prefetch_hits: Optional[int] = None
+    prefetch_waited: Optional[int] = None
     problems: List[str] = field(default_factory=list)
     problem_count: int = 0
     torn: bool = False
     _recording_seen: Any = field(default=None, repr=False)  # the last recording_ranks list, as read
+    _peak_seen: float = field(default=-_INF, repr=False)  # the highest train record's peak allocated bytes
 
     def _count(self, index: int) -> Dict[Any, int]:
         counts: Dict[Any, int] = {}
@@ -95,6 +114,16 @@ class FileRecords:
         return self._count(4).get(True, 0)
 
     @property
+    def memory_sources(self) -> Dict[Optional[str], int]:
+        """Records per source of their memory figures ("allocator", "rss"; None: none recorded)."""
+        return self._count(5)
+
+    @property
+    def without_collective_ms(self) -> int:
+        """Train records without the time inside collectives (schema 2 or older)."""
+        return sum(records for kind, records in self.kinds.items() if kind[0] == "train" and not kind[6])
+
+    @property
     def complete_records(self) -> int:
         return sum(self.kinds.values())
 
@@ -119,34 +148,53 @@ class FileRecords:
                            entry["time_ms"] + 0.0, _INF if low is None else low + 0.0,
                            -_INF if high is None else high + 0.0, entry.get("numel_unit")))
         old = "schema" not in record
+        memory = record.get("memory")
+        inside = record.get("collective_ms")
+        phase = None
         if mode == "train":
             step = record["global_step"]
             if type(step) is not int:
                 raise TypeError(f"global_step {step!r}")
             if old:
                 times = (record["step_time_ms"] + 0.0, _fetch_wait(events), 0.0)
-                collectives: List[Tuple[str, int, float]] = []
+                collectives: List[Tuple[str, int, float, float]] = []
             else:
                 times = (record["step_time_ms"] + 0.0, record["fetch_wait_ms"] + 0.0,
                          record["collective_wait_ms"] + 0.0)
-                collectives = [(op, entry["count"] + 0, entry["time_ms"] + 0.0)
+                collectives = [(op, entry["count"] + 0, entry["time_ms"] + 0.0, entry.get("exposed_ms", _NAN) + 0.0)
                                for op, entry in record["collectives"].items()]
+            times += _NO_INSIDE if inside is None else (inside + 0.0, )
+            peaks = _NO_PEAKS if memory is None else (memory["peak_allocated_bytes"] + 0.0,
+                                                      memory["peak_reserved_bytes"] + 0.0)
+            if peaks[0] > self._peak_seen:
+                phase = _peak_phase(memory)
+        live, limit = record.get("live_params_max"), record.get("max_live_parameters")
+        invalidations = record.get("trace_cache_invalidations")
+        if live is not None or limit is not None or invalidations is not None:  # schema 3
+            live, limit, invalidations = (None if value is None else value + 0 for value in (live, limit, invalidations))
+        prefetch = record.get("prefetch")
+        if prefetch is not None:
+            prefetch = (prefetch["hits"] + 0, prefetch["waited"] + 0)
         world_size = record.get("world_size", 0) + 0
         recording = record.get("recording_ranks")
         changed = recording is not None and recording != self._recording_seen
         recording_ranks = tuple(int(rank) for rank in recording) if changed else None
         kind = (str(mode), str(record.get("host", "?")), "host (old format)" if old else str(record.get("clock", "host")),
-                old, record.get("comms_logger") is True)
+                old, record.get("comms_logger") is True, None if memory is None else str(memory["source"]),
+                inside is not None)
         # Nothing below raises for a record that got this far.
         if mode == "train":
-            self._add_step(step, times)
-            for op, count, time_ms in collectives:
+            self._add_step(step, times, peaks)
+            if peaks[0] > self._peak_seen:
+                self._peak_seen, self.peak_phase = peaks[0], phase
+            for op, count, time_ms, exposed_ms in collectives:
                 found = self.collectives.get(op)
                 if found is None:
-                    self.collectives[op] = [count, time_ms]
+                    self.collectives[op] = [count, time_ms, exposed_ms]
                 else:
                     found[0] += count
                     found[1] += time_ms
+                    found[2] += exposed_ms
         by_name = self.events.get(mode)
         if by_name is None:
             by_name = self.events[mode] = {}
@@ -163,6 +211,15 @@ class FileRecords:
                 totals[MIN] = low
             if high > totals[MAX]:
                 totals[MAX] = high
+        if live is not None and (self.live_params_max is None or live > self.live_params_max):
+            self.live_params_max = live
+        if limit is not None:
+            self.max_live_parameters = limit
+        if invalidations is not None:
+            self.trace_cache_invalidations = (self.trace_cache_invalidations or 0) + invalidations
+        if prefetch is not None:
+            self.prefetch_hits = (self.prefetch_hits or 0) + prefetch[0]
+            self.prefetch_waited = (self.prefetch_waited or 0) + prefetch[1]
         if world_size > self.world_size:
             self.world_size = world_size
         written = record.get("time")
@@ -172,20 +229,30 @@ class FileRecords:
             self.recording_ranks, self._recording_seen = recording_ranks, recording
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
 
-    def _add_step(self, step: int, times: Tuple[float, float, float]) -> None:
+    def _add_step(self, step: int, times: Tuple[float, ...], peaks: Tuple[float, float]) -> None:
         steps = self.global_steps
-        columns = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms)
+        summed = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms, self.collective_ms)
+        largest = (self.peak_allocated_bytes, self.peak_reserved_bytes)
         if steps and steps[-1] == step:  # another micro step of the same optimizer step
             index = len(steps) - 1
         elif steps and steps[-1] > step and step in steps:  # out of order: rare, so a scan is fine
             index = steps.index(step)
         else:
             steps.append(step)
-            for column, value in zip(columns, times):
+            for column, value in zip(summed + largest, times + peaks):
                 column.append(value)
             return
-        for column, value in zip(columns, times):
+        for column, value in zip(summed, times):
             column[index] += value
+        for column, value in zip(largest, peaks):
+            if value > column[index] or column[index] != column[index]:  # NaN: none before
+                column[index] = value
+
+
+def _peak_phase(memory: Mapping[str, Any]) -> Optional[str]:
+    """The phase (forward, backward, step) whose peak is the record's: where the memory went."""
+    phases = memory.get("phases") or {}
+    return max(phases, key=lambda name: phases[name] + 0) if phases else None
 
 
 def _fetch_wait(events: Mapping[str, Any]) -> float:

@@ -1,10 +1,20 @@
 """One engine's joined step view (per global step and rank) and the rank the others wait for.
 
-A rank slowed by anything outside the collectives (a data loader, a slow GPU, a sleep) does not wait:
-its peers do, inside the next blocking collective or fetch.  So the straggler is not the rank with
-the longest waits but the one with the *least* exposed wait in a step where the others waited
-noticeably longer; their excess over that minimum is the time it cost them.  This follows
-DeepSpeed's own comms straggler figure (latency minus the minimum across ranks).
+A rank slowed by anything outside the collectives (a data loader, a slow GPU, a sleep) arrives late at
+the step's collectives, and the others sit inside them until it comes.  So per step the rank with the
+*least* time inside the collectives arrived last: it is that step's straggler, and the others' excess
+over that minimum is the wait it caused (DeepSpeed's comms straggler figure: latency minus the minimum
+across ranks).  This names a rank slowed in backward too (the gradient collectives make every rank's step
+equally long, so step time cannot), and it holds for collectives overlapped on a side stream: schema 3's
+``collective_ms`` is the time inside every collective, stalling the compute stream or not.  Records
+without it (schema 2 or older) fall back to the exposed wait (fetch waits and blocking collectives).
+
+Overall, a rank is named when it was the step straggler more often than chance makes it: with no slow
+rank, each step's least time falls on any rank alike, 1/ranks.  A one-sided exact binomial test of its
+count against that, at ``STRAGGLER_LEVEL / ranks`` (the chance that a run with no slow rank names any
+rank is at most ``STRAGGLER_LEVEL``), decides; so two noisy ranks, each the step straggler about half the
+time, are not named in turn.  A host: the same test against its share of the ranks, at
+``STRAGGLER_LEVEL / hosts``.
 
 The view is kept as rank-major arrays of doubles (NaN where a rank has no record of a step), 8 bytes
 per rank, step and column, so 1024 ranks x 1000 steps stay in tens of MB.
@@ -13,42 +23,41 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from .chance import binomial_upper_tail
 from .records import FileRecords
 
-__all__ = ["HOST_MAX_SHARE", "HOST_OVER_FAIR_SHARE", "STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_OVERALL_SHARE",
-           "STRAGGLER_STEP_SHARE", "Matrix", "StepView", "host_share_needed", "is_straggler", "step_view",
-           "straggler_rule"]
+__all__ = ["ARRIVAL_FIGURES", "STRAGGLER_LEVEL", "STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_STEP_SHARE", "Matrix",
+           "StepView", "chance_p_value", "host_stragglers", "is_straggler", "step_view", "straggler_rule"]
 
 STRAGGLER_MIN_SPREAD_MS = 2.0
-"""A step has a straggler only when max - min exposed wait across ranks is at least this ..."""
+"""A step has a straggler only when max - min time inside its collectives across ranks is at least this ..."""
 STRAGGLER_STEP_SHARE = 0.10
 """... and at least this share of the step's median step time (noise is not a straggler)."""
-STRAGGLER_OVERALL_SHARE = 0.5
-"""A rank is flagged overall when it is the straggler in at least this share of the recorded train steps."""
-HOST_OVER_FAIR_SHARE = 1.5
-"""A host is flagged when its ranks are the step straggler this many times more often than its share of the
-ranks would make them by chance (at least ``STRAGGLER_OVERALL_SHARE`` of the steps, at most ``HOST_MAX_SHARE``)."""
-HOST_MAX_SHARE = 0.9
-
-
-def host_share_needed(host_ranks: int, ranks: int) -> float:
-    """The share of steps a host's ranks must be the straggler in for the host to be flagged: noise makes
-    each rank the step straggler by chance, so a host of half the ranks gets about half the steps."""
-    return max(STRAGGLER_OVERALL_SHARE, min(HOST_MAX_SHARE, HOST_OVER_FAIR_SHARE * host_ranks / ranks))
+STRAGGLER_LEVEL = 0.025
+"""The overall verdict's level, shared by the ranks (each is tested at ``STRAGGLER_LEVEL / ranks``).  The
+largest round level that names a rank which is the straggler of 9 of 10 steps of a 2-rank run
+(p = 11/1024 = 0.0107 <= 0.0125) and keeps the chance that a run without a slow rank names one under
+2.5% even when every step's spread clears the thresholds by jitter alone (the worst case)."""
+ARRIVAL_FIGURES = {"collective_ms": "time inside collectives", "exposed_wait_ms": "exposed wait"}
+"""The per-rank figures the step straggler is found by, best first, and their names in the text."""
 
 
 def straggler_rule() -> str:
-    """The rule in words, with its thresholds, as the report prints it."""
-    return (f"a step's straggler is the rank with the least exposed wait where the spread of exposed wait across "
-            f"ranks (max - min) is >= max({STRAGGLER_MIN_SPREAD_MS:g} ms, {STRAGGLER_STEP_SHARE:.0%} of the step's "
-            f"median step time); a rank is flagged STRAGGLER when it is the step straggler in >= "
-            f"{STRAGGLER_OVERALL_SHARE:.0%} of the recorded train steps; with ranks on several hosts, a host is "
-            f"flagged STRAGGLER HOST when its ranks are in >= {HOST_OVER_FAIR_SHARE:g}x its share of the ranks "
-            f"(at least {STRAGGLER_OVERALL_SHARE:.0%}, at most {HOST_MAX_SHARE:.0%}) of them")
+    """The rule in words, with its thresholds and level, as the report prints it."""
+    return (f"a step's straggler is the rank with the least time inside the step's collectives (collective_ms; "
+            f"records without it, schema 2 or older: the least exposed wait) where the spread across ranks "
+            f"(max - min) is >= max({STRAGGLER_MIN_SPREAD_MS:g} ms, {STRAGGLER_STEP_SHARE:.0%} of the step's median "
+            f"step time): it arrived last, and the others' excess is the wait it caused; a rank is flagged STRAGGLER "
+            f"when it is the step straggler more often than chance allows: a one-sided exact binomial test of its "
+            f"count against 1/ranks per recorded train step, p <= {STRAGGLER_LEVEL:.1%} / ranks (so a run with no "
+            f"slow rank names one in at most {STRAGGLER_LEVEL:.1%} of runs); with ranks on several hosts, a host is "
+            f"flagged STRAGGLER HOST by the same test against its share of the ranks, p <= "
+            f"{STRAGGLER_LEVEL:.1%} / hosts")
 
 
 class Matrix:
@@ -77,7 +86,8 @@ class Matrix:
 @dataclass
 class StepView:
     """Per global step and rank: step time, fetch wait, other exposed (blocking collective) wait, exposed
-    wait, busy time (step time - exposed wait) and the trace's step time; per step the straggler."""
+    wait, busy time (step time - exposed wait), time inside collectives, the trace's step time and the
+    peak allocated bytes; per step the straggler, found by ``arrival`` (a key of ``ARRIVAL_FIGURES``)."""
 
     global_steps: List[int]
     ranks: List[int]
@@ -86,18 +96,24 @@ class StepView:
     collective_wait_ms: Matrix
     exposed_wait_ms: Matrix
     busy_ms: Matrix
+    collective_ms: Matrix
     trace_step_ms: Matrix
+    peak_allocated_bytes: Matrix
+    arrival: str = "collective_ms"
     straggler: List[Optional[int]] = field(default_factory=list)
     spread_ms: List[Optional[float]] = field(default_factory=list)
     threshold_ms: List[Optional[float]] = field(default_factory=list)
     straggler_steps: Dict[int, int] = field(default_factory=dict)
     attributed_ms: Dict[int, float] = field(default_factory=dict)  # others' excess wait in its straggler steps
     waited_ms: Dict[int, float] = field(default_factory=dict)  # its own excess wait in others' straggler steps
+    tested_steps: int = 0  # steps with at least two ranks: those that could have a straggler
+    p_values: Dict[int, float] = field(default_factory=dict)  # by chance: its straggler steps or more
 
     def columns(self) -> Dict[str, Matrix]:
         return {"step_ms": self.step_ms, "fetch_wait_ms": self.fetch_wait_ms,
                 "collective_wait_ms": self.collective_wait_ms, "exposed_wait_ms": self.exposed_wait_ms,
-                "busy_ms": self.busy_ms, "trace_step_ms": self.trace_step_ms}
+                "busy_ms": self.busy_ms, "collective_ms": self.collective_ms, "trace_step_ms": self.trace_step_ms,
+                "peak_allocated_bytes": self.peak_allocated_bytes}
 
 
 def _fill(matrix: Matrix, rank_index: int, positions: Optional[Sequence[int]], values: array) -> None:
@@ -119,14 +135,18 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
     everything = array("q", all_steps)
     index = {step: position for position, step in enumerate(all_steps)}
     ranks, steps = len(files), len(all_steps)
-    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(6)))
+    # Arrival from the time inside collectives only where every rank recorded it in every step.
+    arrival = "exposed_wait_ms" if any(f.without_collective_ms for f in files) else "collective_ms"
+    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(8)), arrival=arrival)
     for rank_index, records in enumerate(files):
         positions = None if records.global_steps == everything else [index[s] for s in records.global_steps]
         exposed = array("d", map(float.__add__, records.fetch_wait_ms, records.collective_wait_ms))
         busy = array("d", map(float.__sub__, records.step_ms, exposed))
         for matrix, values in ((view.step_ms, records.step_ms), (view.fetch_wait_ms, records.fetch_wait_ms),
                                (view.collective_wait_ms, records.collective_wait_ms),
-                               (view.exposed_wait_ms, exposed), (view.busy_ms, busy)):
+                               (view.exposed_wait_ms, exposed), (view.busy_ms, busy),
+                               (view.collective_ms, records.collective_ms),
+                               (view.peak_allocated_bytes, records.peak_allocated_bytes)):
             _fill(matrix, rank_index, positions, values)
         for step, ms in trace_steps.get(records.rank, {}).items():
             if step in index:
@@ -136,18 +156,21 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
 
 
 def _find_stragglers(view: StepView) -> None:
-    """Per step, the straggler (if the spread clears the threshold), and who it cost what."""
+    """Per step, the straggler (if the spread clears the threshold), and who it cost what; per rank, the
+    chance of being the step straggler that often with no slow rank."""
     attributed = [0.0] * len(view.ranks)
     waited = [0.0] * len(view.ranks)
     counts = [0] * len(view.ranks)
+    arrival = getattr(view, view.arrival)
     for step_index in range(len(view.global_steps)):
-        exposed = view.exposed_wait_ms.step_column(step_index)
-        present = [(value, rank_index) for rank_index, value in enumerate(exposed) if value == value]
+        inside = arrival.step_column(step_index)
+        present = [(value, rank_index) for rank_index, value in enumerate(inside) if value == value]
         if len(present) < 2:
             view.straggler.append(None)
             view.spread_ms.append(None)
             view.threshold_ms.append(None)
             continue
+        view.tested_steps += 1
         least, least_rank = min(present)
         spread = max(present)[0] - least
         step_times = [value for value in view.step_ms.step_column(step_index) if value == value]
@@ -165,9 +188,34 @@ def _find_stragglers(view: StepView) -> None:
     view.straggler_steps = dict(zip(view.ranks, counts))
     view.attributed_ms = dict(zip(view.ranks, attributed))
     view.waited_ms = dict(zip(view.ranks, waited))
+    view.p_values = {rank: chance_p_value(view, count, 1 / len(view.ranks)) for rank, count in zip(view.ranks, counts)}
+
+
+def chance_p_value(view: StepView, count: int, share: float) -> float:
+    """The chance that ranks holding ``share`` of the ranks are the straggler of ``count`` or more of the
+    view's tested steps when the stragglers fall on the ranks at random."""
+    return binomial_upper_tail(count, view.tested_steps, share)
 
 
 def is_straggler(view: StepView, rank: int) -> bool:
-    """Flagged overall: the step straggler in at least half (``STRAGGLER_OVERALL_SHARE``) of the train steps."""
-    steps = len(view.global_steps)
-    return steps > 0 and view.straggler_steps.get(rank, 0) >= STRAGGLER_OVERALL_SHARE * steps
+    """Flagged overall: the step straggler more often than chance allows (``STRAGGLER_LEVEL`` over the ranks)."""
+    return rank in view.p_values and view.p_values[rank] <= STRAGGLER_LEVEL / len(view.ranks)
+
+
+def host_stragglers(view: StepView, hosts: Mapping[str, Sequence[int]]) -> Dict[str, Dict[str, Any]]:
+    """Per host (``{host: its ranks}``), the steps whose straggler was one of its ranks, the chance of that many
+    with its share of the ranks, and whether that is under ``STRAGGLER_LEVEL / hosts``.
+
+    A slow node slows all its ranks alike, so each step's least time inside the collectives falls on any one
+    of them and no single rank stands out; the host does.
+    """
+    host_of = {rank: host for host, ranks in hosts.items() for rank in ranks}
+    counts = Counter(host_of.get(rank) for rank in view.straggler if rank is not None)
+    stepping = set(view.ranks)  # ranks with train steps: those a step's straggler is drawn from
+    verdicts = {}
+    for host, ranks in hosts.items():
+        p_value = chance_p_value(view, counts[host], len(stepping.intersection(ranks)) / len(stepping)
+                                 if stepping else 0.0)
+        verdicts[host] = {"straggler_steps": counts[host], "straggler_p_value": p_value,
+                          "straggler": p_value <= STRAGGLER_LEVEL / len(hosts)}
+    return verdicts

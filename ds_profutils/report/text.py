@@ -10,7 +10,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .steps import StepView
+from .steps import ARRIVAL_FIGURES, StepView
 
 __all__ = ["rank_ranges", "render_text"]
 
@@ -106,31 +106,42 @@ def _engine_header(name: str, engine: Mapping[str, Any]) -> List[str]:
     return lines
 
 
+def _chance(p_value: float, level: float) -> str:
+    """How a verdict's binomial test came out, in a few words."""
+    return f"p = {p_value:.2g} by chance, named at <= {level:.3g}"
+
+
 def _stragglers(engine: Mapping[str, Any]) -> List[str]:
-    summary, view = engine["ranks_summary"], engine["steps"]
-    steps = len(view.global_steps)
-    if not steps:
+    summary, view, test = engine["ranks_summary"], engine["steps"], engine["straggler_test"]
+    if not view.global_steps:
         return ["No train steps recorded."]
+    steps = view.tested_steps
     named = engine["straggler_ranks"]
     lines = []
+    if view.arrival != "collective_ms":
+        lines += _wrap("The records carry no time inside collectives (schema 2 or older): the step straggler is the "
+                       "rank with the least exposed wait (fetch waits and blocking collectives), which misses a rank "
+                       "slowed while the collectives overlap on a side stream.")
     for rank in named:
         row = summary[rank]
         lines += _wrap(f"STRAGGLER: rank {rank} ({row['host']}) held the others back in {row['straggler_steps']} of "
-                       f"{steps} steps; their waiting beyond its own in those steps: {row['attributed_wait_ms']:,.1f} ms")
+                       f"{steps} steps ({_chance(row['straggler_p_value'], test['rank_level'])}); their waiting "
+                       f"beyond its own in those steps: {row['attributed_wait_ms']:,.1f} ms")
     hosts = engine["hosts_summary"]
     if not named:
         occasional = sorted((rank for rank, row in summary.items() if row["straggler_steps"]),
                             key=lambda rank: -summary[rank]["straggler_steps"])
         detail = ", ".join(f"rank {rank} in {summary[rank]['straggler_steps']}" for rank in occasional[:5])
-        lines += _wrap(f"No straggler{' rank' if engine['straggler_hosts'] else ''}: no rank held the others back "
-                       f"in at least half of the {steps} steps"
+        lines += _wrap(f"No straggler{' rank' if engine['straggler_hosts'] else ''}: no rank was the step straggler "
+                       f"more often than chance allows in the {steps} steps"
                        + (f" (step stragglers: {detail}{', ...' if len(occasional) > 5 else ''})." if detail else "."))
     for host in engine["straggler_hosts"]:
         row = hosts[host]
-        if set(row["ranks"]) & set(named):
-            continue  # a rank of it is named: that says it
+        if row["straggler_steps"] == sum(summary[rank]["straggler_steps"] for rank in set(row["ranks"]) & set(named)):
+            continue  # its named ranks were all of its straggler steps: naming them says it
         lines += _wrap(f"STRAGGLER HOST: {host} (ranks {rank_ranges(row['ranks'])}) held the others back in "
-                       f"{row['straggler_steps']} of {steps} steps: their straggler was one of its ranks")
+                       f"{row['straggler_steps']} of {steps} steps: their straggler was one of its ranks "
+                       f"({_chance(row['straggler_p_value'], test['host_level'])})")
     return lines
 
 
@@ -140,17 +151,24 @@ def _worst_ranks(summary: Mapping[int, Mapping[str, Any]], limit: int) -> List[i
                                              -(summary[rank]["busy_ms_median"] or 0.0), rank))[:limit]
 
 
-_RANK_COLUMNS = ("step_ms_median", "fetch_wait_ms_median", "collective_wait_ms_median", "exposed_wait_ms_median",
-                 "busy_ms_median")
+_RANK_COLUMNS = {"step_ms_median": "step ms", "fetch_wait_ms_median": "fetch wait",
+                 "collective_wait_ms_median": "collective wait", "exposed_wait_ms_median": "exposed wait",
+                 "collective_ms_median": "in collectives", "busy_ms_median": "busy"}
+
+
+def _rank_columns(view: StepView) -> List[str]:
+    """The per-rank medians shown: the time inside collectives only where the records carry it."""
+    return [column for column in _RANK_COLUMNS if column != "collective_ms_median" or view.arrival == "collective_ms"]
 
 
 def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
     summary = engine["ranks_summary"]
-    headers = ("rank", "host", "steps", "step ms", "fetch wait", "collective wait", "exposed wait", "busy",
-               "exposed share", "straggler steps", "others' wait ms", "")
+    columns = _rank_columns(engine["steps"])
+    headers = ("rank", "host", "steps", *(_RANK_COLUMNS[column] for column in columns), "exposed share",
+               "straggler steps", "others' wait ms", "")
     shown = sorted(summary) if len(summary) <= limit else _worst_ranks(summary, limit)
     rows: List[Tuple[Any, ...]] = [
-        (rank, row["host"], row["steps"], *(row[column] for column in _RANK_COLUMNS),
+        (rank, row["host"], row["steps"], *(row[column] for column in columns),
          _percent(row["exposed_wait_share"]), row["straggler_steps"], row["attributed_wait_ms"],
          "STRAGGLER" if row["straggler"] else "") for rank, row in ((rank, summary[rank]) for rank in shown)]
     note = ""
@@ -158,10 +176,11 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
         note = (f"; {limit} of {len(summary)} ranks shown: those that held the others back most, then the busiest "
                 "(every rank: --json)")
         for label, pick in (("min", min), ("median", median), ("max", max)):
-            rows.append((f"{label} of all", "", None, *(_over_ranks(summary, column, pick) for column in _RANK_COLUMNS),
+            rows.append((f"{label} of all", "", None, *(_over_ranks(summary, column, pick) for column in columns),
                          None, None, None, ""))
+    inside = "; in collectives = time inside them, waiting for late peers included" if len(columns) > 5 else ""
     return ["", *_wrap(f"Ranks (median per train step, ms; exposed wait = fetch wait + blocking collectives; busy = "
-                       f"step - exposed; others' wait = what the ranks waited beyond this one in its straggler "
+                       f"step - exposed{inside}; others' wait = what the ranks waited beyond this one in its straggler "
                        f"steps){note}:"), *_table(headers, rows)]
 
 
@@ -175,7 +194,12 @@ def _steps_shown(view: StepView, limit: int) -> Tuple[List[int], str]:
     if count <= limit:
         return list(range(count)), ""
     by_spread = sorted(range(count), key=lambda index: -(view.spread_ms[index] or 0.0))[:limit]
-    return sorted(by_spread), f" ({limit} of {count} steps: the largest spread of exposed wait)"
+    return sorted(by_spread), f" ({limit} of {count} steps: the largest spread of {ARRIVAL_FIGURES[view.arrival]})"
+
+
+_STEP_COLUMNS = {"step_ms": "step ms", "fetch_wait_ms": "fetch wait", "collective_wait_ms": "collective wait",
+                 "exposed_wait_ms": "exposed wait", "collective_ms": "in collectives", "busy_ms": "busy",
+                 "trace_step_ms": "trace step ms"}
 
 
 def _steps(view: StepView, limit: int, max_ranks: int) -> List[str]:
@@ -184,12 +208,12 @@ def _steps(view: StepView, limit: int, max_ranks: int) -> List[str]:
     if not shown:
         return []
     if len(view.ranks) <= max_ranks:
-        headers = ("step", "rank", "step ms", "fetch wait", "collective wait", "exposed wait", "busy",
-                   "trace step ms", "")
+        names = [name for name in _STEP_COLUMNS if name != "collective_ms" or view.arrival == "collective_ms"]
+        matrices = [getattr(view, name) for name in names]
         rows = []
         for index in shown:
             for rank_index, rank in enumerate(view.ranks):
-                values = [matrix.get(rank_index, index) for matrix in view.columns().values()]
+                values = [matrix.get(rank_index, index) for matrix in matrices]
                 if values[0] is None:
                     continue
                 rows.append((view.global_steps[index], rank, *values,
@@ -197,16 +221,20 @@ def _steps(view: StepView, limit: int, max_ranks: int) -> List[str]:
         legend = ("step ms: forward start to the end of engine.step(); trace step ms: the trace's ProfilerStep#N, "
                   "from one step_profiler() call to the next, so it also holds data loading and whatever the loop "
                   "does between steps")
+        headers = ("step", "rank", *(_STEP_COLUMNS[name] for name in names), "")
         return ["", f"Steps (per global step and rank, ms){note}:", *_wrap(legend), *_table(headers, rows)]
-    headers = ("step", "ranks", "step ms median", "exposed wait min", "median", "max", "busy median", "straggler")
+    figure = ARRIVAL_FIGURES[view.arrival]
+    arrival = getattr(view, view.arrival)
+    headers = ("step", "ranks", "step ms median", f"{figure} min", "median", "max", "busy median", "straggler")
     rows = []
     for index in shown:
-        exposed = [value for value in view.exposed_wait_ms.step_column(index) if value == value]
+        inside = [value for value in arrival.step_column(index) if value == value]
         step_ms = [value for value in view.step_ms.step_column(index) if value == value]
         busy = [value for value in view.busy_ms.step_column(index) if value == value]
         straggler = view.straggler[index]
-        rows.append((view.global_steps[index], len(exposed), median(step_ms), min(exposed), median(exposed),
-                     max(exposed), median(busy), "-" if straggler is None else f"rank {straggler}"))
+        rows.append((view.global_steps[index], len(step_ms), median(step_ms), min(inside, default=None),
+                     median(inside) if inside else None, max(inside, default=None), median(busy),
+                     "-" if straggler is None else f"rank {straggler}"))
     return ["", f"Steps (across ranks, ms){note}:", *_table(headers, rows)]
 
 
@@ -219,12 +247,88 @@ def _events(engine: Mapping[str, Any]) -> List[str]:
                         [(name, row["numel_unit"], row["count"], row["numel"], row["bytes"], row["time_ms"]["min"],
                           row["time_ms"]["median"], row["time_ms"]["max"], f"rank {row['time_ms']['max_rank']}")
                          for name, row in events.items()])
-    if engine["collectives"]:
-        lines += ["", "Blocking collectives (train steps; totals per rank, median across ranks):"]
-        lines += _table(("collective", "count", "time ms min", "median", "max", "max at"),
-                        [(op, row["count"], row["time_ms"]["min"], row["time_ms"]["median"], row["time_ms"]["max"],
-                          f"rank {row['time_ms']['max_rank']}") for op, row in engine["collectives"].items()])
+    collectives = engine["collectives"]
+    if not collectives:
+        return lines
+    exposed = any(row["exposed_ms"] is not None for row in collectives.values())  # schema 3: every collective
+    lines += ["", *_wrap("Collectives (train steps; totals per rank, median across ranks; time inside the call, "
+                         "waiting for late peers included; exposed: the part that stalled the compute stream):"
+                         if exposed else "Blocking collectives (train steps; totals per rank, median across ranks):")]
+    lines += _table(("collective", "count", "time ms min", "median", "max", "max at",
+                     *(("exposed ms median", ) if exposed else ())),
+                    [(op, row["count"], row["time_ms"]["min"], row["time_ms"]["median"], row["time_ms"]["max"],
+                      f"rank {row['time_ms']['max_rank']}", *(((row["exposed_ms"] or {}).get("median"), ) if exposed else ()))
+                     for op, row in collectives.items()])
     return lines
+
+
+def _size(value: Optional[float]) -> Optional[str]:
+    """Bytes in binary units: ``812.00 MiB``, ``1.50 GiB``."""
+    if value is None:
+        return None
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:,.2f} {unit}"
+    return f"{int(value)} B"
+
+
+_MEMORY_SOURCES = {
+    "allocator": "the accelerator's allocator",
+    "rss": "RSS, the process's resident set size (a CPU run: DeepSpeed's CPU accelerator reports it, sampled at phase "
+           "boundaries; it counts everything the process holds, not only tensors)",
+}
+_MEMORY_COLUMNS = (  # key, header, how a value is shown
+    ("peak_allocated_bytes", "peak allocated", _size), ("peak_step", "at step", None), ("peak_phase", "phase", None),
+    ("median_peak_allocated_bytes", "median peak", _size), ("peak_reserved_bytes", "peak reserved", _size),
+    ("median_peak_reserved_bytes", "median reserved", _size), ("live_params_max", "live params max", None),
+    ("max_live_parameters", "limit", None), ("live_params_share", "of limit", _percent),
+    ("trace_cache_invalidations", "trace-cache invalidations", None), ("prefetch_hit_rate", "prefetch hits", _percent),
+    ("jumps", "jumps", None),
+)
+_JUMPS_SHOWN = 10
+
+
+def _memory(engine: Mapping[str, Any], limit: int) -> List[str]:
+    """Per rank the step peaks, live parameters against their limit, cache and prefetch figures; the highest
+    rank, the imbalance and the jumps.  Beyond ``limit`` ranks, the highest peaks and the lowest."""
+    memory = engine["memory"]
+    if memory is None:
+        return ["", "Memory: the records carry no memory figures (schema 2 or older, or memory figures were off)."]
+    ranks, hosts = memory["ranks"], engine["ranks_summary"]
+    sources = "; ".join(f"{_MEMORY_SOURCES.get(source, source)}: {_counted(count, 'record')}"
+                        for source, count in memory["sources"].items()) or "none"
+    columns = [(key, header, show) for key, header, show in _MEMORY_COLUMNS
+               if key == "jumps" or any(row[key] is not None for row in ranks.values())]
+    shown = sorted(ranks)
+    note = ""
+    if len(ranks) > limit:
+        lowest = memory["lowest_rank"]
+        by_peak = sorted((rank for rank in ranks if rank != lowest),
+                         key=lambda rank: (-(ranks[rank]["peak_allocated_bytes"] or 0), rank))
+        shown = by_peak[:limit - 1] + ([lowest] if lowest is not None else by_peak[limit - 1:limit])
+        note = f"; {limit} of {len(ranks)} ranks shown: the highest peaks, then the lowest"
+    lines = ["", *_wrap(f"Memory (train steps: per rank the highest step peak, the step and phase it was in, and the "
+                        f"median step peak; ZeRO-3's most live parameter elements against stage3_max_live_parameters; "
+                        f"memory from {sources}){note}:")]
+    lines += _table(("rank", "host", *(header for _, header, _ in columns)),
+                    [(rank, hosts[rank]["host"], *(ranks[rank][key] if show is None else show(ranks[rank][key])
+                                                   for key, _, show in columns)) for rank in shown])
+    highest, lowest = memory["highest_rank"], memory["lowest_rank"]
+    if highest is not None:
+        top = ranks[highest]
+        phase = f" ({top['peak_phase']})" if top["peak_phase"] else ""
+        imbalance = "-" if memory["imbalance"] is None else f"{memory['imbalance']:.2f}x"
+        lines += _wrap(f"Highest peak: rank {highest} ({hosts[highest]['host']}), {_size(top['peak_allocated_bytes'])} "
+                       f"at step {top['peak_step']}{phase}; imbalance {imbalance} (highest over lowest peak: rank "
+                       f"{lowest}, {_size(ranks[lowest]['peak_allocated_bytes'])}).")
+    rule = memory["jump_rule"]["text"]
+    if not memory["jump_count"]:
+        return lines + _wrap(f"No jumps ({rule}).")
+    jumps = memory["jumps"]
+    listed = "; ".join(f"rank {jump['rank']} at step {jump['global_step']}: {_size(jump['peak_allocated_bytes'])} "
+                       f"({_size(jump['baseline_bytes'])} before)" for jump in jumps[:_JUMPS_SHOWN])
+    more = memory["jump_count"] - min(len(jumps), _JUMPS_SHOWN)
+    return lines + _wrap(f"JUMPS ({rule}): {listed}" + (f"; ... {more:,} more (--json)" if more else "") + ".")
 
 
 def _traces(traces: Mapping[int, Mapping[str, Any]], limit: int) -> List[str]:
@@ -261,6 +365,7 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int =
         if engine["ranks_summary"]:
             lines += _ranks(engine, max_ranks)
             lines += _steps(engine["steps"], max_steps, max_ranks)
+            lines += _memory(engine, max_ranks)
         lines += _events(engine)
     joined = report["trace_steps_joined_to"]
     if joined is not None:
