@@ -479,6 +479,19 @@ def test_real_engine_memory_held_from_a_step_on_shows_in_that_steps_peaks(zero3_
     assert after - before < 0.9 * 256 * 2**20 or rank == 1
 
 
+def test_real_engine_report_names_the_rank_that_keeps_more_memory(zero3_run):
+    """Issue 19: rank 1 keeps 256 MB from global step 3 on: the report's highest peak, an imbalance above 1,
+    and a jump on rank 1 at step 3; live parameters within the model, lower with the smaller limit."""
+    report = build_report(zero3_run.out / "records")
+    memory = report["engines"]["memory"]["memory"]
+    assert memory["highest_rank"] == 1 and memory["imbalance"] > 1
+    assert {(jump["rank"], jump["global_step"]) for jump in memory["jumps"]} == {(1, 3)}
+    total = zero3_run.expected[0]["total_numel"]
+    main, limited = report["engines"]["main"]["memory"], report["engines"]["limited"]["memory"]
+    for rank in RANKS:
+        assert 0 < limited["ranks"][rank]["live_params_max"] < main["ranks"][rank]["live_params_max"] <= total
+
+
 @pytest.mark.parametrize("rank", RANKS)
 def test_real_engine_attached_again_appends_and_close_gives_everything_back(zero3_run, rank):
     expected = zero3_run.expected[rank]["phases"]
