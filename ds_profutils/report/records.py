@@ -60,6 +60,7 @@ class FileRecords:
     step_ms: array = field(default_factory=lambda: array("d"))
     fetch_wait_ms: array = field(default_factory=lambda: array("d"))
     collective_wait_ms: array = field(default_factory=lambda: array("d"))
+    peak_allocated_bytes: array = field(default_factory=lambda: array("d"))  # NaN: no "memory" in the records
     problems: List[str] = field(default_factory=list)
     problem_count: int = 0
     torn: bool = False
@@ -123,6 +124,8 @@ class FileRecords:
             step = record["global_step"]
             if type(step) is not int:
                 raise TypeError(f"global_step {step!r}")
+            memory = record.get("memory")
+            peak = math.nan if memory is None else memory["peak_allocated_bytes"] + 0.0
             if old:
                 times = (record["step_time_ms"] + 0.0, _fetch_wait(events), 0.0)
                 collectives: List[Tuple[str, int, float]] = []
@@ -139,7 +142,7 @@ class FileRecords:
                 old, record.get("comms_logger") is True)
         # Nothing below raises for a record that got this far.
         if mode == "train":
-            self._add_step(step, times)
+            self._add_step(step, times, peak)
             for op, count, time_ms in collectives:
                 found = self.collectives.get(op)
                 if found is None:
@@ -172,7 +175,8 @@ class FileRecords:
             self.recording_ranks, self._recording_seen = recording_ranks, recording
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
 
-    def _add_step(self, step: int, times: Tuple[float, float, float]) -> None:
+    def _add_step(self, step: int, times: Tuple[float, float, float], peak: float) -> None:
+        """Times of a step's records add up; its memory peak is the highest of them."""
         steps = self.global_steps
         columns = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms)
         if steps and steps[-1] == step:  # another micro step of the same optimizer step
@@ -183,9 +187,12 @@ class FileRecords:
             steps.append(step)
             for column, value in zip(columns, times):
                 column.append(value)
+            self.peak_allocated_bytes.append(peak)
             return
         for column, value in zip(columns, times):
             column[index] += value
+        if peak == peak and not self.peak_allocated_bytes[index] >= peak:  # NaN (no memory) never wins
+            self.peak_allocated_bytes[index] = peak
 
 
 def _fetch_wait(events: Mapping[str, Any]) -> float:

@@ -87,6 +87,7 @@ class StepView:
     exposed_wait_ms: Matrix
     busy_ms: Matrix
     trace_step_ms: Matrix
+    peak_allocated_bytes: Matrix  # NaN where the records carry no "memory"
     straggler: List[Optional[int]] = field(default_factory=list)
     spread_ms: List[Optional[float]] = field(default_factory=list)
     threshold_ms: List[Optional[float]] = field(default_factory=list)
@@ -119,14 +120,15 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
     everything = array("q", all_steps)
     index = {step: position for position, step in enumerate(all_steps)}
     ranks, steps = len(files), len(all_steps)
-    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(6)))
+    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(7)))
     for rank_index, records in enumerate(files):
         positions = None if records.global_steps == everything else [index[s] for s in records.global_steps]
         exposed = array("d", map(float.__add__, records.fetch_wait_ms, records.collective_wait_ms))
         busy = array("d", map(float.__sub__, records.step_ms, exposed))
         for matrix, values in ((view.step_ms, records.step_ms), (view.fetch_wait_ms, records.fetch_wait_ms),
                                (view.collective_wait_ms, records.collective_wait_ms),
-                               (view.exposed_wait_ms, exposed), (view.busy_ms, busy)):
+                               (view.exposed_wait_ms, exposed), (view.busy_ms, busy),
+                               (view.peak_allocated_bytes, records.peak_allocated_bytes)):
             _fill(matrix, rank_index, positions, values)
         for step, ms in trace_steps.get(records.rank, {}).items():
             if step in index:
