@@ -58,10 +58,9 @@ def plot_diff(diff: Mapping[str, Any], path: Path) -> None:
     for (name, engine), (series, parts) in zip(engines.items(), panels):
         step_ms = engine["step_ms"]
         verdict = "beyond noise" if step_ms["significant"] else "no significant change"
-        series.set_title(f"engine {name}: median step {step_ms['base']:.2f} -> {step_ms['new']:.2f} ms "
-                         f"({verdict}, p = {step_ms['p_value']:.2g})" if step_ms["p_value"] is not None else
-                         f"engine {name}: median step {step_ms['base']:.2f} -> {step_ms['new']:.2f} ms (too few steps "
-                         "to test)", loc="left", fontsize="medium")
+        tested = "too few steps to test" if step_ms["p_value"] is None else f"p = {step_ms['p_value']:.2g}"
+        series.set_title(f"engine {name}: median step {step_ms['base']:.2f} -> {step_ms['new']:.2f} ms ({verdict}, "
+                         f"{tested})", loc="left", fontsize="medium")
         _series(series, engine)
         _parts(parts, engine)
     figure.suptitle(f"ds-profutils diff: BASE {diff['base']['directory']} -> NEW {diff['new']['directory']}")

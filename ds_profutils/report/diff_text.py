@@ -5,6 +5,7 @@ most; ``--json`` has every number.
 """
 from __future__ import annotations
 
+from statistics import median
 from typing import Any, List, Mapping, Optional, Sequence
 
 from .diff_summary import PARTS
@@ -18,7 +19,8 @@ _LABELS = {"step_ms": "step time", "busy_ms": "  busy", "fetch_wait_ms": "  fetc
 
 
 def _signed(value: Optional[float], scale: float = 1.0) -> Optional[str]:
-    return None if value is None else f"{value / scale:+.3f}"
+    """``+1.250``; a change that rounds to nothing is ``+0.000``, never ``-0.000``."""
+    return None if value is None else f"{round(value / scale, 3) or 0.0:+.3f}"
 
 
 def _percent(ratio: Optional[float]) -> Optional[str]:
@@ -81,28 +83,48 @@ def _straggler(engine: Mapping[str, Any]) -> List[str]:
     return _wrap("Straggler (the report's verdict): " + "; ".join(said))
 
 
-def _rank_change(row: Mapping[str, Any]) -> float:
-    return max(abs(row["change"][name] or 0.0) for name in ("step_ms", *PARTS))
+_RANK_COLUMNS = ("step_ms", *PARTS)
+
+
+def _typical(ranks: Mapping[int, Mapping[str, Any]], column: str) -> Optional[float]:
+    """The median change of ``column`` across ranks."""
+    changes = [row["change"][column] for row in ranks.values() if row["change"][column] is not None]
+    return median(changes) if changes else None
 
 
 def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
+    """Every rank up to ``limit``; beyond, those whose change differs most from the typical rank's (a slowed
+    rank got busier where all the others waited), and the median change of all ranks."""
     ranks = engine["ranks"]
     if not ranks:
         return []
-    shown = sorted(ranks) if len(ranks) <= limit else sorted(sorted(ranks, key=lambda r: -_rank_change(ranks[r]))[:limit])
     memory = "peak_allocated_bytes" in engine["parts"]
+    columns = _RANK_COLUMNS + (("peak_allocated_bytes",) if memory else ())
+    typical = {column: _typical(ranks, column) for column in columns}
+
+    def apart(rank: int) -> float:
+        return max(abs(ranks[rank]["change"][column] - typical[column]) / (_MIB if column == "peak_allocated_bytes"
+                                                                             else 1.0)
+                   for column in columns if ranks[rank]["change"][column] is not None and typical[column] is not None)
+
+    shown = sorted(ranks) if len(ranks) <= limit else sorted(sorted(ranks, key=lambda rank: -apart(rank))[:limit])
     headers = ["rank", "BASE step", "NEW step", "step change", "busy change", "fetch wait change",
                "collective wait change", *(["memory peak change MiB"] if memory else []), "straggler"]
     base, new = set(engine["straggler"]["base"]), set(engine["straggler"]["new"])
-    rows = []
+    rows: List[Sequence[Any]] = []
     for rank in shown:
         row = ranks[rank]
         flags = "/".join(f"{run} STRAGGLER" for run, named in (("BASE", base), ("NEW", new)) if rank in named)
         rows.append((rank, row["base"]["step_ms"], row["new"]["step_ms"],
-                     *(_signed(row["change"][name]) for name in ("step_ms", *PARTS)),
-                     *([_signed(row["change"]["peak_allocated_bytes"], _MIB)] if memory else []), flags))
-    note = (f"; {limit} of {len(ranks)} ranks shown: those whose figures changed most (every rank: --json)"
-            if len(ranks) > limit else "")
+                     *(_signed(row["change"][column], _MIB if column == "peak_allocated_bytes" else 1.0)
+                       for column in columns), flags))
+    note = ""
+    if len(ranks) > limit:
+        note = (f"; {limit} of {len(ranks)} ranks shown: those whose change differs most from the typical rank's "
+                "(every rank: --json)")
+        rows.append(("median of all", None, None,
+                     *(_signed(typical[column], _MIB if column == "peak_allocated_bytes" else 1.0)
+                       for column in columns), ""))
     return ["", *_wrap(f"Ranks (median per step after warm-up, ms; change = NEW - BASE){note}:"), *_table(headers, rows)]
 
 
