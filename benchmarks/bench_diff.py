@@ -7,7 +7,8 @@
 (b) Two ``--ranks`` x ``--steps`` runs (1024 x 1000, ~2.5 GB of records each): the diff's time per GB
     of both runs' records (target: the report's budget, <= 10 s per GB) and its peak memory, text and
     ``--json``.  Each run is read by the report and reduced before the other is read, so the peak is
-    one report's (96 bytes per rank and step: 5 columns read per rank, 7 in the joined view) plus the reduction, not two.
+    one report's (96 bytes per rank and step: 5 columns read per rank, 7 in the joined view) plus the
+    reduction, not two.
 """
 from __future__ import annotations
 

@@ -327,7 +327,8 @@ def test_json_is_the_diff_alone_with_the_documented_keys(tmp_path, capsys):
     assert engine["ranks"]["0"]["change"]["collective_wait_ms"] == pytest.approx(20.0, abs=1.5)
     assert diff["test"]["alpha"] == 0.01 and diff["test"]["min_change"] == 0.02
     assert len(engine["series"]["base"]["step_ms"]) == 30
-    documented = (Path(__file__).resolve().parent.parent / "docs" / "report.md").read_text().split("## `ds-profutils diff")[1]
+    docs = Path(__file__).resolve().parent.parent / "docs" / "report.md"
+    documented = docs.read_text().split("## `ds-profutils diff")[1]
     for key in [*diff, *engine, *engine["step_ms"]]:
         assert f"`{key}`" in documented, key
 

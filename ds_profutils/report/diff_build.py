@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from .diff_ops import self_times
 from .diff_settings import settings_differences
 from .diff_stats import ALPHA, MIN_CHANGE, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
-from .diff_summary import PARTS, SERIES, summarize_run
+from .diff_summary import MEMORY, PARTS, SERIES, summarize_run
 from .traces import TraceFormatError
 
 __all__ = ["build_diff"]
@@ -57,8 +57,12 @@ def _figures(base: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[st
         before, after = base.get(name), new.get(name)
         rows[name] = {"base": before, "new": after, "size_change": _size_change(before, after),
                       "time_change_ms": (after or {}).get("time_ms", 0.0) - (before or {}).get("time_ms", 0.0)}
-    return dict(sorted(rows.items(), key=lambda item: (-(item[1]["size_change"] >= _SIZE_CHANGED),
-                                                       -item[1]["size_change"], -abs(item[1]["time_change_ms"]))))
+
+    def order(item: Tuple[str, Mapping[str, Any]]) -> Tuple[float, float]:
+        changed = item[1]["size_change"] >= _SIZE_CHANGED
+        return (-item[1]["size_change"] if changed else 0.0, -abs(item[1]["time_change_ms"]))
+
+    return dict(sorted(rows.items(), key=order))
 
 
 def _ranks(base: Mapping[int, Mapping[str, Any]], new: Mapping[int, Mapping[str, Any]]) -> Dict[int, Any]:
@@ -90,9 +94,9 @@ def _engine(base: Mapping[str, Any], new: Mapping[str, Any], names: Tuple[str, s
     step_ms = compare(_after_warmup(base, "step_ms"), _after_warmup(new, "step_ms"))
     parts = {part: compare(_after_warmup(base, part), _after_warmup(new, part), scale=step_ms["base"])
              for part in PARTS}
-    memory = {run: _after_warmup(engine, "peak_allocated_bytes") for run, engine in (("base", base), ("new", new))}
+    memory = {run: _after_warmup(engine, MEMORY) for run, engine in (("base", base), ("new", new))}
     if memory["base"] and memory["new"]:
-        parts["peak_allocated_bytes"] = compare(memory["base"], memory["new"])
+        parts[MEMORY] = compare(memory["base"], memory["new"])
     ranks = _ranks(base["ranks"], new["ranks"])
     return {
         "engine": {"base": names[0], "new": names[1]},

@@ -19,11 +19,13 @@ from .diff_settings import run_settings
 from .diff_stats import warmup_steps
 from .steps import Matrix, StepView
 
-__all__ = ["PARTS", "SERIES", "summarize_run"]
+__all__ = ["MEMORY", "PARTS", "SERIES", "summarize_run"]
 
 PARTS = ("busy_ms", "fetch_wait_ms", "collective_wait_ms")
 """The parts of a step (busy = step - fetch wait - blocking collective wait): they add up to the step."""
-SERIES = ("step_ms", *PARTS, "peak_allocated_bytes")
+MEMORY = "peak_allocated_bytes"
+"""A step's memory peak: the highest of its records' (schema 3 ``memory``); per step of a run, the highest rank's."""
+SERIES = ("step_ms", *PARTS, MEMORY)
 
 
 def _per_step(matrix: Matrix, pick: Callable[[Sequence[float]], float]) -> List[Optional[float]]:
@@ -63,7 +65,7 @@ def _engine(engine: Mapping[str, Any]) -> Dict[str, Any]:
     summary = engine["ranks_summary"]
     stragglers = [rank for rank, row in summary.items() if row["straggler"]]
     series = {name: _per_step(getattr(view, name), fmean) for name in SERIES[:-1]}
-    series["peak_allocated_bytes"] = _per_step(view.peak_allocated_bytes, max)
+    series[MEMORY] = _per_step(view.peak_allocated_bytes, max)
     return {
         "global_steps": list(view.global_steps),
         "warmup": warmup_steps(steps),

@@ -1,26 +1,32 @@
 """``ds-profutils diff`` as text: per engine, the verdict first, then where the change went.
 
-Tables are the report's (:mod:`.text`); beyond ``max_ranks`` ranks, the ranks whose figures changed
-most; ``--json`` has every number.
+Tables are the report's (:mod:`.text`); beyond ``max_ranks`` ranks, the ranks whose change differs
+most from the typical rank's; ``--json`` has every number.
 """
 from __future__ import annotations
 
 from statistics import median
 from typing import Any, List, Mapping, Optional, Sequence
 
-from .diff_summary import PARTS
+from .diff_summary import MEMORY, PARTS
 from .text import _table, _wrap, rank_ranges
 
 __all__ = ["render_diff"]
 
 _MIB = 2**20
 _LABELS = {"step_ms": "step time", "busy_ms": "  busy", "fetch_wait_ms": "  fetch wait",
-           "collective_wait_ms": "  collective wait", "peak_allocated_bytes": "memory peak MiB (highest rank)"}
+           "collective_wait_ms": "  collective wait", MEMORY: "memory peak MiB (highest rank)"}
 
 
-def _signed(value: Optional[float], scale: float = 1.0) -> Optional[str]:
-    """``+1.250``; a change that rounds to nothing is ``+0.000``, never ``-0.000``."""
-    return None if value is None else f"{round(value / scale, 3) or 0.0:+.3f}"
+def _shown(value: Optional[float], column: str = "step_ms") -> Optional[float]:
+    """A figure in the unit it is shown in: ms, or MiB for the memory peak."""
+    return None if value is None else value / (_MIB if column == MEMORY else 1.0)
+
+
+def _signed(value: Optional[float], column: str = "step_ms") -> Optional[str]:
+    """A change as ``+1.250`` (in ``column``'s unit); one that rounds to nothing is ``+0.000``, never ``-0.000``."""
+    value = _shown(value, column)
+    return None if value is None else f"{round(value, 3) or 0.0:+.3f}"
 
 
 def _percent(ratio: Optional[float]) -> Optional[str]:
@@ -31,16 +37,17 @@ def _p(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.2g}"
 
 
-def _scaled(value: Optional[float], scale: float) -> Optional[float]:
-    return None if value is None else value / scale
-
-
 def _verdict(step_ms: Mapping[str, Any]) -> str:
     if step_ms["base"] is None or step_ms["new"] is None:
         return "Step time: no train steps after warm-up in " + ("BASE" if step_ms["base"] is None else "NEW")
     change = f"{step_ms['change']:+.3f} ms, {_percent(step_ms['ratio']) or '-'}; p = {_p(step_ms['p_value'])}"
-    said = (("SLOWER" if step_ms["change"] > 0 else "FASTER") + ", beyond noise" if step_ms["significant"]
-            else "no significant change")
+    if step_ms["significant"]:
+        said = ("SLOWER" if step_ms["change"] > 0 else "FASTER") + ", beyond noise"
+    elif step_ms["p_value"] is None:
+        said = (f"too few steps after warm-up to test ({step_ms['steps']['base']} and {step_ms['steps']['new']}; the "
+                "test needs 2 or more in each)")
+    else:
+        said = "no significant change"
     return (f"Step time: {step_ms['base']:.3f} -> {step_ms['new']:.3f} ms median ({change}): {said}; p90 "
             f"{step_ms['p90']['base']:.3f} -> {step_ms['p90']['new']:.3f}, mean {step_ms['mean']['base']:.3f} -> "
             f"{step_ms['mean']['new']:.3f}")
@@ -49,11 +56,10 @@ def _verdict(step_ms: Mapping[str, Any]) -> str:
 def _parts(engine: Mapping[str, Any]) -> List[str]:
     rows = []
     for name, figure in [("step_ms", engine["step_ms"]), *engine["parts"].items()]:
-        scale = _MIB if name == "peak_allocated_bytes" else 1.0
         mean = figure["mean"]
         mean_change = None if mean["base"] is None or mean["new"] is None else mean["new"] - mean["base"]
-        rows.append((_LABELS[name], _scaled(figure["base"], scale), _scaled(figure["new"], scale),
-                     _signed(figure["change"], scale), _percent(figure["ratio"]), _signed(mean_change, scale),
+        rows.append((_LABELS[name], _shown(figure["base"], name), _shown(figure["new"], name),
+                     _signed(figure["change"], name), _percent(figure["ratio"]), _signed(mean_change, name),
                      _p(figure["p_value"]), "SIGNIFICANT" if figure["significant"] else ""))
     lines = ["", *_wrap("The step and its parts (per step: the mean over ranks, ms; medians, and the change of the "
                         "means, which add up to the step's; busy = step - fetch wait - blocking collective wait):")]
@@ -62,9 +68,9 @@ def _parts(engine: Mapping[str, Any]) -> List[str]:
     if where:
         lines += _wrap("Where (per part that changed significantly, the ranks whose median changed most that way): "
                        + "; ".join(f"{_LABELS[part].strip()}: " + ", ".join(
-                           f"rank {moved['rank']} {_signed(moved['change'], _MIB if part == 'peak_allocated_bytes' else 1.0)}"
-                           for moved in ranks) for part, ranks in where.items() if ranks))
-    if not engine["parts"].get("peak_allocated_bytes"):
+                           f"rank {moved['rank']} {_signed(moved['change'], part)}" for moved in ranks)
+                                   for part, ranks in where.items() if ranks))
+    if MEMORY not in engine["parts"]:
         which = [run.upper() for run, has in engine["memory"].items() if not has]
         lines.append(f"No memory peak: the records of {' and '.join(which)} carry no memory figures.")
     return lines
@@ -98,14 +104,13 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
     ranks = engine["ranks"]
     if not ranks:
         return []
-    memory = "peak_allocated_bytes" in engine["parts"]
-    columns = _RANK_COLUMNS + (("peak_allocated_bytes",) if memory else ())
+    memory = MEMORY in engine["parts"]
+    columns = _RANK_COLUMNS + ((MEMORY,) if memory else ())
     typical = {column: _typical(ranks, column) for column in columns}
 
     def apart(rank: int) -> float:
-        return max(abs(ranks[rank]["change"][column] - typical[column]) / (_MIB if column == "peak_allocated_bytes"
-                                                                             else 1.0)
-                   for column in columns if ranks[rank]["change"][column] is not None and typical[column] is not None)
+        return max(abs(_shown(ranks[rank]["change"][column] - typical[column], column)) for column in columns
+                   if ranks[rank]["change"][column] is not None and typical[column] is not None)
 
     shown = sorted(ranks) if len(ranks) <= limit else sorted(sorted(ranks, key=lambda rank: -apart(rank))[:limit])
     headers = ["rank", "BASE step", "NEW step", "step change", "busy change", "fetch wait change",
@@ -116,16 +121,14 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
         row = ranks[rank]
         flags = "/".join(f"{run} STRAGGLER" for run, named in (("BASE", base), ("NEW", new)) if rank in named)
         rows.append((rank, row["base"]["step_ms"], row["new"]["step_ms"],
-                     *(_signed(row["change"][column], _MIB if column == "peak_allocated_bytes" else 1.0)
-                       for column in columns), flags))
+                     *(_signed(row["change"][column], column) for column in columns), flags))
     note = ""
     if len(ranks) > limit:
         note = (f"; {limit} of {len(ranks)} ranks shown: those whose change differs most from the typical rank's "
                 "(every rank: --json)")
-        rows.append(("median of all", None, None,
-                     *(_signed(typical[column], _MIB if column == "peak_allocated_bytes" else 1.0)
-                       for column in columns), ""))
-    return ["", *_wrap(f"Ranks (median per step after warm-up, ms; change = NEW - BASE){note}:"), *_table(headers, rows)]
+        rows.append(("median of all", None, None, *(_signed(typical[column], column) for column in columns), ""))
+    caption = _wrap(f"Ranks (median per step after warm-up, ms; change = NEW - BASE){note}:")
+    return ["", *caption, *_table(headers, rows)]
 
 
 def _settings(differences: Sequence[Mapping[str, Any]], what: str) -> List[str]:
@@ -155,17 +158,20 @@ def _events(engine: Mapping[str, Any]) -> List[str]:
         rows = []
         for name, row in engine["events"].items():
             before, after = row["base"] or {}, row["new"] or {}
-            rows.append((name, (row["base"] or row["new"])["numel_unit"],
-                         *(_tidy(side.get(key)) for key in ("count", "numel_per_event", "bytes") for side in (before, after)),
-                         before.get("time_ms"), after.get("time_ms"), _size_change(row), _signed(row["time_change_ms"])))
+            sizes = (_tidy(side.get(key)) for key in ("count", "numel_per_event", "bytes") for side in (before, after))
+            rows.append((name, (row["base"] or row["new"])["numel_unit"], *sizes, before.get("time_ms"),
+                         after.get("time_ms"), _size_change(row), _signed(row["time_change_ms"])))
         lines += _table(("event", "unit", "BASE count", "NEW count", "BASE numel/event", "NEW numel/event",
                          "BASE bytes", "NEW bytes", "BASE ms", "NEW ms", "size changed", "ms change"), rows)
     if engine["collectives"]:
         lines += ["", "Blocking collectives per train step (median across ranks; the most changed first):"]
+        rows = []
+        for op, row in engine["collectives"].items():
+            before, after = row["base"] or {}, row["new"] or {}
+            rows.append((op, _tidy(before.get("count")), _tidy(after.get("count")), before.get("time_ms"),
+                         after.get("time_ms"), _size_change(row), _signed(row["time_change_ms"])))
         lines += _table(("collective", "BASE count", "NEW count", "BASE ms", "NEW ms", "count changed", "ms change"),
-                        [(op, _tidy((row["base"] or {}).get("count")), _tidy((row["new"] or {}).get("count")),
-                          (row["base"] or {}).get("time_ms"), (row["new"] or {}).get("time_ms"), _size_change(row),
-                          _signed(row["time_change_ms"])) for op, row in engine["collectives"].items()])
+                        rows)
     return lines
 
 
@@ -190,16 +196,18 @@ def _operators(operators: Optional[Mapping[str, Any]]) -> List[str]:
     if not operators:
         return []
     steps = operators["steps"]
-    lines = ["", *_wrap(f"Operators whose self time changed most (trace of rank {operators['rank']}; per profiled step: "
-                        f"{steps['base']} in BASE, {steps['new']} in NEW; ms):")]
+    lines = ["", *_wrap(f"Operators whose self time changed most (trace of rank {operators['rank']}; per profiled "
+                        f"step: {steps['base']} in BASE, {steps['new']} in NEW; ms):")]
     late = {run: count for run, count in operators["late_events"].items() if count}
     if late:
         lines += _wrap("(" + ", ".join(f"{count:,} events of {run.upper()}" for run, count in late.items())
                        + " came too far out of order to be nested: counted as top-level)")
-    lines += _table(("operator", "category", "BASE calls", "NEW calls", "BASE self ms", "NEW self ms", "change"),
-                    [(row["name"], row["cat"], (row["base"] or {}).get("count"), (row["new"] or {}).get("count"),
-                      (row["base"] or {}).get("self_ms"), (row["new"] or {}).get("self_ms"), _signed(row["change_ms"]))
-                     for row in operators["ops"]])
+    rows = []
+    for row in operators["ops"]:
+        before, after = row["base"] or {}, row["new"] or {}
+        rows.append((row["name"], row["cat"], _tidy(before.get("count")), _tidy(after.get("count")),
+                     before.get("self_ms"), after.get("self_ms"), _signed(row["change_ms"])))
+    lines += _table(("operator", "category", "BASE calls", "NEW calls", "BASE self ms", "NEW self ms", "change"), rows)
     return lines
 
 
