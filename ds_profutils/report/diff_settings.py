@@ -21,9 +21,10 @@ from .traces import TraceFormatError, iter_trace
 __all__ = ["run_settings", "settings_differences"]
 
 _RECORD_SETTINGS = ("schema", "dtype", "max_live_parameters")
-# Trace head keys that name the file or its clock, not the run's set-up.
+# Trace head keys that name the file, its process or its clock, not the run's set-up.
 _TRACE_PER_FILE = frozenset({"baseTimeNanoseconds", "displayTimeUnit", "host_name", "trace_id", "traceName",
-                             "distributedInfo.rank", "distributedInfo.pg_config", "distributedInfo.pg_count"})
+                             "distributedInfo.rank", "distributedInfo.pg_config", "distributedInfo.pg_count",
+                             "ds_profutils.rank", "ds_profutils.host", "ds_profutils.pid"})
 
 
 def _first_record(path: Path) -> Optional[Mapping[str, Any]]:
