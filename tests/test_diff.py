@@ -20,28 +20,35 @@ from report_testing import event, record, write_records, write_trace
 MIB = 2**20
 
 
+def schema3(rank: int, step: int, peak: int, *, source: str = "allocator", collective_ms: float = 2.0,
+            **extra) -> dict:
+    """A schema-3 record (/work/wt/SPEC_RECORDS.md) with a memory peak, as on CPU/gloo: time inside the
+    collectives equals the blocking collective wait."""
+    row = record(rank, step, schema=3, collective_ms=collective_ms, live_params_max=1600, max_live_parameters=10**9,
+                 trace_cache_invalidations=0, prefetch={"hits": 2, "waited": 1},
+                 memory={"source": source, "peak_allocated_bytes": peak, "peak_reserved_bytes": peak + MIB,
+                         "phases": {"forward": peak // 2, "backward": peak, "step": peak // 2}}, **extra)
+    row["collective_ms"] = collective_ms  # record() takes it as the blocking collective wait
+    return row
+
+
 def write_run(directory: Path, *, ranks: int = 2, steps: int = 30, busy_ms: float = 20.0, slowed=None,
               slow_ms: float = 0.0, jitter_ms: float = 1.0, seed: int = 0, engine: str = "main",
               memory_bytes=None, **extra) -> Path:
     """A run of ``steps`` steps per rank; ``slowed`` spends ``slow_ms`` more outside the collectives, so the
     other ranks wait that long in the gradient collective.  ``memory_bytes(rank, step)``: schema-3 records
-    with a memory peak."""
+    with that memory peak (else schema 2)."""
     rng = random.Random(seed)
     directory.mkdir(parents=True, exist_ok=True)
     for rank in range(ranks):
         rows = []
         for step in range(steps):
-            fields = dict(extra)
-            if memory_bytes is not None:
-                peak = memory_bytes(rank, step)
-                fields.update(schema=3, memory={"source": "allocator", "peak_allocated_bytes": peak,
-                                                "peak_reserved_bytes": peak + MIB,
-                                                "phases": {"forward": peak // 2, "backward": peak, "step": peak // 2}},
-                              max_live_parameters=10**9)
-            rows.append(record(rank, step, engine=engine, world_size=ranks,
-                               busy_ms=busy_ms + rng.uniform(0, jitter_ms) + (slow_ms if rank == slowed else 0.0),
-                               collective_ms=2.0 + rng.uniform(0, jitter_ms)
-                               + (slow_ms if slowed is not None and rank != slowed else 0.0), **fields))
+            fields = dict(extra, engine=engine, world_size=ranks,
+                          busy_ms=busy_ms + rng.uniform(0, jitter_ms) + (slow_ms if rank == slowed else 0.0),
+                          collective_ms=2.0 + rng.uniform(0, jitter_ms)
+                          + (slow_ms if slowed is not None and rank != slowed else 0.0))
+            rows.append(record(rank, step, **fields) if memory_bytes is None
+                        else schema3(rank, step, memory_bytes(rank, step), **fields))
         write_records(directory, rank, rows, engine=engine)
     return directory
 
@@ -180,9 +187,7 @@ def test_memory_peak_of_a_step_is_the_highest_of_its_micro_steps(tmp_path):
             rows = []
             for step in range(20):
                 for micro, peak in enumerate((500 * MIB, 600 * MIB + grown)):
-                    rows.append(record(rank, step, micro_step=2 * step + micro, schema=3,
-                                       memory={"source": "rss", "peak_allocated_bytes": peak,
-                                               "peak_reserved_bytes": peak, "phases": {"forward": peak}}))
+                    rows.append(schema3(rank, step, peak, source="rss", micro_step=2 * step + micro))
             write_records(tmp_path / run, rank, rows)
     memory = build_diff(tmp_path / "base", tmp_path / "new")["engines"]["main"]["parts"]["peak_allocated_bytes"]
     assert (memory["base"], memory["new"]) == (600 * MIB, 700 * MIB)
