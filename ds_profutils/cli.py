@@ -1,8 +1,8 @@
 """The ``ds-profutils`` command (also ``python -m ds_profutils``).
 
 Each subcommand is one ``_add_<name>`` function that registers its arguments here and names its
-handler by module; the handler's module is imported only when that subcommand runs.  So ``report``
-and ``timeline`` never load pydantic or hjson (``check-config``'s), and no subcommand loads torch or
+handler by module; the handler's module is imported only when that subcommand runs.  So ``report``,
+``timeline`` and ``diff`` never load pydantic or hjson (``check-config``'s), and no subcommand loads torch or
 DeepSpeed: the command starts in a fraction of a second.  Handlers return the exit code and print
 user errors as plain lines on stderr: a traceback is for bugs, not for a bad file.
 """
@@ -99,7 +99,29 @@ def _add_timeline(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_handler(".report.timeline_command"))
 
 
-_SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (_add_check_config, _add_report, _add_timeline)
+def _add_diff(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "diff",
+        help="what changed between two runs: step time beyond noise, where it went, the straggler before and after",
+        description="Compare two runs' output_dirs engine by engine (matched by name): the step time per train step "
+        "after warm-up and whether it changed beyond run-to-run noise (a Mann-Whitney U test; the rule is printed), "
+        "its parts (busy, fetch wait, blocking collective wait, memory peak) each with its own change, per rank, the "
+        "report's straggler verdict of each run, the fetch events and collectives per step, the settings that "
+        "differ, and, where both runs have traces, the operators whose self time changed most. Exits 1 when a "
+        "directory holds no run.")
+    parser.add_argument("base", type=Path, metavar="BASE", help="output_dir of the run compared against")
+    parser.add_argument("new", type=Path, metavar="NEW", help="output_dir of the run that changed")
+    parser.add_argument("--json", action="store_true", help="print every number as JSON instead of tables")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png",
+                        help="also draw both runs' step times per step and the parts side by side (needs matplotlib)")
+    parser.add_argument("--ranks", type=_positive_int, default=8, metavar="N",
+                        help="ranks listed per engine; with more ranks, the N whose figures changed most")
+    parser.add_argument("--top", type=_positive_int, default=10, metavar="N", help="operators listed from the traces")
+    parser.set_defaults(handler=_handler(".report.diff_command"))
+
+
+_SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (_add_check_config, _add_report, _add_timeline,
+                                                                         _add_diff)
 
 
 def build_parser() -> argparse.ArgumentParser:

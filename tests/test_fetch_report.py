@@ -232,7 +232,7 @@ def test_empty_or_absent_directory_is_a_clear_message(tmp_path, capsys):
         (tmp_path / run).mkdir()
     write_records(tmp_path / "zero3_run", 0, [record(0, 0)])
     write_trace(tmp_path / "traces_run" / "trace_rank_0.json", {0: 1.0}, rank=0)
-    with pytest.raises(ReportError, match="its subdirectories traces_run, zero3_run hold runs: report on one of them"):
+    with pytest.raises(ReportError, match="its subdirectories traces_run, zero3_run hold runs: name one of them"):
         build_report(tmp_path)
 
 

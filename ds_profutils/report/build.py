@@ -261,7 +261,7 @@ def _where_to_look(directory: Path) -> str:
     runs = sorted(sub.name for sub in directory.iterdir()
                   if sub.is_dir() and (fetch_records_files(sub) or trace_files(sub)))
     if runs:
-        return f"its subdirectories {', '.join(runs)} hold runs: report on one of them"
+        return f"its subdirectories {', '.join(runs)} hold runs: name one of them"
     return ("is \"partitioned_param_profiler\" enabled with this output_dir, and did ds_profutils.attach(engine) "
             "run?")
 

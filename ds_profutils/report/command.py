@@ -3,31 +3,44 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any, Callable, Mapping
 
 from .build import ReportError, build_report
 from .jsonout import report_json
 from .text import render_text
 
-__all__ = ["run"]
+__all__ = ["emit", "run"]
+
+
+def emit(command: str, args: argparse.Namespace, build: Callable[[], Mapping[str, Any]],
+         render: Callable[[Mapping[str, Any]], str], plot: Callable[[Mapping[str, Any]], None]) -> int:
+    """Build, plot when ``args.plot`` asks, then print the text or (``args.json``) the JSON; a
+    :class:`.build.ReportError` is one line on stderr and exit status 1."""
+    try:
+        data = build()
+        if args.plot is not None:
+            plot(data)
+    except ReportError as exc:
+        print(f"ds-profutils {command}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(report_json(data))
+        sys.stdout.buffer.flush()
+    else:
+        print(render(data))
+    if args.plot is not None:
+        print(f"ds-profutils {command}: plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _plot(report: Mapping[str, Any], args: argparse.Namespace) -> None:
+    from .plot import plot_report  # matplotlib only when asked for
+
+    plot_report(report, args.plot, args.plot_metric)
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the report of ``args.directory``; 1 when there is nothing to report on."""
-    try:
-        report = build_report(args.directory, args.top)
-        if args.plot is not None:
-            from .plot import plot_report  # matplotlib only when asked for
-
-            plot_report(report, args.plot, args.plot_metric)
-    except ReportError as exc:
-        print(f"ds-profutils report: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(report_json(report))
-        sys.stdout.buffer.flush()
-    else:
-        print(render_text(report, args.steps, args.ranks))
-    if args.plot is not None:
-        print(f"ds-profutils report: plot written to {args.plot}", file=sys.stderr)
-    return 0
+    return emit("report", args, lambda: build_report(args.directory, args.top),
+                lambda report: render_text(report, args.steps, args.ranks), lambda report: _plot(report, args))

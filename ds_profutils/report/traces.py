@@ -19,13 +19,13 @@ import orjson
 
 from ..outputs import STEP_RANGE_PREFIX
 
-__all__ = ["TraceFormatError", "iter_trace", "summarize_trace", "trace_identity"]
+__all__ = ["OP_CATEGORIES", "TraceFormatError", "iter_trace", "summarize_trace", "trace_identity"]
 
 _CHUNK = 1 << 20
 _EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
 _SKIP = re.compile(r"[\s,]*")
 # Categories whose events are operations worth ranking (torch's names for them).
-_OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "user_annotation", "gpu_user_annotation"})
+OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "user_annotation", "gpu_user_annotation"})
 _DEVICE_STEP_CATEGORY = "gpu_user_annotation"
 _US_PER_MS = 1e3
 
@@ -144,7 +144,7 @@ def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
                 number = _step_number(name)
                 steps[number] = steps.get(number, 0.0) + duration / _US_PER_MS
             continue
-        if category in _OP_CATEGORIES:
+        if category in OP_CATEGORIES:
             totals = ops.get((category, name))
             if totals is None:
                 ops[(category, name)] = [1, duration]

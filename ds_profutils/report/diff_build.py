@@ -1,0 +1,174 @@
+"""Two runs compared, as data (what ``ds-profutils diff --json`` prints).
+
+Engines are matched by name; where each run has exactly one engine and the names differ, those two
+are compared (and ``matched_by`` says so).  Per engine: the step time and each part of it (busy, fetch
+wait, blocking collective wait, and the memory peak where both runs' records carry it) with its own
+change and test (:mod:`.diff_stats`), the per-rank medians that show on which ranks a change
+happened, the report's straggler verdict of each run, the fetch events and collectives per step, and
+the settings that differ.  Where both runs have traces: the operators whose self time per step
+changed most, from the trace of the lowest rank traced in both.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .diff_ops import self_times
+from .diff_settings import settings_differences
+from .diff_stats import ALPHA, MIN_CHANGE, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
+from .diff_summary import MEMORY, PARTS, SERIES, summarize_run
+from .traces import TraceFormatError
+
+__all__ = ["build_diff"]
+
+
+def _matched(base: Sequence[str], new: Sequence[str]) -> Tuple[List[Tuple[str, str]], str]:
+    """Pairs of (BASE engine, NEW engine) and how they were matched."""
+    pairs = [(name, name) for name in base if name in new]
+    if not pairs and len(base) == 1 and len(new) == 1:
+        return [(base[0], new[0])], "the only engine of each run"
+    return pairs, "name"
+
+
+def _after_warmup(engine: Mapping[str, Any], series: str) -> List[float]:
+    return [value for value in engine["series"][series][engine["warmup"]:] if value is not None]
+
+
+_SIZE_FIGURES = ("count", "numel", "numel_per_event", "bytes")
+_SIZE_CHANGED = 0.01  # a count or size that moved less than this (relative) is the same (averaging noise)
+
+
+def _size_change(base: Optional[Mapping[str, Any]], new: Optional[Mapping[str, Any]]) -> float:
+    """The largest relative change of a row's counts and sizes per step (inf: in one run only).  These are
+    what the configuration decides (a bucket size changes numel per event), unlike its time."""
+    if base is None or new is None:
+        return math.inf
+    changes = [abs(new[key] - base[key]) / abs(base[key]) if base[key] else (math.inf if new[key] else 0.0)
+               for key in _SIZE_FIGURES if base.get(key) is not None and new.get(key) is not None]
+    return max(changes, default=0.0)
+
+
+def _figures(base: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
+    """Per event (or collective) in either run: its per-step figures in each (None: not in that run); first
+    the rows whose count or size changed, most first, then by the change of their time."""
+    rows = {}
+    for name in list(base) + [name for name in new if name not in base]:
+        before, after = base.get(name), new.get(name)
+        rows[name] = {"base": before, "new": after, "size_change": _size_change(before, after),
+                      "time_change_ms": (after or {}).get("time_ms", 0.0) - (before or {}).get("time_ms", 0.0)}
+
+    def order(item: Tuple[str, Mapping[str, Any]]) -> Tuple[float, float]:
+        changed = item[1]["size_change"] >= _SIZE_CHANGED
+        return (-item[1]["size_change"] if changed else 0.0, -abs(item[1]["time_change_ms"]))
+
+    return dict(sorted(rows.items(), key=order))
+
+
+def _ranks(base: Mapping[int, Mapping[str, Any]], new: Mapping[int, Mapping[str, Any]]) -> Dict[int, Any]:
+    """Per rank in both runs: the medians after warm-up in each, and their change."""
+    return {rank: {"base": base[rank], "new": new[rank],
+                   "change": {name: None if base[rank][name] is None or new[rank][name] is None
+                              else new[rank][name] - base[rank][name] for name in SERIES}}
+            for rank in sorted(set(base) & set(new))}
+
+
+_WHERE_RANKS = 3
+
+
+def _where(ranks: Mapping[int, Mapping[str, Any]], parts: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
+    """Per part that changed significantly, the ranks (up to 3) whose median changed most that way."""
+    where = {}
+    for part, figure in parts.items():
+        if not figure["significant"]:
+            continue
+        sign = 1.0 if figure["change"] > 0 else -1.0
+        moved = sorted(((row["change"][part] * sign, rank) for rank, row in ranks.items()
+                        if row["change"][part] is not None and row["change"][part] * sign > 0), reverse=True)
+        where[part] = [{"rank": rank, "change": change * sign} for change, rank in moved[:_WHERE_RANKS]]
+    return where
+
+
+def _engine(base: Mapping[str, Any], new: Mapping[str, Any], names: Tuple[str, str],
+            settings: Tuple[Mapping[str, Any], Mapping[str, Any]]) -> Dict[str, Any]:
+    step_ms = compare(_after_warmup(base, "step_ms"), _after_warmup(new, "step_ms"))
+    parts = {part: compare(_after_warmup(base, part), _after_warmup(new, part), scale=step_ms["base"])
+             for part in PARTS}
+    memory = {run: _after_warmup(engine, MEMORY) for run, engine in (("base", base), ("new", new))}
+    if memory["base"] and memory["new"]:
+        parts[MEMORY] = compare(memory["base"], memory["new"])
+    ranks = _ranks(base["ranks"], new["ranks"])
+    return {
+        "engine": {"base": names[0], "new": names[1]},
+        "steps": {"base": len(base["global_steps"]), "new": len(new["global_steps"])},
+        "warmup_steps": {"base": base["warmup"], "new": new["warmup"]},
+        "step_ms": step_ms,
+        "parts": parts,
+        "memory": {"base": bool(memory["base"]), "new": bool(memory["new"])},
+        "straggler": {"base": base["stragglers"], "new": new["stragglers"],
+                      "hosts": {"base": base["straggler_hosts"], "new": new["straggler_hosts"]},
+                      "straggler_steps": {"base": base["straggler_steps"], "new": new["straggler_steps"]}},
+        "ranks": ranks,
+        "where": _where(ranks, parts),
+        "events": _figures(base["events"], new["events"]),
+        "collectives": _figures(base["collectives"], new["collectives"]),
+        "settings": settings_differences(*settings),
+        "series": {"base": base["series"], "new": new["series"]},
+    }
+
+
+def _operators(base: Mapping[str, Any], new: Mapping[str, Any], top: int) -> Optional[Dict[str, Any]]:
+    """Operators whose self time per profiled step changed most, in the lowest rank's trace of each run."""
+    common = sorted(set(base["traces"]) & set(new["traces"]))
+    if not common:
+        return None
+    rank = common[0]
+    sides = {}
+    for run, summary in (("base", base), ("new", new)):
+        trace = summary["traces"][rank]
+        try:
+            times = self_times(Path(trace["file"]))
+        except (OSError, TraceFormatError):
+            return None  # the report has named the trace incomplete; no partial comparison
+        sides[run] = (times, trace["steps"] or 1)
+    keys = list(sides["base"][0].ops) + [key for key in sides["new"][0].ops if key not in sides["base"][0].ops]
+    rows = []
+    for category, name in keys:
+        per_step = {}
+        for run, (times, steps) in sides.items():
+            totals = times.ops.get((category, name))
+            per_step[run] = None if totals is None else {"count": totals[0] / steps, "self_ms": totals[1] / steps}
+        change = (per_step["new"] or {"self_ms": 0.0})["self_ms"] - (per_step["base"] or {"self_ms": 0.0})["self_ms"]
+        rows.append({"name": name, "cat": category, **per_step, "change_ms": change})
+    rows.sort(key=lambda row: -abs(row["change_ms"]))
+    return {"rank": rank, "steps": {"base": base["traces"][rank]["steps"], "new": new["traces"][rank]["steps"]},
+            "late_events": {run: times.late for run, (times, _) in sides.items()}, "ops": rows[:top]}
+
+
+def _run_notes(summary: Mapping[str, Any]) -> Dict[str, Any]:
+    return {"directory": summary["directory"], "incomplete": summary["incomplete"], "problems": summary["problems"],
+            "hosts": summary["hosts"], "engines": list(summary["engines"])}
+
+
+def build_diff(base_directory: Path, new_directory: Path, top: int = 10) -> Dict[str, Any]:
+    """Every figure ``ds-profutils diff`` shows, as data.  Raises :class:`.build.ReportError` (naming the
+    directory) where a directory holds no run."""
+    base = summarize_run(base_directory, top)
+    new = summarize_run(new_directory, top)
+    pairs, matched_by = _matched(list(base["engines"]), list(new["engines"]))
+    engines = {base_name: _engine(base["engines"][base_name], new["engines"][new_name], (base_name, new_name),
+                                  (base["settings"][base_name], new["settings"][new_name]))
+               for base_name, new_name in pairs}
+    return {
+        "test": {"text": significance_rule(), "name": "Mann-Whitney U, two-sided, normal approximation", "alpha": ALPHA,
+                 "min_change": MIN_CHANGE, "warmup_steps": WARMUP_STEPS, "warmup_share": WARMUP_SHARE},
+        "base": _run_notes(base),
+        "new": _run_notes(new),
+        "matched_by": matched_by,
+        "unmatched": {"base": [name for name in base["engines"] if name not in {b for b, _ in pairs}],
+                      "new": [name for name in new["engines"] if name not in {n for _, n in pairs}]},
+        "engines": engines,
+        "trace_settings": settings_differences(base["settings"].get(None, {}), new["settings"].get(None, {}))
+        if None in base["settings"] and None in new["settings"] else [],
+        "operators": _operators(base, new, top),
+    }

@@ -1,0 +1,23 @@
+"""``ds-profutils diff BASE NEW``: what it prints (stdout holds only the comparison; diagnostics go to stderr)."""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Mapping
+
+from .command import emit
+from .diff_build import build_diff
+from .diff_text import render_diff
+
+__all__ = ["run"]
+
+
+def _plot(diff: Mapping[str, Any], args: argparse.Namespace) -> None:
+    from .diff_plot import plot_diff  # matplotlib only when asked for
+
+    plot_diff(diff, args.plot)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the comparison of ``args.base`` and ``args.new``; 1 when either holds no run."""
+    return emit("diff", args, lambda: build_diff(args.base, args.new, args.top),
+                lambda diff: render_diff(diff, args.ranks), lambda diff: _plot(diff, args))
