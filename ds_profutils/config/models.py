@@ -165,6 +165,8 @@ class ProfUtilsConfig(BaseModel):
 
     ``profiler`` and ``partitioned_param_profiler`` are off (``enabled=False``) when their section is
     absent; ``nvtx`` is None when absent, which leaves ``instrument_w_nvtx`` behaving as DeepSpeed's.
+    ``comms_logger`` reads as off when absent, and then DeepSpeed's own logger is left in place
+    (:attr:`has_comms_logger_section`).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -175,6 +177,12 @@ class ProfUtilsConfig(BaseModel):
         default_factory=PartitionedParamProfilerConfig)
     wall_clock_breakdown: bool = False
     comms_logger: CommsLoggerSettings = Field(default_factory=CommsLoggerSettings)
+
+    @property
+    def has_comms_logger_section(self) -> bool:
+        """Whether the config has a ``comms_logger`` section: only then does ds_profutils' logger replace
+        DeepSpeed's (which the section's mere presence switches on)."""
+        return "comms_logger" in self.model_fields_set
 
     @model_validator(mode="before")
     @classmethod
