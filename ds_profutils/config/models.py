@@ -18,6 +18,7 @@ from .errors import ConfigError, ConfigProblem, show_value
 __all__ = [
     "CommsLoggerSettings",
     "DEEPSPEED_APPLIED_KEYS",
+    "DEEPSPEED_NVTX_DOMAIN",
     "NvtxConfig",
     "PartitionedParamProfilerConfig",
     "ProfilerConfig",
@@ -31,6 +32,9 @@ __all__ = [
 SUMMARY_SORT_KEYS = ("self_cpu_time_total", "cpu_time_total", "count", "flops")
 """Columns the operator summary can be sorted by: host time spent in the operator itself, host time
 including the operators it called, calls, and counted FLOPs (named as torch's ``key_averages`` names them)."""
+
+DEEPSPEED_NVTX_DOMAIN = "DeepSpeed"
+"""The NVTX domain DeepSpeed names its ranges with (``deepspeed.utils.nvtx``'s default)."""
 
 DEEPSPEED_APPLIED_KEYS = ("timers", "steps_per_print")
 """DeepSpeed's own timing keys, which DeepSpeed's engine applies and ds_profutils does not read."""
@@ -131,7 +135,7 @@ class NvtxConfig(Section):
     """The ``"nvtx"`` section: whether ``instrument_w_nvtx`` pushes ranges, and in which domain."""
 
     enabled: bool = True
-    domain: str = Field("DeepSpeed", min_length=1)
+    domain: str = Field(DEEPSPEED_NVTX_DOMAIN, min_length=1)
 
 
 class PartitionedParamProfilerConfig(_RecordsOnRanks, Section):
