@@ -519,6 +519,8 @@ def test_events_wait_for_the_oldest_pair_only_when_the_device_lags_the_whole_buf
 def test_device_timer_attributes_read_as_deepspeeds(device):
     t = SynchronizedWallClockTimer()("fwd")
     assert t.use_host_timer is False and t.start_event is None
+    with pytest.raises(AttributeError):
+        t.use_host_timer = True  # a timer keeps the clock it was made with
     t.start()
     assert t.start_event is device.recorded[-1] and t.started_
     t.stop()
