@@ -26,14 +26,6 @@ DEEPSPEED_OPS = [
 ]
 
 
-@pytest.fixture
-def world(monkeypatch):
-    """deepspeed.comm reporting an initialized 4-rank world, rank 0 (no process group needed)."""
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
-    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
-
-
 def assert_close(ours, theirs, path="result"):
     """Nested dicts equal, numbers to 1e-12 relative (numpy's mean and ours sum in different orders)."""
     if isinstance(theirs, dict):
@@ -289,18 +281,6 @@ def test_deepspeed_comm_runs_on_our_logger_and_timers():
     assert run.returncode == 0, run.stderr[-3000:]
     assert "COUNTS {'all_reduce': 3, 'broadcast': 1, 'log_summary_barrier': 1}" in run.stdout
     assert "Avg Latency(ms)" in run.stdout
-
-
-@pytest.fixture
-def deepspeeds_logger(monkeypatch, world):
-    """DeepSpeed's own CommsLogger in deepspeed.comm, with one recorded all_reduce; both names put back after."""
-    from deepspeed.comm import comm as ds_comm
-
-    theirs = ds_comms.CommsLogger()
-    theirs.append("all_reduce", "all_reduce", 2.0, 1024)
-    monkeypatch.setattr(ds_comm, "comms_logger", theirs)
-    monkeypatch.setattr(dist, "comms_logger", theirs)
-    return theirs
 
 
 def test_installed_logger_honours_enabled_false_and_keeps_what_deepspeeds_recorded(deepspeeds_logger):

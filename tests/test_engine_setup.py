@@ -8,7 +8,6 @@ import types
 
 import deepspeed.comm as dist
 import deepspeed.comm.comm as ds_comm
-import deepspeed.utils.comms_logging as ds_comms
 import deepspeed.utils.nvtx as ds_nvtx
 import deepspeed.utils.timer as ds_timer
 import pytest
@@ -73,12 +72,8 @@ def test_undo_leaves_a_holder_someone_else_changed_since():
 
 
 @pytest.fixture
-def process_state(monkeypatch, world):
+def process_state(monkeypatch, deepspeeds_logger):
     """DeepSpeed's comms logger (one call recorded) and its NVTX switches as a fresh process has them."""
-    theirs = ds_comms.CommsLogger()
-    theirs.append("all_reduce", "all_reduce", 1.0, 1024)
-    monkeypatch.setattr(ds_comm, "comms_logger", theirs)
-    monkeypatch.setattr(dist, "comms_logger", theirs)
     monkeypatch.setattr(ds_nvtx, "enable_nvtx", True)
     monkeypatch.setattr(ds_nvtx, "DEEPSPEED_NVTX_DOMAIN", "DeepSpeed")
     monkeypatch.setattr(nvtx, "get_accelerator", lambda: types.SimpleNamespace(supports_nvtx_domain=True))
@@ -87,13 +82,6 @@ def process_state(monkeypatch, world):
         return ds_comm.comms_logger, dist.comms_logger, ds_nvtx.enable_nvtx, ds_nvtx.DEEPSPEED_NVTX_DOMAIN
 
     return now
-
-
-@pytest.fixture
-def world(monkeypatch):
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
 
 
 def test_a_config_without_our_sections_changes_nothing(process_state):
