@@ -1,6 +1,8 @@
 """instrument_w_nvtx: calls the accelerator as DeepSpeed's does, free where nobody can listen, and
 ranges in the torch trace while a ds_profutils profiler records."""
+import inspect
 import logging
+import pickle
 import subprocess
 import sys
 import types
@@ -56,6 +58,20 @@ def test_wraps_keeps_name_doc_and_wrapped():
     assert wrapped.__name__ == "step" and wrapped.__doc__ == "Docstring kept."
     assert wrapped.__wrapped__ is step
     assert wrapped(3, scale=3) == 9
+
+
+@ds_profutils.instrument_w_nvtx
+def module_level_step(x, *, scale=2):
+    """Decorated where it is defined, as DeepSpeed's instrumented functions are."""
+    return x * scale
+
+
+def test_a_decorated_module_function_keeps_its_signature_and_pickles_to_itself():
+    """Code that sends a decorated function to another process (pickle resolves it by module and
+    qualified name) or inspects it (help(), autodoc) sees the function, not the wrapper."""
+    assert str(inspect.signature(module_level_step)) == "(x, *, scale=2)"
+    assert (module_level_step.__module__, module_level_step.__qualname__) == (__name__, "module_level_step")
+    assert pickle.loads(pickle.dumps(module_level_step)) is module_level_step
 
 
 def test_no_tool_no_profiler_means_no_range():
