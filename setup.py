@@ -24,7 +24,6 @@ setup(
     install_requires=[
         "deepspeed>=0.19,<0.20",
         "torch>=2.1",
-        "nvtx>=0.2",
         "numpy",  # the timer's reservoir sample (already a DeepSpeed dependency)
         "packaging>=20.0",
         "pydantic>=2.0",
@@ -32,8 +31,13 @@ setup(
         "orjson>=3.9",  # the report parses gigabytes of per-rank records; the recorder encodes one per step
     ],
     extras_require={
-        "test": ["pytest>=7", "matplotlib>=3.5"],
+        "test": ["pytest>=7", "matplotlib>=3.5", "nvtx>=0.2"],  # the tests take both paths: with and without nvtx
         "plot": ["matplotlib>=3.5"],
+        # Not a requirement: with the nvtx package importable, DeepSpeed's CUDA accelerator pushes its
+        # ranges into a named NVTX domain instead of torch.cuda.nvtx's default one, so installing it
+        # changes what an existing Nsight filter sees.  It also lets ds_profutils ask NVTX whether a
+        # tool is attached (without it: the NVTX_INJECTION64_PATH variable, and one warning).
+        "nvtx": ["nvtx>=0.2"],
     },
     entry_points={"console_scripts": ["ds-profutils=ds_profutils.cli:main"]},
     license="Apache-2.0",

@@ -328,20 +328,46 @@ def _straggler_analysis(snapshot: Dict[str, Dict[int, list]],
     return analysis
 
 
-def install_comms_logger(settings: Any) -> CommsLogger:
-    """Make this module's ``CommsLogger`` the one ``deepspeed.comm`` times collectives with.
+_installed: List[CommsLogger] = []  # loggers install_comms_logger put in place and not yet undone, latest last
+_replaced: List[Any] = []  # what the first of them replaced: (deepspeed.comm.comm's logger, the alias's)
+
+
+def install_comms_logger(settings: Any) -> Callable[[], None]:
+    """Make a ``CommsLogger`` of ours, configured by ``settings``, the one ``deepspeed.comm`` times
+    collectives with; return what takes it out again.
 
     ``deepspeed.comm.comm`` looks its logger up by module global on every collective, so replacing
-    that global is enough (``deepspeed.comm.comms_logger``, the star-imported alias, is replaced too).
-    ``settings`` (the ``comms_logger`` section) is applied with ``enabled`` meaning what it says,
-    where DeepSpeed's own logger switches on whenever the section exists.  Installing
-    twice reconfigures the logger already installed, keeping what it has recorded.
+    that global is enough (``deepspeed.comm.comms_logger``, the star-imported alias users read, is
+    replaced too).  ``settings`` (the ``comms_logger`` section) is applied with ``enabled`` meaning
+    what it says, where DeepSpeed's own logger switches on whenever the section exists.  The new
+    logger records into the previous one's ``comms_dict`` (the same object), so what was recorded
+    before is kept, and the previous logger, once back, holds what was recorded meanwhile.
+
+    Several engines may install one each and undo in any order: undoing one puts back the latest
+    logger still installed, or, after the last, the logger that was there before the first.
     """
     import deepspeed.comm
     from deepspeed.comm import comm as ds_comm
 
-    current = ds_comm.comms_logger
-    logger = current if isinstance(current, CommsLogger) else CommsLogger()
+    previous = ds_comm.comms_logger
+    if not _installed:
+        _replaced[:] = [previous, deepspeed.comm.comms_logger]
+    logger = CommsLogger()
     logger.configure(settings)
+    records = getattr(previous, "comms_dict", None)
+    if isinstance(records, dict):
+        logger.comms_dict = records
+    _installed.append(logger)
     ds_comm.comms_logger = deepspeed.comm.comms_logger = logger
-    return logger
+
+    def undo() -> None:
+        if logger not in _installed:
+            return
+        _installed.remove(logger)
+        in_force, alias = (_installed[-1], _installed[-1]) if _installed else _replaced
+        if ds_comm.comms_logger is logger:
+            ds_comm.comms_logger = in_force
+        if deepspeed.comm.comms_logger is logger:
+            deepspeed.comm.comms_logger = alias
+
+    return undo

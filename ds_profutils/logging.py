@@ -7,7 +7,9 @@ What differs from DeepSpeed:
 * Records point at the caller of ``log_dist`` (``stacklevel``), not at this file, so DeepSpeed's
   ``[file:line:func]`` prefix names the line that logged.
 * A message below the logger's level costs one ``isEnabledFor`` check: the rank is not looked up and
-  the ``[Rank N]`` prefix is formatted only if a handler emits the record.
+  the message is not formatted.  Above it, the record is DeepSpeed's: ``record.msg`` is the formatted
+  ``"[Rank N] message"`` with no args, so filters that match on ``record.msg`` see what they see with
+  DeepSpeed.
 """
 from __future__ import annotations
 
@@ -78,8 +80,7 @@ def _log_dist_at(message: Any, ranks: Optional[Iterable[int]], level: int, stack
         return
     rank = _rank_if_logging(ranks)
     if rank is not None:
-        # Lazy %-formatting: the prefix is built only if a handler emits the record.
-        logger.log(level, "[Rank %d] %s", rank, message, stacklevel=stacklevel + 1)
+        logger.log(level, f"[Rank {rank}] {message}", stacklevel=stacklevel + 1)
 
 
 def log_dist(message: Any, ranks: Optional[Iterable[int]] = None, level: int = logging.INFO) -> None:

@@ -1,14 +1,17 @@
 """Wall-clock timers with the API of ``deepspeed.utils.timer``, in constant memory.
 
-What differs from DeepSpeed's timers, and why:
+The timer group and its timers have DeepSpeed's attributes, with DeepSpeed's types and meaning where
+a user can observe them (``timers``, ``name_``, ``started_``, ``start_time``, ...).  What differs, and
+why (``docs/deepspeed_differences.md`` lists each difference):
 
 * Host time comes from ``time.perf_counter_ns()``: monotonic, integer nanoseconds, so an NTP step
-  cannot produce a negative duration and sums do not lose precision.
+  cannot produce a negative duration and sums do not lose precision.  ``start_time``/``end_time``
+  still read as epoch seconds, as DeepSpeed's.
 * A timer keeps :class:`DurationStats` (exact count, total, min and max, and a bounded random sample
   of durations), not one record per start/stop, so memory stays bounded however long a run goes
-  between ``log()`` calls.  ``elapsed()`` is exact; ``mean()`` equals DeepSpeed's trimmed mean while
-  at most ``SAMPLE_SIZE`` durations were recorded since the last reset (more than an autotuning run
-  records), and beyond is estimated from the exact total and the sample's tails.
+  between ``log()`` calls.  ``elapsed()`` is exact; ``mean()``, ``event_timers`` and
+  ``elapsed_records`` equal DeepSpeed's while at most ``SAMPLE_SIZE`` durations were recorded since
+  the last reset (more than an autotuning run records), and beyond come from the sample.
 * Where DeepSpeed's timers use device events (``use_host_timers()`` is False), so do ours; the events
   are resolved only when a time is read (or, to bound memory, once ``FOLD_EVERY`` pairs are pending),
   so timing never synchronizes the device on every stop.
@@ -17,6 +20,7 @@ What differs from DeepSpeed's timers, and why:
 """
 from __future__ import annotations
 
+import numbers
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
@@ -50,10 +54,17 @@ STEP_GLOBAL_TIMER = "step"
 TIME_EPSILON = 1e-6
 
 _NS_PER_MS = 1_000_000
+_NS_PER_S = 1_000_000_000
 _BYTES_PER_GB = 1024**3
 
 # Module-level so tests can substitute a scripted clock.
 _clock_ns = time.perf_counter_ns
+# Turns a _clock_ns() stamp into epoch seconds, DeepSpeed's time.time() unit for start_time/end_time.
+_EPOCH_OFFSET_NS = time.time_ns() - time.perf_counter_ns()
+
+
+def _epoch_seconds(stamp_ns: int) -> float:
+    return (stamp_ns + _EPOCH_OFFSET_NS) / _NS_PER_S
 
 
 def _check_normalizer(function: str, normalizer: float) -> None:
@@ -71,14 +82,83 @@ class _Timer:
 
     def __init__(self, name: str) -> None:
         self.name_ = name
-        self._start: Any = None  # the start stamp (or event) while running, else None
+        # One attribute store per start() and per stop() (the hot path): the running interval's start
+        # stamp (an event on device timers), None while none runs; the last stop's stamp.  The last
+        # interval's start is that stop less its duration, the last duration kept (``_last_ns``).
+        self._start: Any = None
+        self._end: Optional[int] = None
+        self._last_ns = 0
+        self._abandoned: Any = None  # the start of the last interval abandoned (reset or started_ = False)
         self._durations = DurationStats(name)
         self._pending = self._durations.pending  # the same list for the timer's life
+        self._read_count: Optional[int] = None  # durations there were when a time was last read; None: unread
+
+    @property
+    def use_host_timer(self) -> bool:
+        """Whether this timer runs on the host clock (fixed when it is made, as DeepSpeed's)."""
+        return True
 
     @property
     def started_(self) -> bool:
-        """Whether the timer is running (DeepSpeed's attribute name)."""
+        """Whether an interval is running (DeepSpeed's attribute).
+
+        Assigning ``True`` starts an interval now unless one runs; assigning ``False`` abandons the
+        running interval without recording it, so the next ``start()`` is accepted.
+        """
         return self._start is not None
+
+    @started_.setter
+    def started_(self, value: bool) -> None:
+        if value and self._start is None:
+            self.start()
+        elif not value:
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Drop the running interval, if any, without recording it."""
+        if self._start is not None:
+            self._abandoned, self._start = self._start, None
+
+    @property
+    def start_time(self) -> float:
+        """Epoch seconds of the last ``start()`` (0.0 before any), as DeepSpeed's host timers keep it.
+
+        The running interval's start; else the later of the last abandoned start and the last recorded
+        interval's start (its stop less its duration).
+        """
+        start = self._start
+        if start is None:
+            start = self._abandoned
+            if self._end is not None and (start is None or self._end >= start):
+                start = self._end - (self._pending[-1] if self._pending else self._last_ns)
+        return 0.0 if start is None else _epoch_seconds(start)
+
+    @property
+    def end_time(self) -> float:
+        """Epoch seconds of the last ``stop()`` (0.0 before any), as DeepSpeed's host timers keep it."""
+        return 0.0 if self._end is None else _epoch_seconds(self._end)
+
+    @property
+    def start_event(self) -> Any:
+        """The running interval's start event on device timers; None on host timers, as DeepSpeed's."""
+        return None
+
+    @property
+    def event_timers(self) -> List[float]:
+        """The durations in seconds (DeepSpeed's host-timer entries) kept since the last reset.
+
+        Every one while at most ``SAMPLE_SIZE`` were recorded, a uniform random sample of them beyond.
+        A new list on each read (DeepSpeed's is the timer's own): call ``reset()`` to forget them.
+        """
+        self._fold()
+        return [duration / _NS_PER_S for duration in self._durations.sample]
+
+    @property
+    def elapsed_records(self) -> Optional[List[float]]:
+        """The durations in ms that the last ``elapsed()``/``mean()`` read; None until one has since a reset."""
+        if self._read_count is None:
+            return None
+        return [duration / _NS_PER_MS for duration in self._durations.sample[:self._read_count]]
 
     def _already_started(self) -> InvalidArgumentError:
         return InvalidArgumentError(f"timer {self.name_!r} has already been started; stop() it (or reset() it) "
@@ -100,13 +180,20 @@ class _Timer:
         if start is None:
             raise self._not_started()
         self._start = None
+        self._end = now
         pending = self._pending
         pending.append(now - start)
         if len(pending) >= FOLD_EVERY:
-            self._durations.fold()
+            self._fold()
+
+    def _keep_last(self) -> None:
+        """Remember the last duration (``start_time`` needs it) before the pending ones are folded away."""
+        if self._pending:
+            self._last_ns = self._pending[-1]
 
     def _fold(self) -> None:
         """Bring the statistics up to date before a time is read."""
+        self._keep_last()
         self._durations.fold()
 
     def add_durations(self, durations_ns: Sequence[float]) -> None:
@@ -116,8 +203,10 @@ class _Timer:
             self._durations.fold()
 
     def reset(self) -> None:
-        """Forget all measurements and any interval in progress."""
-        self._start = None
+        """Forget all measurements and any interval in progress (``start_time``/``end_time`` stay)."""
+        self._keep_last()
+        self._abandon()
+        self._read_count = None
         self._durations.reset()
 
     def elapsed(self, reset: bool = True) -> float:
@@ -133,6 +222,8 @@ class _Timer:
         total_ms = self._durations.total / _NS_PER_MS
         if reset:
             self.reset()
+        else:
+            self._read_count = self._durations.count
         if running:
             self.start()
         return total_ms
@@ -144,19 +235,38 @@ class _Timer:
 
 
 class _EventTimer(_Timer):
-    """A timer on device events recorded on the current stream, resolved when a time is read."""
+    """A timer on device events recorded on the current stream, resolved when a time is read.
+
+    As DeepSpeed's device timers, ``start_time`` and ``end_time`` stay 0.0.
+    """
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self._event_class = get_accelerator().Event
         self._pairs: List[Any] = []  # (start, end) events not resolved yet
 
+    @property
+    def use_host_timer(self) -> bool:
+        """False: this timer runs on device events."""
+        return False
+
+    @property
+    def start_time(self) -> float:
+        """0.0: device timers keep no host time (DeepSpeed's neither)."""
+        return 0.0
+
+    @property
+    def start_event(self) -> Any:
+        """The running interval's start event; None while none runs."""
+        return self._start
+
     def start(self) -> None:
         """Record a start event."""
         if self._start is not None:
             raise self._already_started()
-        self._start = self._event_class(enable_timing=True)
-        self._start.record()
+        event = self._event_class(enable_timing=True)
+        event.record()
+        self._start = event
 
     def stop(self, reset: bool = False, record: bool = False) -> None:
         """Record an end event.  ``reset`` and ``record`` are accepted and ignored, as in DeepSpeed."""
@@ -218,40 +328,29 @@ def _elapsed_ns(start: Any, end: Any) -> float:
     return elapsed_ms * _NS_PER_MS
 
 
-class SynchronizedWallClockTimer(dict):
+class SynchronizedWallClockTimer:
     """A group of named timers, created on first use: ``timers("fwd").start()``.
 
-    The group is the dict of its timers: calling it is ``dict.__getitem__``, with ``__missing__``
-    creating the timer, so the lookup that engines make twice per timed region runs no Python code.
-    ``timers`` and ``get_timers()`` return the group itself, where DeepSpeed keeps a separate dict.
-    Otherwise it behaves as DeepSpeed's plain object: truthy even when empty (DeepSpeed's optimizers
-    test ``if self.timers:`` before creating the first timer), hashable, equal only to itself.
+    A plain object, as DeepSpeed's: ``timers`` is the dict of its timers by name; the group itself is
+    no mapping (no ``len()``, no iteration), truthy, hashable and equal only to itself.
     """
 
     Timer = _Timer
-    __call__ = dict.__getitem__
-    __eq__ = object.__eq__
-    __ne__ = object.__ne__
-    __hash__ = object.__hash__
 
     def __init__(self) -> None:
-        super().__init__()
+        self.timers: Dict[str, _Timer] = {}
 
-    def __bool__(self) -> bool:
-        return True
-
-    def __missing__(self, name: str) -> _Timer:
-        timer = self[name] = _new_timer(name)
-        return timer
-
-    @property
-    def timers(self) -> Dict[str, _Timer]:
-        """The timers by name (DeepSpeed's attribute)."""
-        return self
+    def __call__(self, name: str) -> _Timer:
+        # EAFP: the engine calls this twice per timed region, and the timer almost always exists.
+        try:
+            return self.timers[name]
+        except KeyError:
+            timer = self.timers[name] = _new_timer(name)
+            return timer
 
     def get_timers(self) -> Dict[str, _Timer]:
-        """The timers by name."""
-        return self
+        """The timers by name (``timers`` itself)."""
+        return self.timers
 
     @staticmethod
     def memory_usage() -> str:
@@ -280,8 +379,9 @@ class SynchronizedWallClockTimer(dict):
         # memory_breakdown is accepted and ignored: DeepSpeed 0.19.8 ignores it, and its engine passes
         # it with every timer log, so honouring it would change the engine's log lines.
         _check_normalizer("SynchronizedWallClockTimer.log", normalizer)
+        timers = self.timers
         fields = ["time (ms)"]
-        fields += [f"{name}: {self[name].elapsed(reset=reset) / normalizer:.2f}" for name in names if name in self]
+        fields += [f"{name}: {timers[name].elapsed(reset=reset) / normalizer:.2f}" for name in names if name in timers]
         print_dist(" | ".join(fields), ranks=ranks or [0])
 
     def get_mean(self, names: Iterable[str], normalizer: float = 1.0, reset: bool = True) -> Dict[str, float]:
@@ -291,15 +391,30 @@ class SynchronizedWallClockTimer(dict):
         engine's autotuning output depends on both.
         """
         _check_normalizer("SynchronizedWallClockTimer.get_mean", normalizer)
-        return {name: self[name].mean() * 1000.0 / normalizer for name in names if name in self}
+        timers = self.timers
+        return {name: timers[name].mean() * 1000.0 / normalizer for name in names if name in timers}
+
+
+def _check_steps_per_output(steps_per_output: Any) -> None:
+    """None (never report) or a positive integer; DeepSpeed 0.19.8 divides by zero at the first step instead."""
+    if steps_per_output is None:
+        return
+    if isinstance(steps_per_output, bool) or not isinstance(steps_per_output, numbers.Integral):
+        raise InvalidArgumentError(f"ThroughputTimer: steps_per_output must be a positive integer or None, "
+                                   f"got {steps_per_output!r}")
+    if steps_per_output <= 0:
+        raise InvalidArgumentError(f"ThroughputTimer: steps_per_output must be greater than 0 (a positive "
+                                   f"integer, or None), got {steps_per_output!r}")
 
 
 class ThroughputTimer:
     """Samples per second over training steps, logged every ``steps_per_output`` global steps.
 
     ``config`` is DeepSpeed's throughput timer config (``enabled``, ``synchronized``).  The first
-    ``start_step`` global steps are counted but not timed (warm-up).  Times are in seconds, from
-    ``time.perf_counter_ns()``.  DeepSpeed's ``start_time``/``end_time`` (epoch seconds) are not kept.
+    ``start_step`` global steps are counted but not timed (warm-up).  Durations come from
+    ``time.perf_counter_ns()``; ``start_time``/``end_time`` are the last timed start and stop in epoch
+    seconds (0 before any), and ``initialized`` is set by the first ``start()`` when enabled, as in
+    DeepSpeed.
     """
 
     def __init__(self,
@@ -309,7 +424,13 @@ class ThroughputTimer:
                  steps_per_output: Optional[int] = None,
                  monitor_memory: bool = False,
                  logging_fn: Any = None) -> None:
+        _check_steps_per_output(steps_per_output)
+        if monitor_memory and not PSUTILS_INSTALLED:
+            raise ImportError("ThroughputTimer(monitor_memory=True) needs psutil: pip install psutil")
         self.config = config
+        self.start_time: float = 0
+        self.end_time: float = 0
+        self.initialized = False
         self.batch_size = 1 if batch_size is None else batch_size
         self.start_step = start_step
         self.steps_per_output = steps_per_output
@@ -321,7 +442,7 @@ class ThroughputTimer:
         self.global_step_count = 0
         self.total_elapsed_time = 0.0
         self.step_elapsed_time = 0.0
-        self._start_ns: Optional[int] = None
+        self._start_ns: Optional[int] = None  # the last timed start; None until warm-up is over
 
     def update_epoch_count(self) -> None:
         """Start a new epoch: micro steps count from 0 again."""
@@ -332,11 +453,13 @@ class ThroughputTimer:
         """Begin a micro step; timed once ``start_step`` global steps have passed."""
         if not self.config.enabled:
             return
+        self.initialized = True
         self.started = True
         if self.global_step_count >= self.start_step:
             if self.config.synchronized:
                 get_accelerator().synchronize()
             self._start_ns = _clock_ns()
+            self.start_time = _epoch_seconds(self._start_ns)
 
     def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
         """End a micro step; at a global step on a report boundary, log the throughput."""
@@ -350,8 +473,9 @@ class ThroughputTimer:
             return
         if self.config.synchronized:
             get_accelerator().synchronize()
-        duration = (_clock_ns() - self._start_ns) / 1e9
-        self._start_ns = None
+        now = _clock_ns()
+        self.end_time = _epoch_seconds(now)
+        duration = (now - self._start_ns) / _NS_PER_S
         self.total_elapsed_time += duration
         self.step_elapsed_time += duration
         if global_step:
@@ -360,6 +484,7 @@ class ThroughputTimer:
             self.step_elapsed_time = 0.0
 
     def _is_report_boundary(self) -> bool:
+        _check_steps_per_output(self.steps_per_output)  # it may have been assigned since __init__
         return self.steps_per_output is not None and self.global_step_count % self.steps_per_output == 0
 
     def _report(self) -> None:

@@ -53,3 +53,27 @@ def profiled_job(tmp_path_factory):
     job = run_deepspeed(DIST_SCRIPTS / "profiler_two_ranks.py",
                         ["--deepspeed_config", str(config_path), "--second_output_dir", str(out / "second")])
     return out / "profiles", out / "second", job.stdout
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """deepspeed.comm reporting an initialized 4-rank world, rank 0 (no process group needed)."""
+    from deepspeed import comm as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+
+
+@pytest.fixture
+def deepspeeds_logger(monkeypatch, world):
+    """DeepSpeed's own CommsLogger in deepspeed.comm (both names), with one recorded all_reduce; put back after."""
+    from deepspeed import comm as dist
+    from deepspeed.comm import comm as ds_comm
+    from deepspeed.utils.comms_logging import CommsLogger
+
+    theirs = CommsLogger()
+    theirs.append("all_reduce", "all_reduce", 2.0, 1024)
+    monkeypatch.setattr(ds_comm, "comms_logger", theirs)
+    monkeypatch.setattr(dist, "comms_logger", theirs)
+    return theirs

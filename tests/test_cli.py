@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ds_profutils.cli import EXIT_INVALID, main
+from ds_profutils.config.command import EFFECTS_HEADER
 from report_testing import record, write_records, write_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +59,8 @@ def test_check_config_prints_resolved_settings(path, capsys):
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{path}: valid; resolved ds_profutils settings:\n")
+    out, _, effects = out.partition(EFFECTS_HEADER + "\n")
+    assert [line.split(":")[0] for line in effects.splitlines()] == ["  nvtx", "  comms_logger"]
     ours, _, theirs = out.partition("applied by DeepSpeed, not read by ds_profutils:\n")
     keys = [line.split(":")[0] for line in ours.splitlines()[1:] if not line.startswith("    ")]
     assert keys == ["  profiler", "  nvtx", "  partitioned_param_profiler", "  memory_snapshot", "  wall_clock_breakdown",
@@ -65,6 +68,42 @@ def test_check_config_prints_resolved_settings(path, capsys):
     raw = json.loads(path.read_text())
     assert [line.split(":")[0] for line in theirs.splitlines() if not line.startswith("    ")] == \
         [f"  {key}" for key in ("timers", "steps_per_print") if key in raw]
+
+
+@pytest.mark.parametrize("section, says", [
+    ({}, ["  nvtx: absent: instrument_w_nvtx (ds_profutils' and DeepSpeed's own) left as DeepSpeed sets it: "
+          "deepspeed.utils.nvtx.enable_nvtx and DEEPSPEED_NVTX_DOMAIN untouched",
+          "  comms_logger: absent: DeepSpeed's comms logger left as it is (off unless the job switches it on)"]),
+    ({"nvtx": {"enabled": False}, "comms_logger": {"enabled": False}},
+     ["  nvtx: enabled false: the ranges of instrument_w_nvtx are off, ds_profutils' and DeepSpeed's own (~85 "
+      "instrumented DeepSpeed functions; it sets deepspeed.utils.nvtx.enable_nvtx); domain \"DeepSpeed\": "
+      "DeepSpeed's own",
+      "  comms_logger: present: ds_profutils' logger replaces DeepSpeed's at attach, keeping what DeepSpeed's "
+      "recorded; enabled false: off (DeepSpeed's would be on: the section exists)"]),
+])
+def test_check_config_says_what_the_nvtx_and_comms_logger_sections_govern(tmp_path, capsys, section, says):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, **section}))
+    assert main(["check-config", str(path)]) == 0
+    assert capsys.readouterr().out.partition(EFFECTS_HEADER + "\n")[2].splitlines() == says
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_check_config_says_where_a_custom_nvtx_domain_applies(tmp_path, capsys, monkeypatch, installed):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (real_find_spec(name, *a) if installed else None) if name == "nvtx" else
+                        real_find_spec(name, *a))
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "nvtx": {"domain": "Job"}}))
+    assert main(["check-config", str(path)]) == 0
+    nvtx_line = capsys.readouterr().out.partition(EFFECTS_HEADER + "\n")[2].splitlines()[0]
+    assert nvtx_line.endswith(
+        "domain \"Job\": names both where the accelerator takes an NVTX domain (DeepSpeed's CUDA accelerator with "
+        f"the nvtx package, pip install ds-profutils[nvtx]: {'installed' if installed else 'not installed'} here); "
+        "elsewhere not applicable, which the job says in one line at start")
 
 
 def test_defaults_are_filled_in(tmp_path, capsys):

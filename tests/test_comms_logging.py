@@ -26,14 +26,6 @@ DEEPSPEED_OPS = [
 ]
 
 
-@pytest.fixture
-def world(monkeypatch):
-    """deepspeed.comm reporting an initialized 4-rank world, rank 0 (no process group needed)."""
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
-    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
-
-
 def assert_close(ours, theirs, path="result"):
     """Nested dicts equal, numbers to 1e-12 relative (numpy's mean and ours sum in different orders)."""
     if isinstance(theirs, dict):
@@ -291,31 +283,38 @@ def test_deepspeed_comm_runs_on_our_logger_and_timers():
     assert "Avg Latency(ms)" in run.stdout
 
 
-def test_install_comms_logger_honours_enabled_where_deepspeed_switches_on_by_key_presence():
+def test_installed_logger_honours_enabled_false_and_keeps_what_deepspeeds_recorded(deepspeeds_logger):
     from deepspeed.comm import comm as ds_comm
-    from deepspeed.comm.config import DeepSpeedCommsConfig
 
-    from ds_profutils.comms_logging import CommsLogger, install_comms_logger
-    from ds_profutils.config import CommsLoggerSettings
+    undo = comms.install_comms_logger(CommsLoggerSettings(enabled=False, verbose=True))
+    ours = ds_comm.comms_logger
+    assert isinstance(ours, CommsLogger) and dist.comms_logger is ours  # the alias users read, too
+    assert not ours.enabled and ours.verbose  # DeepSpeed's would be on: the section exists
+    # deepspeed.initialize configures the logger it finds; ours keeps "enabled": false meaning off.
+    ours.configure(DeepSpeedCommsConfig({"comms_logger": {"enabled": False}}))
+    assert not ours.enabled
+    assert ours.get_total_operations() == 1  # DeepSpeed's record is there
+    ours.append("broadcast", "broadcast", 1.0, 2048)
+    undo()
+    assert ds_comm.comms_logger is deepspeeds_logger and dist.comms_logger is deepspeeds_logger
+    assert deepspeeds_logger.get_operation_names() == ["all_reduce", "broadcast"]  # nothing recorded is lost
+    undo()  # twice: nothing more
+    assert ds_comm.comms_logger is deepspeeds_logger
 
-    import deepspeed.comm
 
-    saved = ds_comm.comms_logger
-    try:
-        section = {"comms_logger": {"enabled": False, "verbose": True}}
-        from deepspeed.utils.comms_logging import CommsLogger as DeepSpeedCommsLogger
+def test_loggers_installed_by_several_engines_come_out_in_any_order(deepspeeds_logger):
+    from deepspeed.comm import comm as ds_comm
 
-        theirs = DeepSpeedCommsLogger()  # not type(saved): an earlier attach() may have installed ours
-        theirs.configure(DeepSpeedCommsConfig(section))
-        assert theirs.enabled  # DeepSpeed: on because the section exists
-
-        installed = install_comms_logger(CommsLoggerSettings(**section["comms_logger"]))
-        assert isinstance(ds_comm.comms_logger, CommsLogger) and ds_comm.comms_logger is installed
-        assert deepspeed.comm.comms_logger is installed  # the alias users read (dist.comms_logger.get_raw_data())
-        assert not installed.enabled and installed.verbose
-        # deepspeed.initialize configures the logger it finds; ours keeps "enabled": false meaning off.
-        ds_comm.comms_logger.configure(DeepSpeedCommsConfig(section))
-        assert not ds_comm.comms_logger.enabled
-        assert install_comms_logger(CommsLoggerSettings(enabled=True)) is installed and installed.enabled
-    finally:
-        ds_comm.comms_logger = deepspeed.comm.comms_logger = saved
+    undo_actor = comms.install_comms_logger(CommsLoggerSettings(enabled=True))
+    actor = ds_comm.comms_logger
+    undo_critic = comms.install_comms_logger(CommsLoggerSettings(enabled=False))
+    undo_critic()
+    assert ds_comm.comms_logger is actor and dist.comms_logger is actor
+    undo_actor()
+    assert ds_comm.comms_logger is deepspeeds_logger and dist.comms_logger is deepspeeds_logger
+    undo_actor = comms.install_comms_logger(CommsLoggerSettings(enabled=True))
+    undo_critic = comms.install_comms_logger(CommsLoggerSettings(enabled=False))
+    undo_actor()
+    assert not ds_comm.comms_logger.enabled  # the critic's, still in force
+    undo_critic()
+    assert ds_comm.comms_logger is deepspeeds_logger and dist.comms_logger is deepspeeds_logger

@@ -1,10 +1,13 @@
 """``import ds_profutils`` stays cheap: names resolve on first use, and the ones shadowed by submodules
 stay DeepSpeed's objects whatever the import order.  Each check runs in a fresh interpreter."""
 import json
+import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import setuptools
 
 OUR_ADDITIONS = ("ds_profutils.torch_profiler", "ds_profutils.zero3", "ds_profutils.report", "ds_profutils.config")
 
@@ -75,3 +78,13 @@ def test_unknown_attribute_is_an_attribute_error():
     import ds_profutils
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         ds_profutils.no_such_name  # noqa: B018
+
+
+def test_nvtx_is_an_extra_not_a_requirement(monkeypatch):
+    """Installing ds_profutils must not make DeepSpeed's CUDA accelerator push into another NVTX domain:
+    it does so whenever the nvtx package imports."""
+    declared = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: declared.update(kwargs))
+    runpy.run_path(str(Path(__file__).parents[1] / "setup.py"))
+    assert not [r for r in declared["install_requires"] if r.split(">")[0].split("=")[0].strip() == "nvtx"]
+    assert declared["extras_require"]["nvtx"] == ["nvtx>=0.2"]

@@ -12,6 +12,31 @@ def test_before_dist_init_every_process_logs_as_rank_minus_one(ds_caplog):
     assert [r.getMessage() for r in ds_caplog.records] == ["[Rank -1] hello"]
 
 
+def test_records_carry_the_formatted_message_as_deepspeeds_do(ds_caplog):
+    """Filters and handlers that read ``record.msg`` see DeepSpeed's string: prefix applied, no args."""
+    import deepspeed.utils.logging as ds_logging_module
+
+    message = "loss 100% done (%s kept)"  # a % in a message must not be taken for a format
+    ds_profutils.log_dist(message, ranks=[0], level=logging.WARNING)
+    ds_logging_module.log_dist(message, ranks=[0], level=logging.WARNING)
+    ours, theirs = ds_caplog.records
+    assert ours.msg == theirs.msg == "[Rank -1] loss 100% done (%s kept)"
+    assert ours.args == theirs.args == ()
+    assert ours.getMessage() == theirs.getMessage()
+
+
+def test_a_filter_on_record_msg_drops_our_records_as_deepspeeds(ds_caplog):
+    dropped = logging.Filter()
+    dropped.filter = lambda record: not record.msg.startswith("[Rank -1] noisy")
+    ds_caplog.handler.addFilter(dropped)
+    try:
+        ds_profutils.log_dist("noisy line", level=logging.WARNING)
+        ds_profutils.log_dist("kept line", level=logging.WARNING)
+    finally:
+        ds_caplog.handler.removeFilter(dropped)
+    assert [r.msg for r in ds_caplog.records] == ["[Rank -1] kept line"]
+
+
 def test_record_points_at_the_caller(ds_caplog):
     ds_profutils.log_dist("where", level=logging.WARNING)
     (record, ) = ds_caplog.records

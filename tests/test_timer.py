@@ -16,7 +16,6 @@ import ds_profutils._stats as stats
 import ds_profutils.timer as timer
 from ds_profutils.exceptions import InvalidArgumentError
 from ds_profutils.timer import NoopTimer, SynchronizedWallClockTimer, ThroughputTimer, trim_mean
-from ds_profutils.zero3.engine_setup import install_timers
 
 
 class ScriptedClock:
@@ -272,21 +271,99 @@ def test_group_deep_copies_and_pickles_as_deepspeeds_does(monkeypatch):
         assert ours_copy("fwd").elapsed() == 0 and ours("fwd").elapsed(reset=False) == pytest.approx(5.0)
 
 
-def test_group_behaves_as_deepspeeds_object_not_as_a_mapping():
-    group, other = SynchronizedWallClockTimer(), SynchronizedWallClockTimer()
+@pytest.mark.parametrize("cls", [SynchronizedWallClockTimer, ds_timer.SynchronizedWallClockTimer],
+                         ids=["ours", "deepspeed"])
+def test_group_behaves_as_deepspeeds_object_not_as_a_mapping(cls):
+    group, other = cls(), cls()
+    group("a")
     assert group  # DeepSpeed's optimizers guard every timer call with `if self.timers:`
     assert group != other and group == group
     assert {group: 1}[group] == 1
+    assert not isinstance(group, dict)
+    with pytest.raises(TypeError):
+        len(group)
+    with pytest.raises(TypeError):
+        iter(group)
+    with pytest.raises(TypeError):
+        group["a"]  # noqa: B018
 
 
 def test_group_creates_each_timer_once():
     group = SynchronizedWallClockTimer()
     assert group("a") is group("a")
-    assert group.get_timers() == group.timers == {"a": group("a")}
+    assert type(group.timers) is dict and group.get_timers() is group.timers
+    assert group.timers == {"a": group("a")}
     assert isinstance(group("a"), SynchronizedWallClockTimer.Timer)
     group.log(["b"])
     group.get_mean(["b"])
     assert list(group.timers) == ["a"]  # reading a timer that does not exist does not create it
+    with pytest.raises(KeyError):
+        group.timers["b"]  # a plain dict, as DeepSpeed's: looking a name up creates nothing
+    group.timers["c"] = marker = SynchronizedWallClockTimer.Timer("c")
+    assert group("c") is marker  # the group reads the dict users see, as DeepSpeed's does
+
+
+ATTRIBUTES = ("name_", "started_", "start_time", "end_time", "use_host_timer", "start_event")
+
+
+def assert_reads_as(ours, theirs, step):
+    """What a user reads off our timer is what DeepSpeed's shows (the float lists to rounding)."""
+    assert {name: getattr(ours, name) for name in ATTRIBUTES} == {name: getattr(theirs, name) for name in ATTRIBUTES}, step
+    assert ours.event_timers == pytest.approx(theirs.event_timers, rel=1e-9), step
+    if theirs.elapsed_records is None:
+        assert ours.elapsed_records is None, step
+    else:
+        assert ours.elapsed_records == pytest.approx(theirs.elapsed_records, rel=1e-9), step
+
+
+def test_timer_attributes_read_as_deepspeeds_through_a_run(monkeypatch):
+    monkeypatch.setattr(timer, "_EPOCH_OFFSET_NS", 0)  # our stamps then read as DeepSpeed's time.time() values
+    ours, theirs = both_timers(monkeypatch, [1_000_000 * (i + 1) for i in range(12)])
+    script = ["start", "stop", "start", "stop", "read", "start", "read", "abandon", "start", "stop", "mean",
+              "start", "reset", "start", "stop", "elapsed"]
+    for step in script:
+        for group in (ours, theirs):
+            t = group("fwd")
+            if step == "read":
+                t.elapsed(reset=False)
+            elif step == "abandon":
+                t.started_ = False  # what DeepSpeed's own reset() does, and users do
+            else:
+                getattr(t, step)()
+        assert_reads_as(ours("fwd"), theirs("fwd"), step)
+    assert ours("fwd").start_time > 0 and ours("fwd").end_time > ours("fwd").start_time
+
+
+def test_assigning_started_starts_or_abandons_an_interval(monkeypatch):
+    stamps = iter([1_000_000_000, 2_000_000_000, 2_007_000_000])  # abandoned start; start, stop 7 ms later
+    monkeypatch.setattr(timer, "_clock_ns", lambda: next(stamps))
+    monkeypatch.setattr(timer, "_EPOCH_OFFSET_NS", 0)
+    t = SynchronizedWallClockTimer()("fwd")
+    t.started_ = True  # starts now (DeepSpeed's would time from a stale start_time)
+    assert t.started_ and t.start_time == 1.0
+    t.started_ = True  # already running: nothing changes
+    t.started_ = False  # abandons the interval: nothing recorded, start() accepted again
+    assert not t.started_ and t.event_timers == [] and t.start_time == 1.0
+    t.start()
+    t.stop()
+    assert t.event_timers == pytest.approx([0.007]) and t.elapsed() == pytest.approx(7.0)
+
+
+def test_event_timers_stay_bounded_and_exact_while_they_fit():
+    t = SynchronizedWallClockTimer()("loop")
+    for _ in range(3):
+        t.start()
+        t.stop()
+    assert len(t.event_timers) == 3 and all(0 <= d < 1 for d in t.event_timers)
+    for _ in range(5 * stats.SAMPLE_SIZE):
+        t.start()
+        t.stop()
+    assert len(t.event_timers) == stats.SAMPLE_SIZE  # DeepSpeed's list would hold all 20483
+    assert t.elapsed_records is None
+    t.mean()
+    assert len(t.elapsed_records) == stats.SAMPLE_SIZE
+    t.reset()
+    assert t.event_timers == [] and t.elapsed_records is None
 
 
 def test_noop_timer_accepts_every_call_and_measures_nothing():
@@ -439,6 +516,21 @@ def test_events_wait_for_the_oldest_pair_only_when_the_device_lags_the_whole_buf
     assert t._pairs == [] and t._durations.count == 0
 
 
+def test_device_timer_attributes_read_as_deepspeeds(device):
+    t = SynchronizedWallClockTimer()("fwd")
+    assert t.use_host_timer is False and t.start_event is None
+    with pytest.raises(AttributeError):
+        t.use_host_timer = True  # a timer keeps the clock it was made with
+    t.start()
+    assert t.start_event is device.recorded[-1] and t.started_
+    t.stop()
+    assert t.start_event is None and (t.start_time, t.end_time) == (0.0, 0.0)  # no host times, as DeepSpeed's
+    assert device.calls == ["record"] * 2  # reading attributes waits for nothing
+    assert t.event_timers == pytest.approx([0.002])  # resolved when read; DeepSpeed's holds the event pair
+    t.elapsed(reset=False)
+    assert t.elapsed_records == pytest.approx([2.0])
+
+
 def test_a_timer_keeps_the_clock_it_was_made_with(device):
     """As DeepSpeed's: the accelerator's use_host_timers() is read when the timer is made."""
     device.host_timers = True
@@ -487,6 +579,35 @@ def test_throughput_timer_before_any_timed_step_and_when_disabled(monkeypatch):
     assert ours.global_step_count == 1
 
 
+def test_throughput_timer_times_and_flags_read_as_deepspeeds(monkeypatch):
+    monkeypatch.setattr(timer, "_EPOCH_OFFSET_NS", 0)
+    (ours, _), (theirs, _) = throughput_pair(monkeypatch, 3, steps_per_output=2, start_step=1)
+    fields = ("start_time", "end_time", "initialized", "started", "total_elapsed_time")
+    assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields] == [0, 0, False, False, 0]
+    for _ in range(4):
+        for tput in (ours, theirs):
+            tput.start()
+        assert [getattr(ours, f) for f in fields] == pytest.approx([getattr(theirs, f) for f in fields])
+        for tput in (ours, theirs):
+            tput.stop(global_step=True)
+        assert [getattr(ours, f) for f in fields] == pytest.approx([getattr(theirs, f) for f in fields])
+    assert ours.initialized and ours.start_time > 0 and ours.end_time - ours.start_time == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("steps, message", [(0, "must be greater than 0"), (-1, "must be greater than 0"),
+                                            (1.5, "must be a positive integer or None"),
+                                            (True, "must be a positive integer or None")])
+def test_throughput_timer_refuses_steps_per_output_it_cannot_report_on(steps, message):
+    # DeepSpeed 0.19.8 accepts 0 and divides by it at the first global step.
+    config = types.SimpleNamespace(enabled=True, synchronized=False)
+    with pytest.raises(InvalidArgumentError, match=f"steps_per_output {message}"):
+        ThroughputTimer(config, batch_size=1, steps_per_output=steps)
+    tput = ThroughputTimer(config, batch_size=1, steps_per_output=2)
+    tput.steps_per_output = steps
+    with pytest.raises(ValueError, match="positive"):
+        tput._is_report_boundary()
+
+
 def test_throughput_timer_synchronizes_the_device_when_asked(monkeypatch, device):
     ScriptedClock([250_000_000]).install(monkeypatch)
     tput = ThroughputTimer(types.SimpleNamespace(enabled=True, synchronized=True), batch_size=None, start_step=0)
@@ -494,24 +615,3 @@ def test_throughput_timer_synchronizes_the_device_when_asked(monkeypatch, device
     tput.stop(global_step=True)
     assert device.calls == ["device_synchronize"] * 2
     assert tput.total_elapsed_time == 0.25 and tput.avg_samples_per_sec() == 4.0
-
-
-def test_install_timers_replaces_deepspeeds_group_wherever_the_engine_shares_it():
-    theirs = ds_timer.SynchronizedWallClockTimer()
-    offload = types.SimpleNamespace(timers=theirs)
-    optimizer = types.SimpleNamespace(timers=theirs, parameter_offload=offload, other=types.SimpleNamespace())
-    engine = types.SimpleNamespace(timers=theirs, optimizer=optimizer, eval_timers=ds_timer.NoopTimer())
-    ours = install_timers(engine)
-    assert isinstance(ours, SynchronizedWallClockTimer)
-    assert engine.timers is optimizer.timers is offload.timers is ours
-    assert isinstance(engine.eval_timers, ds_timer.NoopTimer)  # only holders of the engine's group change
-    assert install_timers(engine) is ours  # twice: nothing more happens
-
-
-def test_install_timers_refuses_while_deepspeeds_timers_run():
-    theirs = ds_timer.SynchronizedWallClockTimer()
-    theirs("fwd").start()
-    engine = types.SimpleNamespace(timers=theirs)
-    with pytest.raises(InvalidArgumentError, match=r"DeepSpeed's timers \['fwd'\] are running"):
-        install_timers(engine)
-    assert engine.timers is theirs

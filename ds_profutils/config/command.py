@@ -8,6 +8,7 @@ the resolved settings of a valid file go to stdout.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
@@ -16,9 +17,9 @@ from .checks import misspelt_sections, output_dir_problems, zero_stage_problems
 from .env import environment_overrides
 from .errors import ConfigError, ConfigProblem
 from .loading import config_from_raw, raw_settings
-from .models import DEEPSPEED_APPLIED_KEYS, ProfUtilsConfig, check_ranks
+from .models import DEEPSPEED_APPLIED_KEYS, DEEPSPEED_NVTX_DOMAIN, ProfUtilsConfig, check_ranks
 
-__all__ = ["check_files"]
+__all__ = ["EFFECTS_HEADER", "check_files"]
 
 
 def _render(settings: Mapping[str, Any], indent: str = "") -> List[str]:
@@ -52,6 +53,34 @@ def _rank_problems(sections: Mapping[str, Any], world_size: int) -> List[ConfigP
         except ConfigError as exc:
             problems.extend(exc.problems)
     return problems
+
+
+def _nvtx_effect(config: ProfUtilsConfig) -> str:
+    """What the ``nvtx`` section does in a job, in words (the accelerator is only known there)."""
+    if config.nvtx is None:
+        return ("absent: instrument_w_nvtx (ds_profutils' and DeepSpeed's own) left as DeepSpeed sets it: "
+                "deepspeed.utils.nvtx.enable_nvtx and DEEPSPEED_NVTX_DOMAIN untouched")
+    state = "on" if config.nvtx.enabled else "off"
+    switch = (f"enabled {json.dumps(config.nvtx.enabled)}: the ranges of instrument_w_nvtx are {state}, ds_profutils' "
+              f"and DeepSpeed's own (~85 instrumented DeepSpeed functions; it sets deepspeed.utils.nvtx.enable_nvtx)")
+    if config.nvtx.domain == DEEPSPEED_NVTX_DOMAIN:
+        return f"{switch}; domain {json.dumps(config.nvtx.domain)}: DeepSpeed's own"
+    package = "installed" if importlib.util.find_spec("nvtx") is not None else "not installed"
+    return (f"{switch}; domain {json.dumps(config.nvtx.domain)}: names both where the accelerator takes an NVTX domain "
+            f"(DeepSpeed's CUDA accelerator with the nvtx package, pip install ds-profutils[nvtx]: {package} here); "
+            "elsewhere not applicable, which the job says in one line at start")
+
+
+def _comms_logger_effect(config: ProfUtilsConfig) -> str:
+    """What the ``comms_logger`` section does in a job, in words."""
+    if not config.has_comms_logger_section:
+        return "absent: DeepSpeed's comms logger left as it is (off unless the job switches it on)"
+    state = "on" if config.comms_logger.enabled else "off (DeepSpeed's would be on: the section exists)"
+    return (f"present: ds_profutils' logger replaces DeepSpeed's at attach, keeping what DeepSpeed's recorded; "
+            f"enabled {json.dumps(config.comms_logger.enabled)}: {state}")
+
+
+EFFECTS_HEADER = "what nvtx and comms_logger do in a job:"
 
 
 def _check(path: str, world_size: Optional[int]) -> Tuple[ProfUtilsConfig, Mapping[str, Any]]:
@@ -95,4 +124,7 @@ def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
         if theirs:
             print("applied by DeepSpeed, not read by ds_profutils:")
             print("\n".join(_render(theirs, "  ")))
+        print(EFFECTS_HEADER)
+        print(f"  nvtx: {_nvtx_effect(config)}")
+        print(f"  comms_logger: {_comms_logger_effect(config)}")
     return valid

@@ -18,6 +18,7 @@ from .errors import ConfigError, ConfigProblem, show_value
 __all__ = [
     "CommsLoggerSettings",
     "DEEPSPEED_APPLIED_KEYS",
+    "DEEPSPEED_NVTX_DOMAIN",
     "NvtxConfig",
     "PartitionedParamProfilerConfig",
     "ProfilerConfig",
@@ -32,6 +33,9 @@ __all__ = [
 SUMMARY_SORT_KEYS = ("self_cpu_time_total", "cpu_time_total", "count", "flops")
 """Columns the operator summary can be sorted by: host time spent in the operator itself, host time
 including the operators it called, calls, and counted FLOPs (named as torch's ``key_averages`` names them)."""
+
+DEEPSPEED_NVTX_DOMAIN = "DeepSpeed"
+"""The NVTX domain DeepSpeed names its ranges with (``deepspeed.utils.nvtx``'s default)."""
 
 DEEPSPEED_APPLIED_KEYS = ("timers", "steps_per_print")
 """DeepSpeed's own timing keys, which DeepSpeed's engine applies and ds_profutils does not read."""
@@ -132,7 +136,7 @@ class NvtxConfig(Section):
     """The ``"nvtx"`` section: whether ``instrument_w_nvtx`` pushes ranges, and in which domain."""
 
     enabled: bool = True
-    domain: str = Field("DeepSpeed", min_length=1)
+    domain: str = Field(DEEPSPEED_NVTX_DOMAIN, min_length=1)
 
 
 class PartitionedParamProfilerConfig(_RecordsOnRanks, Section):
@@ -184,6 +188,8 @@ class ProfUtilsConfig(BaseModel):
 
     ``profiler`` and ``partitioned_param_profiler`` are off (``enabled=False``) when their section is
     absent; ``nvtx`` is None when absent, which leaves ``instrument_w_nvtx`` behaving as DeepSpeed's.
+    ``comms_logger`` reads as off when absent, and then DeepSpeed's own logger is left in place
+    (:attr:`has_comms_logger_section`).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -195,6 +201,12 @@ class ProfUtilsConfig(BaseModel):
     memory_snapshot: MemorySnapshotConfig = Field(default_factory=MemorySnapshotConfig)
     wall_clock_breakdown: bool = False
     comms_logger: CommsLoggerSettings = Field(default_factory=CommsLoggerSettings)
+
+    @property
+    def has_comms_logger_section(self) -> bool:
+        """Whether the config has a ``comms_logger`` section: only then does ds_profutils' logger replace
+        DeepSpeed's (which the section's mere presence switches on)."""
+        return "comms_logger" in self.model_fields_set
 
     @model_validator(mode="before")
     @classmethod
