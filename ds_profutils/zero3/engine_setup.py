@@ -9,7 +9,7 @@ process, the recorder only observes.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..comms_logging import install_comms_logger
 from ..config import ProfUtilsConfig
@@ -29,9 +29,9 @@ TIMER_HOLDERS: Tuple[Tuple[str, ...], ...] = (
 stores it as ``.timers``).  The ZeRO-3 coordinator's profiler is attach's own (``PartitionedParameterProfiler``)."""
 
 
-def apply_engine_settings(engine: Any, config: ProfUtilsConfig) -> Callable[[], None]:
+def apply_engine_settings(engine: Any, config: ProfUtilsConfig) -> Optional[Callable[[], None]]:
     """Apply the config's ``wall_clock_breakdown``, ``nvtx`` and ``comms_logger`` to ``engine`` and its
-    process; return a callable that restores exactly what was changed.
+    process; return a callable that restores exactly what was changed (None: nothing was).
 
     Sections the config lacks change nothing: without ``nvtx`` both NVTX switches and domains stay,
     without ``comms_logger`` DeepSpeed's logger stays (with what it recorded).  The undo puts back the
@@ -45,6 +45,8 @@ def apply_engine_settings(engine: Any, config: ProfUtilsConfig) -> Callable[[], 
         undos.append(configure_nvtx(config.nvtx.enabled, config.nvtx.domain))
     if config.has_comms_logger_section:
         undos.append(install_comms_logger(config.comms_logger))
+    if not undos:
+        return None
 
     def undo() -> None:
         while undos:

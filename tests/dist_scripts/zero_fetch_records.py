@@ -164,10 +164,8 @@ def rank0_only_with_our_timers(records: Path, rank: int) -> dict:
     for _ in range(2):
         engine.backward(engine(torch.randn(4, 16)).pow(2).mean())
         engine.step()
-    attachment.close()  # every rank changed the engine's timers: every rank has an attachment to close
-    return {
+    findings = {
         "recorder": attachment.recorder is not None,
-        "timers_given_back": engine.timers is deepspeeds_timers and offload.timers is deepspeeds_timers,
         "stale_file_left": stale.exists() and stale.read_text().startswith("{}"),
         "timers_ours": isinstance(timers, SynchronizedWallClockTimer),
         "optimizer_and_offload_share_them": engine.optimizer.timers is timers and offload.timers is timers,
@@ -176,6 +174,9 @@ def rank0_only_with_our_timers(records: Path, rank: int) -> dict:
                                                      for t in deepspeeds_timers.get_timers().values()),
         "timer_names": sorted(timers.get_timers()),
     }
+    attachment.close()  # every rank changed the engine's timers: every rank has an attachment to close
+    findings["timers_given_back"] = engine.timers is deepspeeds_timers and offload.timers is deepspeeds_timers
+    return findings
 
 
 def train(engine, steps: int) -> None:
