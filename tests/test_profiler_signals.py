@@ -615,3 +615,33 @@ def test_a_signal_handler_starting_a_profiled_call_mid_claim_does_not_deadlock(t
     assert job.returncode == 0, job.stdout + job.stderr
     assert [line for line in job.stdout.splitlines() if line in ("evaluated", "done")] == ["evaluated", "done"]
     assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [0]
+
+
+_HANDLER_PUT_OVER_THE_GUARDS = textwrap.dedent("""
+    import os, signal, sys, time
+    from ds_profutils import profiler, step_profiler
+    from ds_profutils.torch_profiler import watchdog
+
+    watchdog.DEADLINE_S = 1.0
+
+    @profiler(output_dir=sys.argv[1], skip_first=0, wait=0, warmup=0, active=12)
+    def train():
+        for step in range(10):
+            if step == 2:  # a library installs its own handler while the window records
+                signal.signal(signal.SIGTERM, lambda signum, frame: print("graceful", flush=True))
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)  # ten steps outlast the deadline
+            step_profiler()
+
+    train()
+    print("ended normally", flush=True)
+""")
+
+
+def test_a_signal_the_programs_later_handler_takes_starts_no_deadline(tmp_path):
+    """The watchdog sees every SIGTERM byte; one that went to a handler put over the guard's is not held."""
+    job = subprocess.run([sys.executable, "-c", _HANDLER_PUT_OVER_THE_GUARDS, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "graceful" in job.stdout and "ended normally" in job.stdout

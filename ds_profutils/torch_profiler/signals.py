@@ -129,8 +129,9 @@ class SignalGuard:
         return self._raised is not None
 
     def handles(self, signum: int) -> bool:
-        """Whether this guard's handler is installed for ``signum`` (asked by the watchdog)."""
-        return signum in self._window or signum in self._aside
+        """Whether this guard's handler is the one installed for ``signum`` (asked by the watchdog: a handler the
+        program put over it during the window gets the signal instead, and nothing is held)."""
+        return (signum in self._window or signum in self._aside) and signal.getsignal(signum) == self._handler
 
     def waiting_for_boundary(self) -> bool:
         """A noted SIGTERM/SIGINT waits for the next step boundary (asked by the watchdog)."""
