@@ -182,7 +182,7 @@ class ProfilerRun:
         releases = not signals.holding  # end() holds from before this call until everything is written
         if releases:
             signals.hold()
-        signals.activity = f"{event.value}, at step {self.step}"
+        signals.activity = f"at step {self.step}: {event.value}"
         try:
             for action in actions:
                 action(self)
@@ -196,7 +196,8 @@ class ProfilerRun:
                 raise
         finally:
             self._plan_next()
-            signals.activity = "recording" if self._state is _State.RECORDING else "idle"
+            signals.activity = ("the step has not reached step_profiler()" if self._state is _State.RECORDING
+                                else "not recording")
             if releases:
                 signals.release(recording=self._state is _State.RECORDING)
 
@@ -278,7 +279,9 @@ class ProfilerRun:
             self._torch.add_metadata_json("ds_profutils", json.dumps({**metadata, "cycles": [entry]}))
         except Exception as exc:  # the cycle is still worth writing without it
             logger.error("profiler: the ds_profutils metadata of %s was not added (%s)", path, exc)
+        self.signals.activity = f"after step {self.step}: stopping torch.profiler (it synchronizes the device)"
         profile = self._stop_torch()
+        self.signals.activity = f"after step {self.step}: writing {path} and the run trace"
         interrupted = self.signals.interrupted or (self._ended and not self._returned)
         if interrupted:
             logger.warning("profiler: rank %d interrupted at step %d; writing the steps recorded so far (SIGTERM and "

@@ -128,6 +128,12 @@ class SignalGuard:
         """The handler raised SystemExit/KeyboardInterrupt, and the run has not seen where it went."""
         return self._raised is not None
 
+    def doing(self) -> str:
+        """What keeps the signal held, for the watchdog's last line."""
+        if self._raised is not None:
+            return "the program's cleanup, unwinding from the exception raised for it, has not ended"
+        return self.activity
+
     def handles(self, signum: int) -> bool:
         """Whether this guard's handler is the one installed for ``signum`` (asked by the watchdog: a handler the
         program put over it during the window gets the signal instead, and nothing is held)."""

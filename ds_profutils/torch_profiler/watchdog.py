@@ -198,7 +198,7 @@ class Watchdog:
         name = signal.Signals(self._signum).name
         if elapsed >= DEADLINE_S:
             self._end(self._signum, f"{name} arrived {elapsed:.0f} s ago and the profiler still holds it "
-                      f"({guard.activity})")
+                      f"({guard.doing()})")
         elif elapsed >= GRACE_S and not self._unwind_sent and guard.waiting_for_boundary():
             self._unwind_sent = True
             signum = guard.request_unwind()
