@@ -141,6 +141,34 @@ def test_ctrl_c_writes_the_window_before_the_programs_cleanup_runs(tmp_path, han
     assert seen_by_cleanup == [[3, 4]]  # step 4 finished: it is in the window
 
 
+def test_after_a_noted_ctrl_c_other_handlers_wait_for_the_window_too(tmp_path, handlers):
+    """Ctrl-C kills the DataLoader workers with the rank: their SIGCHLD must not reach torch's handler (which
+    raises) before the window is written; it is delivered after it, not dropped."""
+    seen = []
+    previous_sigchld = signal.signal(signal.SIGCHLD,
+                                     lambda signum, frame: seen.append((tmp_path / "trace_rank_0.json").exists()))
+
+    def train():
+        for step in range(20):
+            if step == 4:
+                os.kill(os.getpid(), signal.SIGINT)
+                signal.raise_signal(signal.SIGCHLD)
+                assert seen == []
+            step_profiler()
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
+        _run_pending_handlers()
+        assert seen == [True]
+    finally:
+        signal.signal(signal.SIGCHLD, previous_sigchld)
+
+
+def _run_pending_handlers():
+    """A Python call: handlers of signals tripped while another handler raised run as it begins."""
+
+
 def test_a_step_that_does_not_end_in_the_grace_period_is_unwound(tmp_path, handlers, monkeypatch):
     """No step boundary within GRACE_S (a long step, a hung collective): the main thread is interrupted where it
     waits, KeyboardInterrupt unwinds to the profiled block, and the window is written there."""

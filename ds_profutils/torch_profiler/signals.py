@@ -197,8 +197,11 @@ class SignalGuard:
         due, self._pending = self._pending, []
         if recording:
             for signum in [s for s in due if s in self._window and self._stops(s)]:
-                due.remove(signum)
-                self.stop = self.stop or signum
+                if self.stop is None:
+                    due.remove(signum)
+                    self.stop = signum
+            if self._stopping():  # nothing is delivered before the next boundary has written the window
+                self._pending, due = due, []
         else:
             if self.stop is not None:
                 due.insert(0, self.stop)
@@ -239,6 +242,8 @@ class SignalGuard:
         if self.stop is None:
             self.stop = signum
             self._set_aside_python_handlers()  # stopping: nothing else may raise into the step
+        elif signum != self.stop and signum not in self._pending:
+            self._pending.append(signum)  # a SIGTERM after a noted SIGINT (or the reverse): delivered too
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -302,10 +307,12 @@ class SignalGuard:
                     except Exception:  # a closed or broken stream
                         pass
                 signal.raise_signal(signum)
-        for signum in due:
-            if signum in _STOPPING and signal.getsignal(signum) is signal.default_int_handler:
-                self.stopped_by_signal = True
-            _thread.interrupt_main(signum)  # tripped only: no handler runs before every signal is tripped
+        if any(signal.getsignal(signum) is signal.default_int_handler for signum in due):
+            self.stopped_by_signal = True
+        # Trip them all first (interrupt_main runs no handler; map calls it from C, so no handler runs between
+        # two calls either), then let Python run the handlers: in signal-number order, and where one raises,
+        # the others still run at the next check, as with signals that arrive together.
+        list(map(_thread.interrupt_main, due))
         try:
             _run_tripped_handlers()
         except BaseException:
