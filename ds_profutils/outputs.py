@@ -15,7 +15,6 @@ program imported it (a module never imported cannot have been initialised).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 import socket
@@ -23,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 __all__ = [
     "ENGINE_NAME",
@@ -33,15 +32,12 @@ __all__ = [
     "STEP_RANGE_PREFIX",
     "atomic_path",
     "cycle_dir",
-    "call_before_signal_exit",
     "cycle_trace_file",
     "fetch_records_file",
-    "forget_before_signal_exit",
     "fetch_records_files",
     "memory_snapshot_file",
     "probe_writable",
     "process_identity",
-    "run_before_signal_exit",
     "summary_file",
     "trace_file",
     "trace_files",
@@ -213,35 +209,3 @@ def probe_writable(directory: Path, identity: Optional[ProcessIdentity] = None) 
     probe = directory / f".write_probe.{(identity or process_identity()).tag}"
     probe.write_bytes(b"")
     probe.unlink()
-
-
-# ---- the end of a process that a signal ends ---------------------------------------------------------
-
-_signal_exit_callbacks: List[Callable[[], None]] = []
-
-
-def call_before_signal_exit(callback: Callable[[], None]) -> None:
-    """Have ``callback`` write what it holds if a SIGTERM ends the process (until ``forget_before_signal_exit``).
-
-    A SIGTERM the profiler held is raised again with its default action once the traces are written, so
-    the exit status says "killed by SIGTERM"; that ends the process without running ``atexit``.  Another
-    writer (the ZeRO-3 recorder, holding records whose device times came late) registers here to be
-    called first.
-    """
-    _signal_exit_callbacks.append(callback)
-
-
-def forget_before_signal_exit(callback: Callable[[], None]) -> None:
-    """``callback`` has nothing left to write."""
-    with contextlib.suppress(ValueError):
-        _signal_exit_callbacks.remove(callback)
-
-
-def run_before_signal_exit() -> None:
-    """Call every registered writer before a signal ends the process; a failure is logged, never raised."""
-    for callback in list(_signal_exit_callbacks):
-        try:
-            callback()
-        except Exception:  # the process is ending: say what was lost, go on with the others
-            logging.getLogger("DeepSpeed").exception("ds_profutils: writing %r before the process ends failed",
-                                                     callback)

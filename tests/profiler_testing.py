@@ -24,6 +24,12 @@ def read_trace(path: Path) -> Dict[str, Any]:
         return json.load(handle)
 
 
+def cycle_steps(output_dir: Path, rank: int = 0) -> List[List[int]]:
+    """The first and last step of each cycle, as the per-cycle files' ``ds_profutils`` metadata says, in order."""
+    files = sorted((Path(output_dir) / f"rank_{rank}").glob("*.pt.trace.json"))
+    return [entry["steps"] for path in files for entry in read_trace(path)["ds_profutils"]["cycles"]]
+
+
 def profiler_steps(trace: Dict[str, Any]) -> List[int]:
     """The N of every ``ProfilerStep#N`` range in a Chrome trace, sorted."""
     prefix = "ProfilerStep#"

@@ -13,7 +13,7 @@ from ds_profutils.nvtx import instrument_w_nvtx, ranges_active
 from ds_profutils.torch_profiler import calls as profiler_calls
 from ds_profutils.torch_profiler.run import TAIL_RANGE
 from ds_profutils.torch_profiler.decorator import Profiler
-from profiler_testing import profiler_steps, read_trace, train_step
+from profiler_testing import cycle_steps, profiler_steps, read_trace, train_step
 
 # TensorBoard's profiler plugin: worker name, optional span stamp, fixed suffix.
 TENSORBOARD_FILE = re.compile(r"^(?P<worker>.*?)(\.\d+)?\.pt\.trace\.json$")
@@ -49,7 +49,7 @@ def test_trace_holds_exactly_the_active_steps_under_their_training_numbers(tmp_p
     cycle_files = sorted((tmp_path / "rank_0").iterdir())
     assert [profiler_steps(read_trace(path)) for path in cycle_files] == [[4, 5], [8, 9]]
     assert {TENSORBOARD_FILE.match(path.name)["worker"] for path in cycle_files} == {"rank_0"}
-    assert [c["steps"] for c in merged["ds_profutils"]["cycles"]] == [[4, 5], [8, 9]]
+    assert cycle_steps(tmp_path) == [[4, 5], [8, 9]]
 
 
 def test_torch_profiler_starts_only_at_the_warmup_step(tmp_path, monkeypatch):
@@ -133,7 +133,7 @@ def test_returning_inside_a_window_leaves_no_step_that_never_ran(tmp_path, steps
     assert profiler_steps(merged) == work_marks(merged) == recorded
     assert [e["name"] for e in merged["traceEvents"] if e.get("name") == TAIL_RANGE] == \
         [TAIL_RANGE]
-    assert [c["steps"] for c in merged["ds_profutils"]["cycles"]] == [[1, steps - 1] if recorded else []]
+    assert cycle_steps(tmp_path) == [[1, steps - 1] if recorded else []]
     assert profiler_steps(read_trace(next((tmp_path / "rank_0").iterdir()))) == recorded
     summary = (tmp_path / "summary_rank_0.txt").read_text()
     assert TAIL_RANGE not in summary  # nor counted as a step: FLOP/s are per step that ran
@@ -163,6 +163,7 @@ class FakeEngine:
     scaling skips: DeepSpeed still counts them as global steps, but ``was_step_applied()`` is False."""
 
     def __init__(self, global_steps: int = 0, overflows=(), accumulation: int = 2) -> None:
+        self.config = {}  # the ds_config dict, as profiler(config=engine) reads it: no "profiler" section
         self.global_steps = global_steps
         self.micro_steps = 0
         self.overflows = set(overflows)
@@ -193,7 +194,7 @@ def _engine_loop(engine, micro_steps):
 @pytest.mark.parametrize("skip_first, resumed_at, overflows, accumulation, recorded", [
     (1, 0, (), 2, [2, 3]),
     (1, 40, (), 2, [42, 43]),  # numbers continue from a resumed checkpoint; the schedule counts from the call
-    (0, 40, (), 2, [40, 41]),  # step 0's range opens before the engine is seen: renamed once it is
+    (0, 0, (), 2, [0, 1]),  # step 0's range opens before the engine is seen, under the number the engine gives it
     (1, 0, (0, ), 1, [2, 3]),  # fp16's first step overflowed: skipped by the optimizer, still a step
 ])
 def test_follows_engine_optimizer_steps_under_global_numbers(tmp_path, skip_first, resumed_at, overflows,
@@ -201,14 +202,36 @@ def test_follows_engine_optimizer_steps_under_global_numbers(tmp_path, skip_firs
     engine = FakeEngine(resumed_at, overflows, accumulation)
     profiler(output_dir=str(tmp_path), skip_first=skip_first, wait=0, warmup=1 if skip_first else 0,
              active=2)(_engine_loop)(engine, 6 * accumulation)
-    trace = read_trace(tmp_path / "trace_rank_0.json")
+    _assert_named_by_global_steps(tmp_path, recorded, accumulation)
+
+
+def _assert_named_by_global_steps(output_dir, recorded, accumulation):
+    trace = read_trace(output_dir / "trace_rank_0.json")
     assert profiler_steps(trace) == recorded
     assert trace["ds_profutils"]["step_numbering"] == "global"
-    assert [c["steps"] for c in trace["ds_profutils"]["cycles"]] == [[recorded[0], recorded[-1]]]
+    assert cycle_steps(output_dir) == [[recorded[0], recorded[-1]]]
     first = next(e for e in trace["traceEvents"] if e["name"] == f"ProfilerStep#{recorded[0]}")
     backwards = [e for e in trace["traceEvents"] if e["name"] == "autograd::engine::evaluate_function: AddmmBackward0"
                  and first["ts"] <= e["ts"] <= first["ts"] + first["dur"]]
     assert len(backwards) == accumulation  # every micro-step of an optimizer step inside one profiler step
+
+
+def test_a_window_from_the_first_step_is_named_as_recorded(tmp_path, ds_caplog):
+    """A range is named when it opens: the call's first step is named before step_profiler(engine) shows the
+    engine.  Given the engine beforehand, global numbers from the start; otherwise, where they would differ
+    (a resumed engine), the call's count for the whole run, and one line says why.  Never renamed afterwards."""
+    schedule = dict(skip_first=0, wait=0, warmup=0, active=2)
+    engine = FakeEngine(global_steps=40)
+    profiler(config=engine, enabled=True, output_dir=str(tmp_path / "known"), **schedule)(_engine_loop)(engine, 12)
+    _assert_named_by_global_steps(tmp_path / "known", [40, 41], accumulation=2)
+    assert "counts this call's steps" not in ds_caplog.text
+
+    engine = FakeEngine(global_steps=40)
+    profiler(output_dir=str(tmp_path / "seen_later"), **schedule)(_engine_loop)(engine, 12)
+    trace = read_trace(tmp_path / "seen_later" / "trace_rank_0.json")
+    assert profiler_steps(trace) == [0, 1] and trace["ds_profutils"]["step_numbering"] == "call"
+    assert ds_caplog.text.count("counts this call's steps, not the engine's global steps") == 1
+    assert "(it is global step 40)" in ds_caplog.text
 
 
 def test_numbers_continue_across_calls_and_metadata_says_which(tmp_path):
@@ -246,6 +269,19 @@ def _plain(x):
 ])
 def test_disabled_profiler_returns_the_function_itself(make):
     assert make()(_plain) is _plain
+
+
+def test_keywords_over_a_config_without_the_section_say_why_it_is_off(tmp_path, ds_caplog):
+    """The config is the switch; keyword settings given with one that has no "profiler" section are not
+    dropped silently: one line says so, and enabled=True profiles."""
+    config = {"train_batch_size": 1}
+    assert profiler(config=config)(_plain) is _plain
+    assert "profiler: off" not in ds_caplog.text  # nothing was asked of it
+    assert profiler(config=config, active=2, with_stack=True)(_plain) is _plain
+    line, = [r.getMessage() for r in ds_caplog.records if r.getMessage().startswith("profiler: off")]
+    assert 'no "profiler" section' in line and "(active=2, with_stack=True)" in line and "enabled=True" in line
+    profiler(config=config, enabled=True, output_dir=str(tmp_path), skip_first=0, wait=0, warmup=0, active=1)(_train)(2)
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [0]
 
 
 def test_environment_switches_it_off_over_keywords(monkeypatch):

@@ -1,5 +1,5 @@
-"""Nsight capture ranges: the exact start/stop/range sequence (with a recording CUDA stand-in), and
-the CPU path for real."""
+"""Nsight capture ranges: the exact synchronize/start/stop/range sequence (with a recording CUDA stand-in),
+CUDA activity kept in the torch trace unless nsys is attached, and the CPU path for real."""
 import pytest
 import torch
 
@@ -18,6 +18,9 @@ class RecordingCudaAccelerator:
     def device_name(self, device_index=None):
         return "cuda"
 
+    def synchronize(self, device_index=None):
+        self.calls.append("synchronize")
+
     def range_push(self, msg, domain=None, category=None):
         self.calls.append(f"push {msg}")
 
@@ -34,7 +37,14 @@ def cuda_calls(monkeypatch):
     return calls
 
 
-def test_capture_brackets_each_active_window(tmp_path, cuda_calls, capsys, monkeypatch):
+@pytest.mark.parametrize("nsys_attached", [False, True])
+def test_capture_brackets_each_active_window(tmp_path, cuda_calls, capsys, monkeypatch, nsys_attached):
+    """The device is synchronized before each start and each stop, so the capture holds exactly the active
+    steps' device work: the warmup step's last kernels end before it, the last active step's inside it."""
+    if nsys_attached:
+        monkeypatch.setenv("NSYS_PROFILING_SESSION_ID", "1")
+    else:
+        monkeypatch.delenv("NSYS_PROFILING_SESSION_ID", raising=False)
     activities = []
 
     class SpyProfile(torch.profiler.profile):
@@ -54,14 +64,19 @@ def test_capture_brackets_each_active_window(tmp_path, cuda_calls, capsys, monke
             step_profiler()
 
     train()
-    window = ["cudaProfilerStart", "push ProfilerStep#{}", "pop", "push ProfilerStep#{}", "pop", "cudaProfilerStop"]
-    expected = [c.format(s) for c, s in zip(window, [None, 3, None, 4, None, None])]
-    expected += [c.format(s) for c, s in zip(window, [None, 7, None, 8, None, None])]
+    window = ["synchronize", "cudaProfilerStart", "push ProfilerStep#{}", "pop", "push ProfilerStep#{}", "pop",
+              "synchronize", "cudaProfilerStop"]
+    expected = [c.format(s) for c, s in zip(window, [None, None, 3, None, 4, None, None, None])]
+    expected += [c.format(s) for c, s in zip(window, [None, None, 7, None, 8, None, None, None])]
     assert cuda_calls == expected
-    assert "nsys profile --capture-range=cudaProfilerApi --capture-range-end=repeat -o run1" in capsys.readouterr().out
+    out = capsys.readouterr().out
     assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 7, 8]  # torch trace too
-    # CUPTI serves one client: while Nsight captures, torch records CPU activity only.
-    assert activities == [{torch.profiler.ProfilerActivity.CPU}] * 2
+    cpu, cuda = torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA
+    if nsys_attached:  # CUPTI serves one client: while nsys captures, torch records CPU activity only
+        assert activities == [{cpu}] * 2 and "nsys is attached, so the torch trace holds CPU activity only" in out
+    else:  # nothing captures: the torch trace keeps the device's activity, and the start says how to capture
+        assert activities == [{cpu, cuda}] * 2 and "nsys is not attached, so the torch trace keeps CUDA activity" in out
+        assert "nsys profile --capture-range=cudaProfilerApi --capture-range-end=repeat -o run1" in out
 
 
 def test_capture_is_closed_when_the_run_fails_inside_a_window(tmp_path, cuda_calls):
@@ -73,9 +88,8 @@ def test_capture_is_closed_when_the_run_fails_inside_a_window(tmp_path, cuda_cal
 
     with pytest.raises(RuntimeError):
         train()
-    assert cuda_calls == [
-        "cudaProfilerStart", "push ProfilerStep#0", "pop", "push ProfilerStep#1", "pop", "cudaProfilerStop"
-    ]
+    assert cuda_calls == ["synchronize", "cudaProfilerStart", "push ProfilerStep#0", "pop", "push ProfilerStep#1",
+                          "pop", "synchronize", "cudaProfilerStop"]
 
 
 def test_cpu_accelerator_warns_once_and_profiles_on(tmp_path, ds_caplog):

@@ -1,6 +1,12 @@
-"""What a profiled run leaves and says: files on disk at each cycle end, the streamed run trace against a
-json-level merge, streaming renames, and the end-of-run printout with the comms logger's summary."""
+"""What a profiled run leaves and says: files on disk at each cycle end, the run trace spliced cycle by cycle
+against a json-level merge (and what a kill in the middle leaves), streaming renames, and the end-of-run
+printout with the comms logger's summary."""
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -8,7 +14,9 @@ from ds_profutils import profiler, step_profiler
 from ds_profutils.comms_logging import CommsLogger
 from ds_profutils.outputs import process_identity
 from ds_profutils.torch_profiler import export
-from ds_profutils.torch_profiler.export import MergedTrace, read_layout, rename_trace_events
+from ds_profutils.report import build_report
+from ds_profutils.report.timeline import scan_trace
+from ds_profutils.torch_profiler.export import RunTrace, read_layout, rename_trace_events
 from profiler_testing import profiler_steps, read_trace, train_step
 
 LINK_FIELDS, LINK_ARGS = ("id", "bind_id"), ("External id", "correlation")
@@ -60,22 +68,93 @@ def cycle_files(tmp_path_factory):
     return sorted((out / "rank_0").iterdir())
 
 
-def test_streamed_run_trace_equals_a_json_merge_whatever_the_chunk_size(tmp_path, cycle_files, monkeypatch):
+def test_spliced_run_trace_equals_a_json_merge_whatever_the_chunk_size(tmp_path, cycle_files, monkeypatch):
     merged = {}
     for chunk in (export._CHUNK, 4096):
         monkeypatch.setattr(export, "_CHUNK", chunk)
-        trace = MergedTrace(tmp_path / f"trace_{chunk}.json", process_identity())
-        trace.add(cycle_files[:1], {"cycles": 1})
-        trace.add(cycle_files[1:2], {"cycles": 2})  # from the first cycle's own file
-        trace.add(cycle_files[2:], {"cycles": 3})  # from the previous run trace's bytes
+        trace = RunTrace(tmp_path / f"trace_{chunk}.json", process_identity())
+        trace.add(cycle_files[:1], {"rank": 0})  # written whole
+        trace.add(cycle_files[1:2], {"rank": 0})  # spliced in
+        trace.add(cycle_files[2:], {"rank": 0})
         merged[chunk] = (tmp_path / f"trace_{chunk}.json").read_bytes()
     assert merged[4096] == merged[export._CHUNK]
     result = json.loads(merged[4096])
     assert result["traceEvents"] == _json_merge(cycle_files)
-    assert result["ds_profutils"] == {"cycles": 3}
+    assert result["ds_profutils"] == {"rank": 0}
     assert result["distributedInfo"] == read_trace(cycle_files[0])["distributedInfo"]
     flows = [e for e in result["traceEvents"] if e.get("ph") in ("s", "f")]
     assert flows and len({e["id"] for e in flows if e["ph"] == "s"}) == len([e for e in flows if e["ph"] == "s"])
+
+
+def test_a_cycle_writes_only_its_own_bytes(tmp_path, cycle_files):
+    """Flat cost per cycle: each splice leaves the bytes already there as they were, in the same file."""
+    path = tmp_path / "trace.json"
+    trace = RunTrace(path, process_identity())
+    trace.add(cycle_files[:1], {})
+    before, inode = path.read_bytes(), path.stat().st_ino
+    for cycle_file in cycle_files[1:]:
+        trace.add([cycle_file], {})
+        after = path.read_bytes()
+        closing = len(before) - len(b"\n]}\n")
+        assert after[:closing + 1] == before[:closing + 1] and after[closing + 1:closing + 3] == b"  "
+        assert len(after) - len(before) < cycle_file.stat().st_size  # the cycle's events, not the run's
+        assert path.stat().st_ino == inode
+        before = after
+
+
+def test_a_failed_splice_is_undone_and_the_next_cycle_still_goes_in(tmp_path, cycle_files, monkeypatch):
+    path = tmp_path / "trace.json"
+    trace = RunTrace(path, process_identity())
+    trace.add(cycle_files[:1], {})
+
+    def disk_full(*args):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "pwrite", disk_full)
+        with pytest.raises(OSError):
+            trace.add(cycle_files[1:2], {})
+    assert profiler_steps(read_trace(path)) == profiler_steps(read_trace(cycle_files[0]))
+    trace.add(cycle_files[1:], {})  # the failed cycle again, with the next
+    assert profiler_steps(read_trace(path)) == sorted(s for f in cycle_files for s in profiler_steps(read_trace(f)))
+
+
+_KILLED_MID_SPLICE = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    from ds_profutils import profiler, step_profiler
+    from ds_profutils.torch_profiler import export
+
+    copy = export._EventCopier.copy
+    def copy_then_die(self, source, layout, out, separator):
+        if self.offset:  # a spliced cycle: half its events, then SIGKILL
+            out.write(separator + source.read()[layout.events_start:(layout.events_start + layout.events_end) // 2])
+            out.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return copy(self, source, layout, out, separator)
+    export._EventCopier.copy = copy_then_die
+
+    model = torch.nn.Linear(16, 16)
+    @profiler(output_dir=sys.argv[1], skip_first=0, wait=0, warmup=1, active=2, repeat=0)
+    def train():
+        for _ in range(9):
+            model(torch.randn(4, 16)).sum().backward()
+            step_profiler()
+    train()
+""")
+
+
+def test_a_kill_in_the_middle_of_a_splice_leaves_every_earlier_cycle_to_the_report(tmp_path):
+    job = subprocess.run([sys.executable, "-c", _KILLED_MID_SPLICE, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120)
+    assert job.returncode == -signal.SIGKILL, job.stderr
+    cycle_files = sorted((tmp_path / "rank_0").glob("*.pt.trace.json"))
+    assert [profiler_steps(read_trace(p)) for p in cycle_files] == [[1, 2], [4, 5]]  # each cycle's file is whole
+    with pytest.raises(json.JSONDecodeError, match="Extra data"):  # the cut copy follows the whole trace
+        read_trace(tmp_path / "trace_rank_0.json")
+    report = build_report(tmp_path)
+    assert [step["step"] for step in report["traces"][0]["steps"]] == [1, 2] and report["incomplete"] == []
+    assert scan_trace(tmp_path / "trace_rank_0.json", 0).error is None
 
 
 def test_streaming_rename_equals_a_json_rename(tmp_path, cycle_files, monkeypatch):

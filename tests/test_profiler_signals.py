@@ -1,21 +1,24 @@
-"""The profiler under SIGTERM and SIGINT: handlers only while a window holds unsaved steps, signals held
-while the files are written, the signal's meaning kept afterwards, and a write that gives up in time."""
+"""The profiler under SIGTERM, SIGINT and the program's own signals: handlers only while a window holds
+unsaved steps, the window written at the next step boundary before the program's cleanup, every Python
+handler held (and then delivered) while the profiler works, the signal's meaning kept afterwards, and a
+hold that never outlives its deadline, even with the main thread stuck."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import psutil
 import pytest
 import torch
 
-from ds_profutils import profiler, step_profiler
-from ds_profutils import outputs
+from ds_profutils import _signal_exit, profiler, step_profiler
 from ds_profutils.torch_profiler import calls as profiler_calls
 from ds_profutils.torch_profiler import run as profiler_run
-from ds_profutils.torch_profiler import signals as profiler_signals
+from ds_profutils.torch_profiler import watchdog
 from profiler_testing import profiler_steps, read_trace, train_step
 
 SCHEDULE = dict(skip_first=0, wait=2, warmup=1, active=3)  # active steps 3, 4, 5
@@ -97,7 +100,7 @@ def test_a_sigterm_the_program_handles_while_writing_stops_nothing(tmp_path, han
 
         monkeypatch.setattr(torch.profiler.profile, "stop_trace", stop_sending)
     received, other_writer_closed, summaries = [], [], []
-    outputs.call_before_signal_exit(lambda: other_writer_closed.append(True))
+    _signal_exit.call_before_signal_exit(lambda: other_writer_closed.append(True))
     monkeypatch.setattr(profiler_run, "show_comms_summary", lambda *args: summaries.append(args))
     signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
 
@@ -112,7 +115,79 @@ def test_a_sigterm_the_program_handles_while_writing_stops_nothing(tmp_path, han
         assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [1, 2, 4, 5]
         assert "interrupted" not in ds_caplog.text and "leaves out" not in ds_caplog.text
     finally:
-        outputs._signal_exit_callbacks.clear()
+        _signal_exit._callbacks.clear()
+
+
+def test_ctrl_c_writes_the_window_before_the_programs_cleanup_runs(tmp_path, handlers):
+    """Ctrl-C mid-step: the step goes on to its step_profiler(), which writes the window (that step its last)
+    and only then raises KeyboardInterrupt; the program's finally (a checkpoint save, a barrier) finds the
+    window on disk."""
+    seen_by_cleanup = []
+
+    def train():
+        try:
+            for step in range(20):
+                train_step()
+                if step == 4:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    train_step()  # the rest of the step runs
+                step_profiler()
+        finally:
+            path = tmp_path / "trace_rank_0.json"
+            seen_by_cleanup.append(profiler_steps(read_trace(path)) if path.exists() else None)
+
+    with pytest.raises(KeyboardInterrupt):
+        profiler(output_dir=str(tmp_path), skip_first=0, wait=2, warmup=1, active=10)(train)()
+    assert seen_by_cleanup == [[3, 4]]  # step 4 finished: it is in the window
+
+
+def test_after_a_noted_ctrl_c_other_handlers_wait_for_the_window_too(tmp_path, handlers):
+    """Ctrl-C kills the DataLoader workers with the rank: their SIGCHLD must not reach torch's handler (which
+    raises) before the window is written; it is delivered after it, not dropped."""
+    seen = []
+    previous_sigchld = signal.signal(signal.SIGCHLD,
+                                     lambda signum, frame: seen.append((tmp_path / "trace_rank_0.json").exists()))
+
+    def train():
+        for step in range(20):
+            if step == 4:
+                os.kill(os.getpid(), signal.SIGINT)
+                signal.raise_signal(signal.SIGCHLD)
+                assert seen == []
+            step_profiler()
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
+        _run_pending_handlers()
+        assert seen == [True]
+    finally:
+        signal.signal(signal.SIGCHLD, previous_sigchld)
+
+
+def _run_pending_handlers():
+    """A Python call: handlers of signals tripped while another handler raised run as it begins."""
+
+
+def test_a_step_that_does_not_end_in_the_grace_period_is_unwound(tmp_path, handlers, monkeypatch):
+    """No step boundary within GRACE_S (a long step, a hung collective): the main thread is interrupted where it
+    waits, KeyboardInterrupt unwinds to the profiled block, and the window is written there."""
+    monkeypatch.setattr(watchdog, "GRACE_S", 0.5)
+    began = []
+
+    def train():
+        for step in range(20):
+            if step == 4:
+                os.kill(os.getpid(), signal.SIGINT)
+                began.append(time.monotonic())
+                time.sleep(60)  # a step that does not end in time
+            step_profiler()
+
+    with pytest.raises(KeyboardInterrupt):
+        profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
+    assert 0.5 <= time.monotonic() - began[0] < 10
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4]  # step 4 cut where it stopped
+    assert profiler_calls._current is None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_run_that_returns_after_a_users_except_keyboardinterrupt_shows_no_comms_summary(tmp_path, handlers,
@@ -132,16 +207,42 @@ def test_a_run_that_returns_after_a_users_except_keyboardinterrupt_shows_no_comm
 
     assert profiler(output_dir=str(tmp_path), **SCHEDULE)(train)() == "saved"
     assert summaries == []
-    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3]  # step 4 never finished
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4]
 
 
-def test_torchs_sigchld_handler_installed_after_the_window_opened_is_held_while_writing(tmp_path, handlers,
-                                                                                        monkeypatch):
-    """A DataLoader iterator made once the window is open installs torch's SIGCHLD handler over ours;
-    a worker dying while the profiler writes must still not raise into the write."""
+def test_an_exception_from_a_programs_handler_while_writing_reaches_the_program(tmp_path, handlers, monkeypatch,
+                                                                              ds_caplog):
+    """A program's handler runs after the files are written, and what it raises comes out of step_profiler():
+    it is not taken for a write failure and logged away while training goes on."""
+    _export_sending(monkeypatch, signal.SIGUSR1)
+    steps_run = []
+
+    def preempted(signum, frame):
+        raise RuntimeError("preempted")
+
+    previous = signal.signal(signal.SIGUSR1, preempted)
+    try:
+
+        def train():
+            for step in range(20):
+                steps_run.append(step)
+                step_profiler()
+
+        with pytest.raises(RuntimeError, match="preempted"):
+            profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert steps_run[-1] == 5  # raised by the step_profiler() that ended the window, once it was written
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 5]
+    assert "was not written" not in ds_caplog.text and "failed" not in ds_caplog.text
+
+
+def test_a_sigchld_while_writing_is_delivered_afterwards_not_dropped(tmp_path, handlers, monkeypatch):
+    """torch's DataLoader's SIGCHLD handler raises "DataLoader worker ... is killed" into whatever runs: not into
+    the write, but after it, into the program, which would have seen it without the profiler."""
     calls = []
 
-    def torch_like_handler(signum, frame):  # torch's raises "DataLoader worker (pid N) is killed by signal"
+    def torch_like_handler(signum, frame):
         calls.append(signum)
         raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Terminated.")
 
@@ -150,22 +251,23 @@ def test_torchs_sigchld_handler_installed_after_the_window_opened_is_held_while_
 
     def train():
         for step in range(6):
-            if step == 3:  # the first active step: the window's handlers are in place
+            if step == 3:  # a DataLoader iterator made while the window records
                 signal.signal(signal.SIGCHLD, torch_like_handler)
             step_profiler()
 
     try:
-        profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
+        with pytest.raises(RuntimeError, match="DataLoader worker"):
+            profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
+        assert calls == [signal.SIGCHLD]
         assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [3, 4, 5]
-        assert calls == []  # held while writing, then not delivered: the write is done
         assert signal.getsignal(signal.SIGCHLD) is torch_like_handler  # given back
     finally:
         signal.signal(signal.SIGCHLD, previous_sigchld)
 
 
-def test_sigchld_handlers_that_call_the_one_they_found_never_loop(tmp_path, handlers, monkeypatch):
-    """torch's SIGCHLD handler calls the handler it found, which may be this guard's: one DataLoader before
-    the window (set aside as it opens), another made inside it (set aside while writing), two windows."""
+def test_sigchld_handlers_that_call_the_one_they_found_run_once_each(tmp_path, handlers):
+    """torch's SIGCHLD handler calls the handler it found: one DataLoader before the window, another made inside
+    it; the chain runs as it would without the profiler, in both windows."""
     calls = []
     previous_sigchld = signal.getsignal(signal.SIGCHLD)
 
@@ -186,11 +288,7 @@ def test_sigchld_handlers_that_call_the_one_they_found_never_loop(tmp_path, hand
             if step in (4, 8):
                 calls.clear()
                 signal.raise_signal(signal.SIGCHLD)
-                # Never a loop, torch's newest handler once (torch's handler checks every loader's workers).
-                # In the second window the guard sets aside the newest handler, which leads back to it:
-                # the call ends there, so the oldest is not reached again.
-                expected = ["first loader", "later loader"] if step == 4 else ["later loader"]
-                assert sorted(calls) == expected, (step, calls)
+                assert calls == ["later loader", "first loader"], (step, calls)
             step_profiler()
 
     try:
@@ -217,46 +315,28 @@ def test_sigint_while_writing_is_held_until_the_window_is_on_disk(tmp_path, hand
     assert profiler_calls._current is None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_signal_while_the_first_window_starts_still_ends_the_run_cleanly(tmp_path, handlers, monkeypatch):
+def test_a_signal_while_the_first_window_starts_is_acted_on_at_the_first_boundary(tmp_path, handlers, monkeypatch):
     enter = torch.autograd.profiler.record_function.__enter__
 
     def ctrl_c_then_enter(self):  # the step range opens with the handlers in place
         if self.name == "ProfilerStep#0":
-            os.kill(os.getpid(), signal.SIGINT)  # held until the transition is done, then delivered
+            os.kill(os.getpid(), signal.SIGINT)  # held until the transition is done, then noted
         return enter(self)
 
     monkeypatch.setattr(torch.autograd.profiler.record_function, "__enter__", ctrl_c_then_enter)
     ran = []
+
+    def train():
+        for step in range(5):
+            ran.append(step)
+            step_profiler()
+
     with pytest.raises(KeyboardInterrupt):
-        profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=0, active=2)(lambda: ran.append(1))()
-    assert ran == []  # raised as the call began, before the function ran
+        profiler(output_dir=str(tmp_path), skip_first=0, wait=0, warmup=0, active=3)(train)()
+    assert ran == [0]  # the first step ran, and its step_profiler() wrote it and raised
     assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [0]
     assert profiler_calls._current is None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert not torch.autograd.profiler._is_profiler_enabled
-
-
-@pytest.mark.parametrize("signums, deadline, cause", [
-    ((signal.SIGINT, ) * 3, 25.0, "SIGINT received 3 times"),
-    ((signal.SIGINT, ), 0.0, "0 s passed since the first SIGTERM/SIGINT"),
-])
-def test_the_write_gives_up_at_a_third_sigint_or_the_deadline_and_says_so(tmp_path, handlers, monkeypatch, ds_caplog,
-                                                                        signums, deadline, cause):
-    _export_sending(monkeypatch, *signums)
-    monkeypatch.setattr(profiler_signals, "DEADLINE_S", deadline)
-
-    def train():
-        for step in range(10):
-            if step == 4:
-                raise ValueError("boom")
-            step_profiler()
-
-    with pytest.raises(KeyboardInterrupt):  # the held SIGINT, delivered once the profiler is done
-        profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
-    errors = [r.getMessage() for r in ds_caplog.records if r.levelname == "ERROR"]
-    assert len(errors) == 1
-    assert errors[0].startswith(f"profiler: {tmp_path / 'trace_rank_0.json'} was not written (gave up writing: {cause}")
-    cycle_file, = (tmp_path / "rank_0").iterdir()  # exported before the signals were seen
-    assert profiler_steps(read_trace(cycle_file)) == [3, 4]
 
 
 @pytest.mark.parametrize("failure", [KeyboardInterrupt, SystemExit, OSError])
@@ -295,6 +375,66 @@ def test_outside_the_main_thread_no_handlers_and_one_line_says_so(tmp_path, hand
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+def test_a_process_forked_while_a_window_records_gets_the_programs_handlers(tmp_path, handlers):
+    """A DataLoader worker forked mid-window must not inherit the guard: SIGTERM from the launcher would only be
+    noted there (no step_profiler() ever comes), and its signals would reach the parent's watchdog."""
+    seen = []
+
+    def train():
+        for step in range(6):
+            if step == 4:
+                read, write = os.pipe()
+                pid = os.fork()
+                if pid == 0:
+                    report = (signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                              signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+                              signal.set_wakeup_fd(-1) == -1)
+                    os.write(write, repr(report).encode())
+                    os._exit(0)
+                os.close(write)
+                seen.append(os.read(read, 100).decode())
+                os.waitpid(pid, 0)
+                os.close(read)
+            step_profiler()
+
+    profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
+    assert seen == ["(True, True, True)"]
+
+
+def test_the_programs_wakeup_fd_gets_every_byte_and_is_given_back(tmp_path, handlers):
+    """asyncio and others read the signal wakeup fd: while the guard routes it to its watchdog, their bytes are
+    passed on, and their fd is theirs again after the window."""
+    theirs, ours = socket.socketpair()
+    theirs.setblocking(False)
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    previous_fd = signal.set_wakeup_fd(theirs.fileno())
+    try:
+
+        def train():
+            for step in range(6):
+                if step == 4:
+                    signal.raise_signal(signal.SIGUSR1)
+                step_profiler()
+
+        profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
+        assert signal.set_wakeup_fd(-1) == theirs.fileno()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                received = ours.recv(16)
+                break
+            except BlockingIOError:
+                time.sleep(0.01)
+        assert received == bytes([signal.SIGUSR1])
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGUSR1, previous_usr1)
+        theirs.close()
+        ours.close()
+
+
+# ---- real processes: SIGTERM's default action, the deadline, exits ---------------------------------------
+
 _JOB = textwrap.dedent("""
     import signal, sys, time, torch
     from ds_profutils import profiler, step_profiler
@@ -311,12 +451,17 @@ _JOB = textwrap.dedent("""
         model = torch.nn.Linear(8, 8)
         data = torch.utils.data.TensorDataset(torch.randn(100000, 8))
         loader = torch.utils.data.DataLoader(data, batch_size=2, num_workers=1, persistent_workers=True)
-        for step, (batch,) in enumerate(loader):
-            model(batch).sum().backward()
-            if step == 3:
-                print("recording", flush=True)
-            step_profiler()
-            time.sleep(0.001)
+        try:
+            for step, (batch,) in enumerate(loader):
+                model(batch).sum().backward()
+                if step == 3:
+                    print("recording", flush=True)
+                step_profiler()
+                time.sleep(0.001)
+        finally:
+            steps = [e["name"] for e in __import__("json").load(open(sys.argv[1] + "/trace_rank_0.json"))["traceEvents"]
+                     if e["name"].startswith("ProfilerStep#")]
+            print(f"cleanup found {len(steps)} steps on disk", flush=True)
 
     train()
 """)
@@ -350,6 +495,7 @@ def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_pa
         job.kill()
     assert job.returncode == -signal.SIGTERM, output  # "killed by SIGTERM", as without the profiler
     assert "rank 0 interrupted at step" in output and "was not written" not in output
+    assert "cleanup found" not in output  # the default action: no finally runs, as without the profiler
     _assert_complete_trace(tmp_path)
 
 
@@ -372,3 +518,158 @@ def test_a_second_sigterm_and_a_dying_dataloader_worker_do_not_cut_the_write(tmp
     assert job.returncode == -signal.SIGTERM, output
     assert "was not written" not in output and "DataLoader worker" not in output, output
     _assert_complete_trace(tmp_path)
+
+
+_HUNG_STOP = textwrap.dedent("""
+    import ctypes, signal, sys, time, torch
+    from ds_profutils import profiler, step_profiler
+    from ds_profutils.torch_profiler import watchdog
+
+    watchdog.DEADLINE_S = 2.0
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def hang_in_c():  # blocked in C with the GIL released, where no Python handler ever runs (a device sync)
+        mutex = ctypes.create_string_buffer(64)  # zeroed: an initialised default mutex
+        libc = ctypes.CDLL(None)
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)
+
+    def hang_in_sleep():  # handlers run (and hold the signals) but the call never returns
+        while True:
+            time.sleep(3600)
+
+    hang = hang_in_c if sys.argv[2] == "c-call" else hang_in_sleep
+    def stop_trace(self):
+        print("stopping", flush=True)
+        hang()
+    torch.profiler.profile.stop_trace = stop_trace
+
+    @profiler(output_dir=sys.argv[1], skip_first=0, wait=0, warmup=0, active=3)
+    def train():
+        for _ in range(10):
+            step_profiler()
+
+    train()
+""")
+
+
+@pytest.mark.parametrize("hang", ["c-call", "sleep"])
+@pytest.mark.parametrize("signals, deadline, status", [
+    ((signal.SIGTERM, ), 2.0, 128 + signal.SIGTERM),
+    ((signal.SIGINT, ) * 3, 0.0, 128 + signal.SIGINT),
+])
+def test_a_rank_whose_stop_trace_never_returns_is_still_ended(tmp_path, hang, signals, deadline, status):
+    """torch.profiler's stop synchronizes the device, which a hung collective never lets finish.  SIGTERM ends
+    the process within its deadline (here 2 s) + 5 s, a third Ctrl-C at once, each with a line saying why."""
+    job = subprocess.Popen([sys.executable, "-c", _HUNG_STOP, str(tmp_path), hang], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in job.stdout:
+            if line.strip() == "stopping":
+                break
+        time.sleep(0.5)  # well inside the stuck call
+        began = time.monotonic()
+        for signum in signals:
+            job.send_signal(signum)
+            time.sleep(0.1)
+        output, _ = job.communicate(timeout=60)
+        took = time.monotonic() - began
+    finally:
+        job.kill()
+    assert job.returncode == status, output
+    assert took <= deadline + 5, took
+    name = signal.Signals(signals[0]).name
+    reason = "SIGINT received 3 times" if len(signals) == 3 else f"{name} arrived 2 s ago and the profiler still holds it"
+    assert f"ds_profutils: rank 0 (pid {job.pid}): {reason}" in output, output
+    assert f"ending the process now with exit status {status}" in output
+
+
+_CAUGHT_SYSTEMEXIT = textwrap.dedent("""
+    import os, signal, sys, time
+    from ds_profutils import profiler, step_profiler
+    from ds_profutils.torch_profiler import watchdog
+
+    watchdog.GRACE_S, watchdog.DEADLINE_S = 0.3, 2.0
+
+    @profiler(output_dir=sys.argv[1], skip_first=0, wait=1, warmup=0, active=3, repeat=3)
+    def train():
+        for step in range(12):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+                try:
+                    time.sleep(30)  # no boundary in the grace period: unwound here
+                except SystemExit as exc:
+                    print(f"caught SystemExit {exc.code}", flush=True)
+            time.sleep(0.4)  # 12 steps take longer than the deadline
+            step_profiler()
+
+    train()
+    print("ended normally", flush=True)
+""")
+
+
+def test_a_program_that_catches_the_systemexit_and_goes_on_is_not_killed_later(tmp_path):
+    job = subprocess.run([sys.executable, "-c", _CAUGHT_SYSTEMEXIT, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "caught SystemExit 143" in job.stdout and "ended normally" in job.stdout
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [1, 2, 3, 5, 6, 7, 9, 10, 11]
+
+
+_HANDLER_STARTS_A_PROFILED_CALL = textwrap.dedent("""
+    import os, signal, sys
+    from ds_profutils import profiler, step_profiler
+    from ds_profutils.torch_profiler import run
+
+    evaluate = profiler(output_dir=sys.argv[1] + "/eval", skip_first=0, wait=0, warmup=0, active=1)(
+        lambda: step_profiler() or "evaluated")
+    signal.signal(signal.SIGUSR1, lambda signum, frame: print(evaluate(), flush=True))
+
+    init = run.ProfilerRun.__init__
+    def init_then_signal(self, *args, **kwargs):  # a signal while the run is being made
+        os.kill(os.getpid(), signal.SIGUSR1)
+        init(self, *args, **kwargs)
+    run.ProfilerRun.__init__ = init_then_signal
+
+    profiler(output_dir=sys.argv[1], skip_first=0, wait=0, warmup=0, active=1)(lambda: step_profiler())()
+    print("done", flush=True)
+""")
+
+
+def test_a_signal_handler_starting_a_profiled_call_mid_claim_does_not_deadlock(tmp_path):
+    """No lock a signal path can take twice: the handler runs on the main thread, inside whatever it was doing."""
+    job = subprocess.run([sys.executable, "-c", _HANDLER_STARTS_A_PROFILED_CALL, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert [line for line in job.stdout.splitlines() if line in ("evaluated", "done")] == ["evaluated", "done"]
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [0]
+
+
+_HANDLER_PUT_OVER_THE_GUARDS = textwrap.dedent("""
+    import os, signal, sys, time
+    from ds_profutils import profiler, step_profiler
+    from ds_profutils.torch_profiler import watchdog
+
+    watchdog.DEADLINE_S = 1.0
+
+    @profiler(output_dir=sys.argv[1], skip_first=0, wait=0, warmup=0, active=12)
+    def train():
+        for step in range(10):
+            if step == 2:  # a library installs its own handler while the window records
+                signal.signal(signal.SIGTERM, lambda signum, frame: print("graceful", flush=True))
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)  # ten steps outlast the deadline
+            step_profiler()
+
+    train()
+    print("ended normally", flush=True)
+""")
+
+
+def test_a_signal_the_programs_later_handler_takes_starts_no_deadline(tmp_path):
+    """The watchdog sees every SIGTERM byte; one that went to a handler put over the guard's is not held."""
+    job = subprocess.run([sys.executable, "-c", _HANDLER_PUT_OVER_THE_GUARDS, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "graceful" in job.stdout and "ended normally" in job.stdout

@@ -1,8 +1,11 @@
-"""Profiled calls: one active run per process, ``step_profiler()``'s routing to it, and the block that
-begins a run and ends it however the call ends.
+"""Profiled runs: one active run per process, ``step_profiler()``'s routing to it, and the plain calls
+that begin and end a run (:func:`start_run`, :func:`finish_run`), which the profiled block makes.
 
 A profiled call started while another run is active (nested, or in another thread) runs unprofiled
-beside it, with one warning; the active run's step count is untouched.
+beside it, with one warning; the active run's step count is untouched.  Nothing here waits on a lock:
+a signal handler that starts a profiled call while the main thread is inside one of these functions
+must not deadlock, so the process's run slot is a lock only ever taken without waiting, and the calls
+beside a run are kept in a list (whose append and remove are atomic).
 """
 from __future__ import annotations
 
@@ -10,16 +13,16 @@ import contextlib
 import threading
 from threading import get_ident
 from types import TracebackType
-from typing import Any, Iterator, Optional, Tuple, Type
+from typing import Any, Iterator, Optional, Type
 
 from ..config import ProfilerConfig
 from ..logging import logger
 from .run import ProfilerRun
 from .signals import ends_a_run
 
-__all__ = ["RunBlock", "step_profiler"]
+__all__ = ["RunBlock", "finish_run", "start_run", "step_profiler"]
 
-_claim_lock = threading.Lock()
+_slot = threading.Lock()  # held by the process's active run; acquired only with blocking=False
 _current: Optional[ProfilerRun] = None
 
 
@@ -33,7 +36,7 @@ def step_profiler(engine: Any = None) -> None:
     here rather than calling a method: a counter and one compare.
     """
     run = _current
-    if run is None or (run.unprofiled_calls and run.owner != get_ident()):
+    if run is None or (run.beside and run.owner != get_ident()):
         return
     if engine is not None and not run.engine_stepped(engine):
         return
@@ -42,48 +45,74 @@ def step_profiler(engine: Any = None) -> None:
         run.catch_up()
 
 
-def _claim(settings: ProfilerConfig) -> Tuple[ProfilerRun, bool]:
-    """The process's active run, and whether it is a new one for ``settings`` (made only when none is
-    active: a profiled call nested in a profiled loop costs no run of its own)."""
+def start_run(settings: ProfilerConfig, engine: Any = None) -> Optional[ProfilerRun]:
+    """Begin the process's run for ``settings`` and enter its step 0; None when a run is active already
+    (the caller then runs unprofiled beside it, see :func:`beside`).
+
+    Raises ConfigError when ``output_dir`` cannot be written.  ``engine``: see :class:`ProfilerRun`.
+    """
     global _current
-    with _claim_lock:
-        if _current is None:
-            _current = ProfilerRun(settings, on_done=_release)
-            return _current, True
-        return _current, False
+    if not _slot.acquire(blocking=False):
+        return None
+    try:
+        run = ProfilerRun(settings, on_done=_release, engine=engine)
+        run.begin()
+    except BaseException:
+        _slot.release()
+        raise
+    _current = run
+    try:
+        run.catch_up()  # a window may begin at step 0, and a signal held meanwhile be delivered
+    except BaseException as exc:
+        finish_run(run, exc)
+        raise
+    return run
+
+
+@ends_a_run
+def finish_run(run: ProfilerRun, passing: Optional[BaseException]) -> None:
+    """End ``run`` however its call ended (``passing``: the exception, if any): the unsaved steps are
+    written before the exception goes on."""
+    try:
+        run.end(passing)
+    finally:
+        _release(run)
 
 
 def _release(run: ProfilerRun) -> None:
-    """``run`` is no longer the active run (its schedule is done, or its call ended)."""
+    """``run`` is no longer the active run (its schedule is done, or its call ended); called once or more."""
     global _current
-    with _claim_lock:
-        if _current is run:
-            _current = None
+    if _current is run:
+        _current = None
+        _slot.release()
 
 
 @contextlib.contextmanager
-def _beside(run: ProfilerRun) -> Iterator[None]:
-    """A profiled call that runs unprofiled while ``run`` is active.
+def beside() -> Iterator[None]:
+    """A profiled call that runs unprofiled while another run is active.
 
-    While it runs, only ``run``'s thread's ``step_profiler()`` calls count, and none at all when it is
-    nested on ``run``'s own thread.
+    While it runs, only the active run's thread's ``step_profiler()`` calls count, and none at all when
+    it is nested on that thread.
     """
+    run = _current
+    if run is None:  # the active run is being set up or has just ended: nothing to keep apart from
+        yield
+        return
     if not run.warned_nested:
         run.warned_nested = True
         logger.warning("profiler: a profiled call started while another one is running (nested, or in "
                        "another thread); it runs unprofiled and the running profiler is unaffected")
-    nested = run.owner == get_ident()
-    with _claim_lock:
-        run.unprofiled_calls += 1
-        if nested:
-            run.owner = None
+    me = get_ident()
+    nested = run.owner == me
+    run.beside.append(me)
+    if nested:
+        run.owner = None
     try:
         yield
     finally:
-        with _claim_lock:
-            if nested:
-                run.owner = get_ident()
-            run.unprofiled_calls -= 1
+        if nested:
+            run.owner = me
+        run.beside.remove(me)
 
 
 class RunBlock:
@@ -94,39 +123,23 @@ class RunBlock:
     steps are written before the exception goes on.
     """
 
-    def __init__(self, settings: ProfilerConfig) -> None:
+    def __init__(self, settings: ProfilerConfig, engine: Any = None) -> None:
         self.settings = settings
+        self.engine = engine
         self.run: Optional[ProfilerRun] = None
         self._beside: Optional[contextlib.AbstractContextManager] = None
 
     def __enter__(self) -> Optional[ProfilerRun]:
-        run, new = _claim(self.settings)
-        if not new:
-            self._beside = _beside(run)
+        self.run = start_run(self.settings, self.engine)
+        if self.run is None:
+            self._beside = beside()
             self._beside.__enter__()
-            return None
-        self.run = run
-        try:
-            run.begin()
-        except BaseException:
-            _release(run)
-            raise
-        try:
-            run.catch_up()  # a window may begin at step 0, and a signal held meanwhile be delivered
-        except BaseException as exc:
-            self.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        return run
+        return self.run
 
     @ends_a_run
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                  traceback: Optional[TracebackType]) -> None:
-        run = self.run
-        if run is None:
+        if self.run is None:
             self._beside.__exit__(exc_type, exc, traceback)
             return
-        run.signals.holding = True  # before any call: from here on a signal is held until the files are written
-        try:
-            run.end(returned=exc_type is None)
-        finally:
-            _release(run)
+        finish_run(self.run, exc)

@@ -12,8 +12,11 @@ Usage::
         ...
 
 Settings follow the package-wide order: ``DS_PROFUTILS_PROFILER_*`` environment > keyword arguments >
-the config's ``"profiler"`` section > off.  A config without a ``"profiler"`` section switches it off;
-with no config at all the section's defaults apply, since decorating is itself the request.
+the config's ``"profiler"`` section > off.  A config without a ``"profiler"`` section switches it off
+(the job's config is the switch: the same script profiles only the jobs whose config asks), and says
+so in one line when keyword settings were given, which then apply only with ``enabled=True``; with no
+config at all the section's defaults apply, since decorating is itself the request.  Given a DeepSpeed
+engine as ``config``, the profiler names steps by its global step from the call's first step.
 
 A profiler that is off returns the decorated function itself, so it costs nothing.  Whether this rank
 is one of ``ranks`` is decided at the first call (under mpirun or SLURM the rank may only be known
@@ -27,6 +30,7 @@ from types import TracebackType
 from typing import Any, Callable, List, Optional, Type, TypeVar
 
 from ..config import ConfigSource, ProfilerConfig, check_ranks, load_config, resolve_section
+from ..logging import logger
 from ..nvtx import configure_nvtx
 from ..outputs import process_identity
 from .calls import RunBlock, step_profiler
@@ -41,12 +45,14 @@ class Profiler:
     """Resolved profiler settings, used as a decorator or as a ``with`` block.
 
     Each decorated call (or block) is one profiled run; a run started while another is active in the
-    process (nested, or in another thread) runs unprofiled with one warning.
+    process (nested, or in another thread) runs unprofiled with one warning.  ``engine``, if known, names
+    the steps from the first one (see :class:`~.run.ProfilerRun`).
     """
 
-    def __init__(self, settings: ProfilerConfig, enabled: bool) -> None:
+    def __init__(self, settings: ProfilerConfig, enabled: bool, engine: Any = None) -> None:
         self.settings = settings
         self.enabled = enabled
+        self.engine = engine
         self._profiles_this_rank: Optional[bool] = None
         self._blocks: List[Optional[RunBlock]] = []
 
@@ -70,13 +76,13 @@ class Profiler:
         def profiled(*args: Any, **kwargs: Any) -> Any:
             if not self.profiles_this_rank():
                 return func(*args, **kwargs)
-            with RunBlock(self.settings):
+            with RunBlock(self.settings, self.engine):
                 return func(*args, **kwargs)
 
         return profiled  # type: ignore[return-value]
 
     def __enter__(self) -> "Profiler":
-        block = RunBlock(self.settings) if self.enabled and self.profiles_this_rank() else None
+        block = RunBlock(self.settings, self.engine) if self.enabled and self.profiles_this_rank() else None
         if block is not None:
             block.__enter__()
         self._blocks.append(block)
@@ -115,7 +121,8 @@ def profiler(config: ConfigSource = None,
     and the keyword arguments, which override the config's ``"profiler"`` section.
 
     The keywords are the section's keys (see docs/profiler.md); None leaves a setting to the config.
-    The config's ``"nvtx"`` section, if any, is applied too.
+    Over a config without a ``"profiler"`` section they apply only with ``enabled=True`` (one line says
+    so otherwise).  The config's ``"nvtx"`` section, if any, is applied too.
     ``ranks="all"`` profiles every rank.  Raises ConfigError for a bad value here, and for a rank
     outside the world size at the first call, before the function runs.
     """
@@ -130,4 +137,14 @@ def profiler(config: ConfigSource = None,
         configure_nvtx(loaded.nvtx.enabled, loaded.nvtx.domain)
     section = ProfilerConfig() if config is None else loaded.profiler
     settings = resolve_section(section, options)
-    return Profiler(settings, enabled=settings.enabled)
+    given = [f"{key}={value!r}" for key, value in options.items() if value is not None and key != "enabled"]
+    if given and not settings.enabled and config is not None and "profiler" not in loaded.model_fields_set \
+            and process_identity().rank == 0:
+        logger.warning("profiler: off: the config has no \"profiler\" section, which is what switches it on; the "
+                       "keyword settings (%s) apply once it has one, or with enabled=True", ", ".join(given))
+    return Profiler(settings, enabled=settings.enabled, engine=config if _is_engine(config) else None)
+
+
+def _is_engine(config: ConfigSource) -> bool:
+    """A DeepSpeed engine (or anything counting steps as one does), as opposed to a path, dict or args."""
+    return hasattr(config, "global_steps") and hasattr(config, "gradient_accumulation_steps")

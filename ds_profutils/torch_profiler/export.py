@@ -1,4 +1,4 @@
-"""Chrome traces handled as bytes: renaming events, and the run trace grown by one cycle at a time.
+"""Chrome traces handled as bytes: the run trace grown by one cycle at a time, and the one rename.
 
 A 100 MB trace (250k events) takes 8 s to ``json.load`` on this project's machine and as long again
 to dump, more than an interrupted rank has before the launcher's SIGKILL.  Everything here streams
@@ -7,22 +7,23 @@ itself: a string value never holds a raw newline or an unescaped quote, so ``"na
 ``"id": 12`` are found by byte patterns and never inside another value.  Chunks are cut before an
 event begins (``\\n  {``, kineto's layout) or at least at a newline, so no pattern is ever split.
 
-Every file is written under a temporary name beside its destination and renamed into place
-(:func:`ds_profutils.outputs.atomic_path`), so a reader never sees half a trace.
+A file written whole goes under a temporary name beside its destination and is renamed into place
+(:func:`ds_profutils.outputs.atomic_path`), so a reader never sees half of it; the run trace's later
+cycles are spliced in place (:class:`RunTrace` says what a kill in the middle leaves).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..outputs import ProcessIdentity, atomic_path
 
-__all__ = ["MergedTrace", "TraceLayout", "read_layout", "rename_trace_events"]
+__all__ = ["RunTrace", "TraceLayout", "read_layout", "rename_trace_events"]
 
 _CHUNK = 8 << 20
 _EVENT_START = b"\n  {"  # where kineto begins each event; chunks are cut just before it
@@ -37,13 +38,7 @@ _NAME_RECORD = re.compile(rb'\{\s*"ph": "M",\s*"name": ("[^"\\]*"),(?:\s*"ts": [
 # Keys of one file that do not describe the merged run.
 _PER_FILE_KEYS = ("traceName", "trace_id", "ds_profutils")
 _TAIL_READ = 1 << 16
-
-Check = Callable[[], None]
-"""Called between chunks; raises to abandon the write (the interruption deadline)."""
-
-
-def _no_check() -> None:
-    pass
+_CLOSING = b"\n]}\n"  # the run trace's end: fixed, so a splice rewrites two of its bytes
 
 
 @dataclass(frozen=True)
@@ -90,12 +85,11 @@ def _is_object(text: bytes) -> bool:
         return False
 
 
-def _chunks(source: BinaryIO, start: int, end: int, check: Check) -> Iterator[bytes]:
+def _chunks(source: BinaryIO, start: int, end: int) -> Iterator[bytes]:
     """Bytes ``[start, end)`` of ``source`` in pieces cut before an event starts (or at a newline)."""
     source.seek(start)
     remaining, carry = end - start, b""
     while remaining > 0:
-        check()
         data = source.read(min(_CHUNK, remaining))
         if not data:
             raise ValueError("the trace file shrank while it was read")
@@ -112,15 +106,17 @@ def _chunks(source: BinaryIO, start: int, end: int, check: Check) -> Iterator[by
         yield carry
 
 
-def rename_trace_events(path: Path,
-                        renames: Mapping[str, str],
-                        identity: Optional[ProcessIdentity] = None,
-                        check: Check = _no_check) -> None:
-    """Rename every event called ``old`` to ``new`` for each pair of ``renames``, in place (atomically)."""
+def rename_trace_events(path: Path, renames: Mapping[str, str], identity: Optional[ProcessIdentity] = None) -> None:
+    """Rename every event called ``old`` to ``new`` for each pair of ``renames``, in place (atomically).
+
+    The profiler's one rewrite: torch fixes a range's name when the range opens, and when
+    ``step_profiler()`` opens step N's range nothing can tell that the call will return before step N
+    ends; so the last cycle of a call that returns inside a window is written with that range renamed.
+    """
     pairs = [(b'"name": ' + json.dumps(old).encode(), b'"name": ' + json.dumps(new).encode())
              for old, new in renames.items()]
     with atomic_path(path, identity) as temporary, open(path, "rb") as source, open(temporary, "wb") as out:
-        for chunk in _chunks(source, 0, path.stat().st_size, check):
+        for chunk in _chunks(source, 0, path.stat().st_size):
             for old, new in pairs:
                 chunk = chunk.replace(old, new)
             out.write(chunk)
@@ -147,10 +143,10 @@ class _EventCopier:
         self.seen.add(key)
         return match.group(0)
 
-    def copy(self, source: BinaryIO, layout: TraceLayout, out: BinaryIO, separator: bytes, check: Check) -> bool:
+    def copy(self, source: BinaryIO, layout: TraceLayout, out: BinaryIO, separator: bytes) -> bool:
         """Write the events (after ``separator`` when there are any); True if any were written."""
         wrote = False
-        for chunk in _chunks(source, layout.events_start, layout.events_end, check):
+        for chunk in _chunks(source, layout.events_start, layout.events_end):
             chunk = _LINK.sub(self._shift, _NAME_RECORD.sub(self._once, chunk))
             if not wrote:
                 if not chunk.strip():
@@ -161,68 +157,97 @@ class _EventCopier:
         return wrote
 
 
-def _copy_bytes(source: BinaryIO, out: BinaryIO, count: int, check: Check) -> None:
-    while count > 0:
-        check()
-        data = source.read(min(_CHUNK, count))
-        if not data:
-            raise ValueError("the run trace shrank while it was copied")
-        out.write(data)
-        count -= len(data)
+class RunTrace:
+    """One rank's run trace (``trace_rank_{r}.json``), grown in place by each cycle: flat cost per cycle.
 
+    Layout: the first cycle's head (its per-file keys left out, ``ds_profutils`` = the run's metadata),
+    every cycle's events in order (link ids shifted past the earlier cycles', each process/thread name
+    record once), then a fixed closing ``\n]}\n``.  The file is written whole, under a temporary name,
+    for the first cycle (or again if someone else changed it); after that each cycle is *spliced* in:
 
-class MergedTrace:
-    """One rank's run trace (``trace_rank_{r}.json``), brought up to date as each cycle ends.
+    1. the cycle's events and a new closing are appended after the old closing (the file is now the
+       previous trace followed by bytes a JSON parser calls trailing data);
+    2. the old closing's ``]}`` is overwritten with two spaces (one 2-byte write), which makes the new
+       events part of the array.
 
-    With one cycle it is that cycle's file, hard-linked.  With more, it is the previous run trace's
-    bytes up to the end of its events, the new cycle's events (link ids shifted past the previous
-    cycles', name records not repeated), and ``metadata`` as the ``ds_profutils`` key.  Only a chunk
-    is in memory at a time; the state kept between cycles changes only once a new file is in place.
+    Only the new cycle's bytes are written, so cycle 50 costs what cycle 1 does.  A process killed in
+    step 1 (SIGKILL, or the deadline of :mod:`.watchdog`) leaves every earlier cycle whole, followed by
+    a cut copy of the new one: ``ds-profutils report`` and ``timeline`` read up to the old closing
+    (the earlier cycles); ``json.load`` and Perfetto refuse the trailing bytes; the new cycle's own
+    file is whole.  A write that fails (a full disk) is undone before the error goes on.
     """
 
     def __init__(self, path: Path, identity: ProcessIdentity) -> None:
         self.path = path
         self._identity = identity
-        self._cycles: List[Path] = []
-        self._events_end: Optional[int] = None  # None: the file is still the first cycle's own
+        self.cycles: List[Path] = []  # the cycle traces the file holds, in order
+        self._closing_at: Optional[int] = None  # offset of the closing
+        self._state: Optional[Tuple[int, int]] = None  # (inode, size) of the file as this object left it
         self._has_events = False
         self._next_link_id = 0
         self._seen: Set[Tuple[bytes, bytes, bytes]] = set()
 
-    @property
-    def cycles(self) -> int:
-        """How many cycles the file on disk holds."""
-        return len(self._cycles)
+    def add(self, cycle_traces: Sequence[Path], metadata: Mapping[str, Any]) -> None:
+        """Make the run trace hold ``cycle_traces`` too, in order; ``metadata`` is the run's (its head)."""
+        if self._state is not None and self._unchanged():
+            self._splice(cycle_traces)
+        else:
+            self._write_whole([*self.cycles, *cycle_traces], metadata)
 
-    def add(self, cycle_traces: Sequence[Path], metadata: Mapping[str, Any], check: Check = _no_check) -> None:
-        """Make the run trace hold ``cycle_traces`` too, in order (``metadata`` describes the whole run)."""
-        check()
-        if not self._cycles and len(cycle_traces) == 1:
-            with atomic_path(self.path, self._identity) as temporary:
-                try:
-                    os.link(cycle_traces[0], temporary)
-                except OSError:  # a file system without hard links
-                    shutil.copyfile(cycle_traces[0], temporary)
-            self._cycles.append(cycle_traces[0])
-            return
-        seen, next_id, has_events = set(self._seen), self._next_link_id, self._has_events
+    def _unchanged(self) -> bool:
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return False
+        return (stat.st_ino, stat.st_size) == self._state
+
+    def _copy_cycles(self, cycle_traces: Sequence[Path], out: BinaryIO, seen: Set[Tuple[bytes, bytes, bytes]],
+                     next_id: int, has_events: bool) -> Tuple[int, bool]:
+        """Copy the events of ``cycle_traces`` to ``out``; returns the next free link id and whether any events
+        are in the array now."""
+        for cycle_trace in cycle_traces:
+            copier = _EventCopier(next_id, seen)
+            with open(cycle_trace, "rb") as source:
+                wrote = copier.copy(source, read_layout(cycle_trace), out, b"," if has_events else b"")
+            has_events = has_events or wrote
+            next_id = copier.largest + 1
+        return next_id, has_events
+
+    def _write_whole(self, cycle_traces: Sequence[Path], metadata: Mapping[str, Any]) -> None:
+        seen: Set[Tuple[bytes, bytes, bytes]] = set()
+        header = {key: value for key, value in read_layout(cycle_traces[0]).header.items()
+                  if key not in _PER_FILE_KEYS}
+        header["ds_profutils"] = dict(metadata)
         with atomic_path(self.path, self._identity) as temporary, open(temporary, "wb") as out:
-            if self._events_end is None:  # the file is still one cycle's own: begin with that cycle's header
-                todo = [*self._cycles, *cycle_traces]
-                header = {key: value for key, value in read_layout(todo[0]).header.items() if key not in _PER_FILE_KEYS}
-                out.write(json.dumps(header)[:-1].encode() + (b", " if header else b"") + b'"traceEvents": [')
-            else:
-                with open(self.path, "rb") as previous:
-                    _copy_bytes(previous, out, self._events_end, check)
-                todo = list(cycle_traces)
-            for cycle_trace in todo:
-                copier = _EventCopier(next_id, seen)
-                with open(cycle_trace, "rb") as source:
-                    wrote = copier.copy(source, read_layout(cycle_trace), out, b"," if has_events else b"", check)
-                has_events = has_events or wrote
-                next_id = copier.largest + 1
-            events_end = out.tell()
-            out.write(b'\n],\n"ds_profutils": ' + json.dumps(dict(metadata)).encode() + b"}\n")
-        self._cycles += cycle_traces
-        self._events_end, self._has_events = events_end, has_events
-        self._next_link_id, self._seen = next_id, seen
+            out.write(json.dumps(header)[:-1].encode() + b', "traceEvents": [')
+            next_id, has_events = self._copy_cycles(cycle_traces, out, seen, 0, False)
+            closing_at = out.tell()
+            out.write(_CLOSING)
+        stat = os.stat(self.path)
+        self._commit(cycle_traces, closing_at, (stat.st_ino, stat.st_size), next_id, has_events, seen, replace=True)
+
+    def _splice(self, cycle_traces: Sequence[Path]) -> None:
+        seen = set(self._seen)
+        old_closing, old_size = self._closing_at, self._state[1]
+        with open(self.path, "r+b") as out:
+            try:
+                out.seek(old_size)
+                next_id, has_events = self._copy_cycles(cycle_traces, out, seen, self._next_link_id, self._has_events)
+                closing_at = out.tell()
+                out.write(_CLOSING)
+                out.flush()
+                size = out.tell()
+                os.pwrite(out.fileno(), b"  ", old_closing + 1)  # the old "]}" becomes whitespace
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    out.truncate(old_size)
+                raise
+            inode = os.fstat(out.fileno()).st_ino
+        self._commit(cycle_traces, closing_at, (inode, size), next_id, has_events, seen, replace=False)
+
+    def _commit(self, cycle_traces: Sequence[Path], closing_at: int, state: Tuple[int, int], next_id: int,
+                has_events: bool, seen: Set[Tuple[bytes, bytes, bytes]], replace: bool) -> None:
+        """The file now holds ``cycle_traces`` (all of them if ``replace``, else after the earlier ones)."""
+        self.cycles = list(cycle_traces) if replace else [*self.cycles, *cycle_traces]
+        self._closing_at, self._state = closing_at, state
+        self._next_link_id, self._has_events, self._seen = next_id, has_events, seen

@@ -9,8 +9,13 @@ N is the training step: with ``step_profiler(engine)`` the engine's ``global_ste
 
 The run is a small state machine; every (state, event) pair it can meet is in ``_TRANSITIONS`` and
 anything else is a bug that raises.  Signals are held while a transition runs (:mod:`.signals`), so
-none lands half-way through one.  A failure inside a transition (torch cannot start) is logged and
-ends profiling for the run; it never reaches the training loop.  Writing is :mod:`.writer`'s.
+no handler runs half-way through one; a SIGTERM/SIGINT noted while a window records turns the next
+boundary into ``INTERRUPTED``: the window is written, then the signal is delivered.  A failure inside a
+transition (torch cannot start) is logged and ends profiling for the run; it never reaches the
+training loop.  Writing is :mod:`.writer`'s.
+
+The run needs no frame of its own on the stack: ``begin()``, ``catch_up()`` at each step boundary and
+``end()`` are plain calls (the decorator makes them through :mod:`.calls`).
 
 ``step_profiler()`` outside a run is one global load and a None test; inside a run but outside the
 windows, a counter and one compare.
@@ -33,7 +38,7 @@ from ..nvtx import set_torch_profiler_recording
 from ..outputs import STEP_RANGE_PREFIX, cycle_trace_file, probe_writable, process_identity
 from .nsight import NsightCapture, nsys_command
 from .schedule import ProfilerSchedule, Window
-from .signals import SignalGuard
+from .signals import SignalGuard, ends_a_run
 from .writer import RunWriter, show_comms_summary
 
 __all__ = ["TAIL_RANGE", "ProfilerRun"]
@@ -57,13 +62,18 @@ class _Event(enum.Enum):
     ACTIVE_STEP = "next active step"
     WINDOW_ENDS = "step after a window"
     SCHEDULE_ENDS = "no window left"
+    INTERRUPTED = "step boundary after a SIGTERM/SIGINT"
     RUN_ENDS = "profiled call returned or raised"
 
 
 class ProfilerRun:
-    """The profiler of one profiled call, advanced by ``step_profiler()``."""
+    """The profiler of one profiled call, advanced by ``step_profiler()``.
 
-    def __init__(self, settings: ProfilerConfig, on_done: Callable[["ProfilerRun"], None]) -> None:
+    ``engine``, when known before the call's first step (``profiler(config=engine)``), names the steps
+    by its ``global_steps`` from step 0 on.
+    """
+
+    def __init__(self, settings: ProfilerConfig, on_done: Callable[["ProfilerRun"], None], engine: Any = None) -> None:
         self.settings = settings
         self._on_done = on_done  # called once no window is left: step_profiler() goes idle
         self.schedule = ProfilerSchedule(skip_first=settings.skip_first,
@@ -73,11 +83,12 @@ class ProfilerRun:
                                          repeat=settings.repeat)
         # Read by step_profiler on every call, so plain attributes: the step number, the step at which
         # the next event happens, and the thread of the profiled call (None while a nested call runs).
-        # While unprofiled calls run beside this one (``unprofiled_calls``), and only then, the thread is checked.
+        # While unprofiled calls run beside this one (``beside``: their threads), and only then, the
+        # thread is checked.  A list: append and remove are atomic, so no lock is needed.
         self.step = 0
         self.next_boundary = 0
         self.owner: Optional[int] = None
-        self.unprofiled_calls = 0
+        self.beside: List[int] = []
         self.warned_nested = False
         self.signals = SignalGuard()
         self._state = _State.COUNTING
@@ -87,10 +98,10 @@ class ProfilerRun:
         self._step_range: Optional[record_function] = None
         self._nsight: Optional[NsightCapture] = None
         self._writer: Optional[RunWriter] = None
-        self._engine: Any = None  # the engine step_profiler(engine) follows, once seen
-        self._engine_steps: Optional[int] = None
-        self._opened: List[Tuple[str, int]] = []  # (name as opened, step number) of this window's step ranges
-        self._renames: Dict[str, str] = {}
+        self._engine: Any = engine  # the engine whose optimizer steps end profiler steps
+        self._engine_steps: Optional[int] = None if engine is None else engine.global_steps
+        self._names_engine: Any = engine  # the engine whose global_steps name the steps; None: the call's count
+        self._opened: List[Tuple[str, int]] = []  # (name, step number) of this window's step ranges
         self._recorded = False
         self._ended = False
         self._returned = False  # set by end(): the profiled call returned (rather than raised)
@@ -110,46 +121,54 @@ class ProfilerRun:
         if self.settings.nsight_enabled:
             self._nsight = NsightCapture.for_accelerator()
             if self._nsight is not None and process_identity().rank == 0:
-                print(f"ds_profutils profiler: Nsight capture ranges bracket each active window; record them with: "
-                      f"{nsys_command(self.settings.nsight_output)} <your launch command>",
-                      flush=True)
+                print(self._nsight_note(), flush=True)
         self.owner = threading.get_ident()
         self._plan_next()
 
     def catch_up(self) -> None:
         """Fire every event due at the current step (step_profiler calls this at a boundary)."""
+        signals = self.signals
+        if signals.unwinding:  # the program caught the SystemExit/KeyboardInterrupt and went on
+            signals.went_on()
         while self.step == self.next_boundary:
-            self._fire(self._next_event)
+            event = self._next_event
+            if signals.stop is not None and self._state is _State.RECORDING:
+                event = _Event.INTERRUPTED
+            self._fire(event)
 
-    def end(self, returned: bool) -> None:
-        """Stop recording and write what is unsaved; called once, with ``signals.holding`` already set.
+    @ends_a_run
+    def end(self, passing: Optional[BaseException]) -> None:
+        """Stop recording and write what is unsaved; ``passing`` is the exception ending the call, if any.
 
-        Then the held signals are delivered (a SIGTERM turned into SystemExit is raised again with the
-        default action), and at a normal end the comms logger's summary is shown.
+        Then the held signals are delivered (a SIGTERM that the handler turned into the SystemExit now
+        passing is raised again with its default action), and at a normal end the comms logger's
+        summary is shown.
         """
-        self._ended, self._returned = True, returned
+        self._ended, self._returned = True, passing is None
+        signals = self.signals
+        signals.hold()  # before any other call: a signal now waits until the files are written
         try:
             self._fire(_Event.RUN_ENDS)
         finally:
-            self.signals.release(restore=True)
-        if returned and not self.signals.stopped_by_signal:  # its barriers would meet ranks being stopped
+            signals.release(recording=False, passing=passing)
+        if passing is None and not signals.stopped_by_signal:  # its barriers would meet ranks being stopped
             show_comms_summary(self.settings, process_identity())
 
     def engine_stepped(self, engine: Any) -> bool:
         """True when the engine took an optimizer step since the previous call.
 
-        On the first call there is no previous count, so the engine says whether the ``step()`` just
-        returned ended a gradient-accumulation boundary: its micro-step count is then a multiple of the
-        accumulation steps (DeepSpeed counts a step that fp16 loss scaling skipped as a global step too,
-        where ``was_step_applied()`` is False).  The engine's count names the steps from now on (see
-        ``_follow_engine``).
+        The first time an engine is seen there is no previous count, so the engine says whether the
+        ``step()`` just returned ended a gradient-accumulation boundary: its micro-step count is then a
+        multiple of the accumulation steps (DeepSpeed counts a step that fp16 loss scaling skipped as a
+        global step too, where ``was_step_applied()`` is False).  See ``_adopt`` for the step names.
         """
-        steps, previous = engine.global_steps, self._engine_steps
-        self._engine_steps = steps
-        if previous is not None:
+        steps = engine.global_steps
+        if engine is self._engine:
+            previous, self._engine_steps = self._engine_steps, steps
             return steps != previous
         boundary = engine.was_step_applied() or engine.micro_steps % engine.gradient_accumulation_steps() == 0
-        self._follow_engine(engine, steps - 1 if boundary else steps)
+        self._engine, self._engine_steps = engine, steps
+        self._adopt(engine, steps - 1 if boundary else steps)
         return boundary
 
     # ---- the state machine -----------------------------------------------------------------------
@@ -161,8 +180,9 @@ class ProfilerRun:
         actions, next_state = transition
         signals = self.signals
         releases = not signals.holding  # end() holds from before this call until everything is written
-        signals.holding = True
-        signals.set_sigchld_aside()
+        if releases:
+            signals.hold()
+        signals.activity = f"at step {self.step}: {event.value}"
         try:
             for action in actions:
                 action(self)
@@ -176,8 +196,10 @@ class ProfilerRun:
                 raise
         finally:
             self._plan_next()
+            signals.activity = ("the step has not reached step_profiler()" if self._state is _State.RECORDING
+                                else "not recording")
             if releases:
-                signals.release(restore=self._state is not _State.RECORDING)
+                signals.release(recording=self._state is _State.RECORDING)
 
     def _plan_next(self) -> None:
         """Set the step at which the next event happens, and which event it is."""
@@ -211,7 +233,9 @@ class ProfilerRun:
 
     def _prepare(self) -> None:
         if self._writer is None:  # the rank that names the files is read now, not at decoration
-            self._writer = RunWriter(self.settings, process_identity(), self.signals)
+            identity = process_identity()
+            self._writer = RunWriter(self.settings, identity)
+            self.signals.label = f"rank {identity.rank} (pid {identity.pid})"
         self._torch = torch.profiler.profile(activities=self._activities(),
                                              record_shapes=self.settings.record_shapes,
                                              profile_memory=self.settings.profile_memory,
@@ -230,7 +254,7 @@ class ProfilerRun:
         set_torch_profiler_recording(True)
         if self._nsight is not None:
             self._nsight.start()
-        self.signals.install()  # from now on the window holds unsaved steps
+        self.signals.arm()  # from now on the window holds unsaved steps
         self._open_step()
 
     def _next_step(self) -> None:
@@ -243,7 +267,7 @@ class ProfilerRun:
         self._stop_capture()
         window, self._window = self._window, self.schedule.window(self._window.cycle + 1)
         opened, self._opened = self._opened, []
-        renames, self._renames = self._renames, {}
+        renames = {}
         if self._returned and opened:  # returned inside the window: the open range is the tail, not a step
             renames[opened.pop()[0]] = TAIL_RANGE
         steps = [opened[0][1], opened[-1][1]] if opened else []
@@ -255,7 +279,9 @@ class ProfilerRun:
             self._torch.add_metadata_json("ds_profutils", json.dumps({**metadata, "cycles": [entry]}))
         except Exception as exc:  # the cycle is still worth writing without it
             logger.error("profiler: the ds_profutils metadata of %s was not added (%s)", path, exc)
+        self.signals.activity = f"after step {self.step}: stopping torch.profiler (it synchronizes the device)"
         profile = self._stop_torch()
+        self.signals.activity = f"after step {self.step}: writing {path} and the run trace"
         interrupted = self.signals.interrupted or (self._ended and not self._returned)
         if interrupted:
             logger.warning("profiler: rank %d interrupted at step %d; writing the steps recorded so far (SIGTERM and "
@@ -283,33 +309,53 @@ class ProfilerRun:
         (_State.WARMING_UP, _Event.RUN_ENDS): ((_discard_warmup, _finalize), _State.DONE),
         (_State.RECORDING, _Event.ACTIVE_STEP): ((_next_step, ), _State.RECORDING),
         (_State.RECORDING, _Event.WINDOW_ENDS): ((_save_window, ), _State.COUNTING),
+        (_State.RECORDING, _Event.INTERRUPTED): ((_save_window, _finalize), _State.DONE),
         (_State.RECORDING, _Event.RUN_ENDS): ((_save_window, _finalize), _State.DONE),
         (_State.DONE, _Event.RUN_ENDS): ((), _State.DONE),
     }
 
     # ---- helpers ----------------------------------------------------------------------------------
 
-    def _follow_engine(self, engine: Any, first_step: int) -> None:
-        """Name steps by ``engine.global_steps`` from now on; ``first_step`` is the number of the call's
-        step 0, whose range may have been opened before the engine was known (renamed when written)."""
-        self._engine = engine
-        if self._opened and self._opened[0] == (f"{STEP_RANGE_PREFIX}0", 0):
-            self._opened[0] = (self._opened[0][0], first_step)
-            self._renames[f"{STEP_RANGE_PREFIX}0"] = f"{STEP_RANGE_PREFIX}{first_step}"
+    def _adopt(self, engine: Any, current: int) -> None:
+        """Name steps by ``engine.global_steps`` from now on, ``current`` being the current step's number.
+
+        A range is named when it opens, so where a step range was already opened under the call's count
+        (a window that began at the call's first step, before any engine could be seen) with another
+        number, the run keeps the call's count, and says why once.
+        """
+        if self._names_engine is not None:
+            return
+        if self._opened and current != self.step:
+            logger.warning("profiler: ProfilerStep#N counts this call's steps, not the engine's global steps: the "
+                           "window began at the call's first step, whose range was named before the engine was seen "
+                           "(it is global step %d); give the engine to profiler(config=engine), or begin the window "
+                           "later (skip_first, wait or warmup), for global numbers", current)
+            return
+        self._names_engine = engine
 
     def _activities(self) -> List[torch.profiler.ProfilerActivity]:
-        if self._nsight is not None:  # CUPTI serves one client: on the active steps that is Nsight
+        if self._nsight is not None and self._nsight.nsys_attached:  # CUPTI serves one client: nsys here
             return [torch.profiler.ProfilerActivity.CPU]
         return sorted(torch.profiler.supported_activities(), key=lambda activity: activity.value)
+
+    def _nsight_note(self) -> str:
+        command = nsys_command(self.settings.nsight_output)
+        if self._nsight.nsys_attached:
+            return ("ds_profutils profiler: Nsight capture ranges bracket each active window (the device is synchronized "
+                    "at each end); nsys is attached, so the torch trace holds CPU activity only (CUPTI serves one "
+                    "client)")
+        return ("ds_profutils profiler: Nsight capture ranges bracket each active window (the device is synchronized at "
+                f"each end); nsys is not attached, so the torch trace keeps CUDA activity; to capture, run: {command} "
+                "<your launch command>")
 
     def _metadata(self) -> Dict[str, Any]:
         identity = self._writer.identity
         return {"host": identity.host, "rank": identity.rank, "world_size": identity.world_size, "pid": identity.pid,
-                "step_numbering": "call" if self._engine is None else "global",
+                "step_numbering": "call" if self._names_engine is None else "global",
                 "profiled_ranks": self.settings.ranks}
 
     def _open_step(self) -> None:
-        number = self.step if self._engine is None else self._engine.global_steps
+        number = self.step if self._names_engine is None else self._names_engine.global_steps
         name = f"{STEP_RANGE_PREFIX}{number}"
         self._opened.append((name, number))
         self._step_range = record_function(name)

@@ -1,66 +1,95 @@
-"""Interruptions while a window holds unsaved steps, and while the profiler writes them.
+"""Signals while a window holds unsaved steps, and while the profiler does its own work.
 
 DeepSpeed's launcher stops a rank with SIGTERM to its whole process tree (DataLoader workers too)
 and sends SIGKILL 30 s later; a user stops a job with Ctrl-C (SIGINT).  Python's default SIGTERM
-action kills the process on the spot, skipping every ``finally``, so the steps being recorded would
-be lost.  While a window holds unsaved steps, :class:`SignalGuard`'s handler instead
+action ends the process on the spot and the steps being recorded would be lost.  So while a window
+holds unsaved steps, :class:`SignalGuard`'s handler is on SIGTERM and SIGINT, and:
 
-* turns SIGTERM into ``SystemExit(143)``, which unwinds to the profiler's ``finally`` where the files
-  are written; once they are, SIGTERM is raised again with the default action, so the process still
-  ends "killed by SIGTERM" (the exit status the launcher and schedulers expect);
-* turns SIGINT into ``KeyboardInterrupt``, so a program's ``except KeyboardInterrupt:`` still runs;
-* calls a handler the program installed itself instead (Python's default SIGINT handler is one);
-  leaves an ignored signal ignored (a job started in the background has SIGINT ignored); and leaves
-  alone a handler installed outside Python, which could not be put back.
+* a SIGTERM or SIGINT with its usual meaning (SIGTERM's default action, Python's KeyboardInterrupt
+  handler) is *noted*: the step goes on, and the next ``step_profiler()`` writes the window (the step
+  that just ended is its last) before anything else runs, then delivers the signal: SIGTERM with its
+  default action (the process ends "killed by SIGTERM", as launchers expect), SIGINT as
+  KeyboardInterrupt raised from ``step_profiler()``.  The program's own cleanup (``finally`` blocks,
+  checkpoint saves, barriers) runs after the window is on disk;
+* if no ``step_profiler()`` comes within :data:`~.watchdog.GRACE_S` (a long step, a hung
+  collective), the main thread is made to unwind as Python would have: SystemExit(143) or
+  KeyboardInterrupt is raised where it is, and the window is written where the profiled block ends
+  (a SIGTERM is then raised again with its default action, if that SystemExit got there);
+* a handler the program installed itself is called at once instead (graceful preemption); an
+  ignored signal stays ignored; a handler installed outside Python is left alone (one warning).
 
-From the moment a run ends (``holding``, set before any call a signal could interrupt) and during
-every step of the state machine, the handler raises nothing: SIGTERM and SIGINT are held and
-delivered when the files are on disk.  Two things bound the wait: a third SIGINT, or
-:data:`DEADLINE_S` after the first signal, make the writer give up (it checks between chunks, and
-says which file it could not write).  torch's DataLoader installs a Python SIGCHLD handler that
-raises into whatever runs when a worker dies; the launcher kills the workers with the rank, so while
-a window is open that handler is called through this one, and not at all while the profiler writes.
+While the profiler does its own work (every transition of the run: starting torch, each active
+step's range, writing a cycle), every signal that has a Python handler -- SIGCHLD of torch's
+DataLoader, a program's SIGUSR1 or SIGALRM, SIGTERM and SIGINT -- is held and delivered when the work
+is done, as Python delivers signals: the handlers run in signal-number order and what they raise
+comes out of ``step_profiler()``.  So no program handler runs inside the profiler, where what it
+raised would be taken for a profiler failure.  From a noted SIGTERM/SIGINT until the window is
+written, the other handlers are held too (a DataLoader worker killed by the launcher with the rank
+must not raise into the step before the window is on disk).
 
-Handlers are installed only while a window holds unsaved steps, put back only where this guard's is
-still the installed one, and never outside the main thread, where Python allows none.
+Every hold has a deadline kept outside the main thread (:mod:`.watchdog`): :data:`~.watchdog.DEADLINE_S`
+after the first held SIGTERM/SIGINT, or at the third SIGINT, the process ends with a line saying why,
+even if the main thread is stuck.  A program that catches the SystemExit or KeyboardInterrupt and goes
+on leaves nothing armed: the next ``step_profiler()`` (or the end of the profiled block) clears it.
+
+Handlers are installed only on the main thread (Python allows no other), put back only where this
+guard's is still the one installed, and a process forked meanwhile (a DataLoader worker) gets the
+program's handlers back at once.  No path here takes a lock.
 """
 from __future__ import annotations
 
+import _thread
+import os
 import signal
 import sys
 import threading
-import time
 from types import CodeType, FrameType
-from typing import Any, Callable, Dict, List, Optional, Set, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
+from .._signal_exit import run_before_signal_exit
 from ..logging import logger
-from ..outputs import run_before_signal_exit
+from .watchdog import WATCHDOG
 
-__all__ = ["DEADLINE_S", "SignalGuard", "WriteAbandoned", "ends_a_run"]
+__all__ = ["SignalGuard", "ends_a_run"]
 
-DEADLINE_S = 25.0
-"""Seconds after the first SIGTERM/SIGINT after which writing gives up: the launcher's SIGKILL comes at
-30 s, and a rank that gives up in time can still say so and end with its own exit status."""
-_GIVE_UP_SIGINTS = 3
 _STOPPING = (signal.SIGTERM, signal.SIGINT)
-_SIGCHLD: Optional[int] = getattr(signal, "SIGCHLD", None)
+_HOLDABLE = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
 
 F = TypeVar("F", bound=Callable[..., Any])
 _RUN_ENDINGS: Set[CodeType] = set()
+_installed: Optional["SignalGuard"] = None  # the guard whose handler is installed somewhere, for a fork
 
 
 def ends_a_run(function: F) -> F:
     """Mark a function the interpreter calls as a profiled block ends (a context manager's ``__exit__``).
 
     A pending signal may be handled at the very first instruction of such a function, before it can
-    set ``holding``; one handled anywhere in a marked function is held as if ``holding`` were set.
+    begin holding; one handled anywhere in a marked function is held as if it had.
     """
     _RUN_ENDINGS.add(function.__code__)
     return function
 
 
-class WriteAbandoned(BaseException):
-    """The writer gave up (a third SIGINT, or the deadline): raised by :meth:`SignalGuard.check` only."""
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _program_handles(handler: Any) -> bool:
+    """True for a handler of the program's own (not Python's KeyboardInterrupt one, not SIG_DFL)."""
+    return callable(handler) and handler is not signal.default_int_handler
+
+
+def _run_tripped_handlers() -> None:
+    """A Python call: the handlers of tripped signals run as it begins, and what they raise comes out here."""
+
+
+def _as_before(handler: Any, signum: int, frame: Optional[FrameType]) -> None:
+    """Do what ``handler`` (a disposition this guard replaced and gave back) does with ``signum``."""
+    if callable(handler):
+        handler(signum, frame)
+    elif handler != signal.SIG_IGN:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
 
 
 class SignalGuard:
@@ -68,162 +97,249 @@ class SignalGuard:
 
     def __init__(self) -> None:
         self.holding = False
-        self._previous: Dict[int, Any] = {}
-        self._installed: List[int] = []
+        self.stop: Optional[int] = None  # a noted SIGTERM/SIGINT the next step boundary acts on
+        self.stopped_by_signal = False  # a SIGTERM/SIGINT was delivered as an exception into the run (never reset)
+        self.activity = "recording"  # what the profiler is doing, for the watchdog's last line
+        self.label = f"pid {os.getpid()}"  # who this is, for the same line (the rank once known)
         self._handler = self._handle  # one bound method, so "is ours still installed" is an equality test
+        self._window: Dict[int, Any] = {}  # SIGTERM/SIGINT -> the program's handler, while the window is armed
+        self._aside: Dict[int, Any] = {}  # other signals -> the program's handler, while held
+        self._given_back: Dict[int, Any] = {}  # what the window replaced, for handlers that still chain to ours
         self._pending: List[int] = []
-        self._reraise: Optional[int] = None
-        self._signalled_at: Optional[float] = None
-        self._sigints = 0
-        self._give_up: Optional[str] = None
+        self._unwind: Optional[int] = None  # the watchdog asks: raise for this signal when it comes
+        self._raised: Optional[Tuple[BaseException, int]] = None  # raised by the handler, not yet dealt with
+        self._owes_resolution = False  # the handler saw a SIGTERM/SIGINT the watchdog has not been told about
         self._warned: Set[str] = set()
-        self.stopped_by_signal = False  # a SIGTERM/SIGINT raised into the run (never reset)
-        self._sigchld_aside: Any = None  # a SIGCHLD handler set aside while one write runs
-        self._in_sigchld = False
+
+    # ---- what the run asks ---------------------------------------------------------------------
 
     @property
     def interrupted(self) -> bool:
-        """True once a SIGTERM/SIGINT arrived that has not been delivered yet (or was turned into an exception)."""
-        return self._reraise is not None or self._signalled_at is not None
+        """True once a SIGTERM/SIGINT with its usual meaning (not the program's handler's) arrived that the run
+        has not finished dealing with: the process is being stopped."""
+        return self.stop is not None or self._raised is not None or any(map(self._stops, self._pending))
 
-    def install(self) -> None:
-        """Install the handler (a window begins holding unsaved steps)."""
-        if self._installed:
-            return
-        if threading.current_thread() is not threading.main_thread():
+    def _stops(self, signum: int) -> bool:
+        """Whether ``signum`` stops the process: a SIGTERM/SIGINT whose handler is not the program's own."""
+        return signum in _STOPPING and not _program_handles(self._window.get(signum, self._aside.get(signum)))
+
+    @property
+    def unwinding(self) -> bool:
+        """The handler raised SystemExit/KeyboardInterrupt, and the run has not seen where it went."""
+        return self._raised is not None
+
+    def doing(self) -> str:
+        """What keeps the signal held, for the watchdog's last line."""
+        if self._raised is not None:
+            return "the program's cleanup, unwinding from the exception raised for it, has not ended"
+        return self.activity
+
+    def handles(self, signum: int) -> bool:
+        """Whether this guard's handler is the one installed for ``signum`` (asked by the watchdog: a handler the
+        program put over it during the window gets the signal instead, and nothing is held)."""
+        return (signum in self._window or signum in self._aside) and signal.getsignal(signum) == self._handler
+
+    def waiting_for_boundary(self) -> bool:
+        """A noted SIGTERM/SIGINT waits for the next step boundary (asked by the watchdog)."""
+        return self.stop is not None and not self.holding and self._raised is None
+
+    def request_unwind(self) -> Optional[int]:
+        """The watchdog gives up waiting for a boundary: the handler raises when the signal comes again."""
+        self._unwind = self.stop
+        return self._unwind
+
+    # ---- driven by the run ---------------------------------------------------------------------
+
+    @ends_a_run
+    def hold(self) -> None:
+        """The profiler begins its own work: every signal with a Python handler waits until :meth:`release`."""
+        self.holding = True
+        if _on_main_thread():
+            self._set_aside_python_handlers()
+
+    def arm(self) -> None:
+        """A window begins holding unsaved steps (called inside a hold): the handler goes on SIGTERM/SIGINT."""
+        if not _on_main_thread():
             self._warn_once("thread", "profiler: running outside the main thread, where Python allows no signal "
                             "handlers: a SIGTERM or SIGINT while a window is recorded loses that window's steps")
             return
-        for signum in (*_STOPPING, _SIGCHLD):
-            if signum is None:
+        for signum in _STOPPING:
+            if signum in self._aside:  # the program's Python handler, already set aside by the hold
+                self._window[signum] = self._aside.pop(signum)
                 continue
             current = signal.getsignal(signum)
-            if signum == _SIGCHLD and not callable(current):
-                continue  # only a Python handler (torch's DataLoader's) is ever set aside
             if current == signal.SIG_IGN:
                 continue  # an ignored signal stays ignored
             if current is None:
                 self._warn_once(str(signum), f"profiler: {signal.Signals(signum).name} has a handler installed "
                                 "outside Python, which is left in place: that signal loses the window being recorded")
                 continue
-            self._previous[signum] = current  # before the handler: a signal may come at once
-            try:
-                signal.signal(signum, self._handler)
-            except (ValueError, OSError) as exc:  # e.g. an embedded interpreter without signals
-                self._warn_once(str(signum), f"profiler: cannot handle {signal.Signals(signum).name} ({exc})")
-                continue
-            self._installed.append(signum)
+            self._window[signum] = current  # before the handler: a signal may come at once
+            signal.signal(signum, self._handler)
+        if self._window:
+            self._note_installed()
+            WATCHDOG.install(self)
 
-    def set_sigchld_aside(self) -> None:
-        """As a hold begins (every transition, writes included): a DataLoader iterator made after the
-        window opened has put torch's SIGCHLD handler over this guard's; set it aside until the hold ends
-        (:meth:`release` puts it back).  Two ``signal.signal`` calls, only in that case."""
-        if _SIGCHLD is None or not self._installed or self._sigchld_aside is not None:
-            return
-        current = signal.getsignal(_SIGCHLD)
-        if not callable(current) or current == self._handler:
-            return  # only a Python handler is ever set aside
-        self._sigchld_aside = current
-        signal.signal(_SIGCHLD, self._handler)
+    def went_on(self) -> None:
+        """The program caught the exception the handler raised and reached a step boundary: nothing stays armed."""
+        self._raised = None
 
-    def restore(self) -> None:
-        """Put back the program's handlers, where ours is still the one installed."""
-        installed, self._installed = self._installed, []
-        for signum in installed:
-            if signal.getsignal(signum) == self._handler:
-                signal.signal(signum, self._previous[signum])
+    def release(self, recording: bool, passing: Optional[BaseException] = None) -> None:
+        """The profiler's work is done: give back what was held and deliver what is due.
 
-    def release(self, restore: bool) -> None:
-        """End a hold: put the program's handlers back if ``restore`` (no unsaved steps are left), then
-        deliver the held signals, SIGTERM turned into an exception first, to whatever handles them now."""
-        reraise = None
-        aside, self._sigchld_aside = self._sigchld_aside, None
-        if aside is not None and signal.getsignal(_SIGCHLD) == self._handler:
-            signal.signal(_SIGCHLD, aside)  # torch's, which calls the handler it found: this guard's
-        if restore:
-            self.restore()
-            reraise, self._reraise = self._reraise, None
+        ``recording``: the window still holds unsaved steps (a noted SIGTERM/SIGINT then waits for the
+        next step boundary, the handler stays on them).  Otherwise the window is disarmed, and the
+        noted signal is delivered too; ``passing`` is the exception leaving the profiled block, and if
+        it is the SystemExit this guard raised for a SIGTERM, SIGTERM is raised again with its default
+        action.
+        """
         self.holding = False
-        pending, self._pending = self._pending, []
-        self._signalled_at, self._sigints, self._give_up = None, 0, None
-        if reraise == signal.SIGTERM or (signal.SIGTERM in pending
-                                         and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
-            # The default action ends the process and skips atexit: other writers' files first.  A
-            # program's own handler (graceful preemption) may keep training: their files stay open.
-            run_before_signal_exit()
-        if reraise is not None or pending:
-            for stream in (sys.stdout, sys.stderr):  # the default action ends the process without flushing
-                try:
-                    stream.flush()
-                except Exception:  # a closed or broken stream
-                    pass
+        due, self._pending = self._pending, []
+        if recording:
+            for signum in [s for s in due if s in self._window and self._stops(s)]:
+                if self.stop is None:
+                    due.remove(signum)
+                    self.stop = signum
+            if self._stopping():  # nothing is delivered before the next boundary has written the window
+                self._pending, due = due, []
+        else:
+            if self.stop is not None:
+                due.insert(0, self.stop)
+                self.stop = None
+            if passing is not None and self._raised is not None and passing is self._raised[0] \
+                    and self._raised[1] == signal.SIGTERM:
+                due.insert(0, signal.SIGTERM)
+            self._raised = None
+        if not self._stopping():
+            self._give_back(self._aside)
+        if not recording:
+            self._disarm()
+        self._resolve_if_free()
+        self._deliver(list(dict.fromkeys(due)))
+
+    # ---- the handler ---------------------------------------------------------------------------
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        if signum in _STOPPING:
+            self._owes_resolution = True
+        if signum in self._aside or self.holding or (frame is not None and frame.f_code in _RUN_ENDINGS):
+            if signum not in self._pending:
+                self._pending.append(signum)
+            return
+        handler = self._window.get(signum)
+        if handler is None:  # called by a handler that was put over ours and chains to it
+            _as_before(self._given_back.get(signum, signal.SIG_DFL), signum, frame)
+            return
+        if _program_handles(handler):
+            self._resolve_if_free()  # the program's, not held: its handler may take as long as it likes
+            handler(signum, frame)
+            return
+        if self._unwind == signum and self.stop == signum:
+            self._unwind = self.stop = None
+            exc: BaseException = KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
+            self._raised, self.stopped_by_signal = (exc, signum), True
+            raise exc
+        if self.stop is None:
+            self.stop = signum
+            self._set_aside_python_handlers()  # stopping: nothing else may raise into the step
+        elif signum != self.stop and signum not in self._pending:
+            self._pending.append(signum)  # a SIGTERM after a noted SIGINT (or the reverse): delivered too
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _stopping(self) -> bool:
+        return self.stop is not None or self._raised is not None
+
+    def _set_aside_python_handlers(self) -> None:
+        for signum in _HOLDABLE:
+            if signum in self._window:
+                continue
+            current = signal.getsignal(signum)
+            if callable(current) and current != self._handler:
+                self._aside[signum] = current
+                signal.signal(signum, self._handler)
+        if self._aside:
+            self._note_installed()
+        if signal.SIGTERM in self._aside or signal.SIGINT in self._aside:
+            WATCHDOG.install(self)
+
+    def _note_installed(self) -> None:
+        global _installed
+        _installed = self
+
+    def _give_back(self, handlers: Dict[int, Any]) -> None:
+        """Put the program's handlers back, where ours is still the one installed."""
+        for signum, handler in handlers.items():
+            if signal.getsignal(signum) == self._handler:
+                signal.signal(signum, handler)
+        handlers.clear()
+
+    def _disarm(self) -> None:
+        global _installed
+        if self._window:
+            self._given_back.update(self._window)
+            self._give_back(self._window)
+        if not self._aside:
+            if WATCHDOG.guard is self:
+                WATCHDOG.uninstall(self)
+            if _installed is self:
+                _installed = None
+
+    def _resolve_if_free(self) -> None:
+        """Tell the watchdog when no SIGTERM/SIGINT the handler saw is held any longer."""
+        if self._owes_resolution and not self._stopping() and not any(s in _STOPPING for s in self._pending):
+            self._owes_resolution = False
+            WATCHDOG.resolved()
+
+    def _deliver(self, due: List[int]) -> None:
+        """Deliver held signals to the handlers installed now, as Python would have."""
+        if not due:
+            return
+        for signum in due:
+            if signal.getsignal(signum) == signal.SIG_DFL:  # a SIGTERM/SIGINT the window held: the process ends
+                self.stopped_by_signal = True
+                # The default action skips atexit: other writers' files first.  (A program's own handler,
+                # graceful preemption, may keep training: their files stay open.)
+                run_before_signal_exit()
+                for stream in (sys.stdout, sys.stderr):  # nor does it flush
+                    try:
+                        stream.flush()
+                    except Exception:  # a closed or broken stream
+                        pass
+                signal.raise_signal(signum)
+        if any(signal.getsignal(signum) is signal.default_int_handler for signum in due):
+            self.stopped_by_signal = True
+        # Trip them all first (interrupt_main runs no handler; map calls it from C, so no handler runs between
+        # two calls either), then let Python run the handlers: in signal-number order, and where one raises,
+        # the others still run at the next check, as with signals that arrive together.
+        list(map(_thread.interrupt_main, due))
         try:
-            for signum in ([reraise] if reraise is not None else []) + pending:
-                signal.raise_signal(signum)  # runs the Python handler now; what it raises comes out here
+            _run_tripped_handlers()
         except BaseException:
             self.stopped_by_signal = True
             raise
 
-    def check(self) -> None:
-        """Raise WriteAbandoned if the writer should give up (called between chunks of a write)."""
-        if self._give_up is None and self._signalled_at is not None \
-                and time.monotonic() - self._signalled_at > DEADLINE_S:
-            self._give_up = (f"{DEADLINE_S:g} s passed since the first SIGTERM/SIGINT (DeepSpeed's launcher "
-                             f"sends SIGKILL at 30 s)")
-        if self._give_up is not None:
-            raise WriteAbandoned(self._give_up)
-
-    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
-        held = self.holding or (frame is not None and frame.f_code in _RUN_ENDINGS)
-        if signum == _SIGCHLD:
-            self._sigchld(signum, frame, held)
-            return
-        previous = self._previous.get(signum)
-        program_handles = callable(previous) and previous is not signal.default_int_handler
-        if held and program_handles:
-            if signum not in self._pending:
-                self._pending.append(signum)  # for the program's handler, once written: no deadline
-            return
-        if not held and callable(previous):
-            try:
-                previous(signum, frame)
-            except BaseException:
-                self.stopped_by_signal = True  # the program's handler ends the run (Python's SIGINT handler does)
-                raise
-            return  # the program handled it (e.g. a graceful-preemption flag): the run goes on
-        self._count(signum)
-        if held:
-            if signum not in self._pending:
-                self._pending.append(signum)
-            return
-        self.stopped_by_signal = True
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self._reraise = signum
-        raise SystemExit(128 + signum)
-
-    def _sigchld(self, signum: int, frame: Optional[FrameType], held: bool) -> None:
-        """Not while writing; otherwise the handler set aside when the window opened.  A handler that
-        calls the one it found (torch's does) may lead back here: that call ends here."""
-        previous = self._previous.get(signum)
-        if held or self._in_sigchld or not callable(previous):
-            return
-        self._in_sigchld = True
+    def forget_in_child(self) -> None:
+        """In a process just forked: the program's handlers, nothing held, nothing armed."""
         try:
-            previous(signum, frame)
-        finally:
-            self._in_sigchld = False
-
-    def _count(self, signum: int) -> None:
-        """A SIGTERM/SIGINT for this guard: the deadline starts at the first, SIGINTs are counted."""
-        if self._signalled_at is None:
-            self._signalled_at = time.monotonic()
-        if signum == signal.SIGINT:
-            self._sigints += 1
-            if self._sigints >= _GIVE_UP_SIGINTS:
-                self._give_up = f"SIGINT received {self._sigints} times"
+            for handlers in (self._aside, self._window):
+                self._give_back(handlers)
+        except ValueError:  # forked from a thread other than the main one
+            pass
+        self.holding, self.stop, self._raised, self._pending = False, None, None, []
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message)
+
+
+def _forget_in_child() -> None:
+    global _installed
+    if _installed is not None:
+        _installed.forget_in_child()
+        _installed = None
+    WATCHDOG.forget_in_child()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

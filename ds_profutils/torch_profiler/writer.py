@@ -1,15 +1,15 @@
 """Everything one profiled run writes on one rank, written as each cycle ends, and what it says at the end.
 
 When a cycle ends (the window is over, or the run ends inside it, however it ends) its trace is
-exported to ``rank_{r}/``, ``trace_rank_{r}.json`` is brought up to date by streaming
-(:class:`~.export.MergedTrace`), and the operator summary takes in the cycle's events.  So a job
-killed later loses nothing already recorded, and the cycle in flight is all an interruption has to
-write.  Building the summary from a large window takes seconds: on interruption it is skipped, with
-a line saying so.
+exported to ``rank_{r}/``, its events are spliced into ``trace_rank_{r}.json``
+(:class:`~.export.RunTrace`: only the new cycle's bytes are written), and the operator summary takes
+in the cycle's events.  So a job killed later loses nothing already recorded, and the cycle in flight
+is all an interruption has to write.  Building the summary from a large window takes seconds: on
+interruption it is skipped, with a line saying so.
 
-A file that cannot be written is named in one ERROR line with the cause, whatever the exception
-(the launcher's second SIGTERM, a full disk, the writer giving up at the deadline), and training
-goes on.
+A file that cannot be written is named in one ERROR line with the cause, whatever the exception (a
+full disk, a failing export), and training goes on.  No signal handler runs while the files are
+written (:mod:`.signals` holds them), so no exception of a program's handler is taken for a write's.
 """
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 from ..config import ProfilerConfig
 from ..logging import log_dist, logger
 from ..outputs import ProcessIdentity, atomic_path, cycle_dir, summary_file, trace_file
-from .export import MergedTrace, rename_trace_events
-from .signals import SignalGuard, WriteAbandoned
+from .export import RunTrace, rename_trace_events
 from .summary import OperatorSummary
 
 __all__ = ["RunWriter", "show_comms_summary"]
@@ -30,8 +29,6 @@ _ALL_RANKS = [-1]  # log_dist: every rank logs
 
 
 def _cause(exc: BaseException) -> str:
-    if isinstance(exc, WriteAbandoned):
-        return f"gave up writing: {exc}"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
@@ -44,55 +41,54 @@ def _steps_text(entries: List[Dict[str, Any]]) -> str:
 class RunWriter:
     """The files of one run on one rank: per-cycle traces, the run trace, the operator summary."""
 
-    def __init__(self, settings: ProfilerConfig, identity: ProcessIdentity, guard: SignalGuard) -> None:
+    def __init__(self, settings: ProfilerConfig, identity: ProcessIdentity) -> None:
         self.settings = settings
         self.identity = identity
-        self.guard = guard
-        self.trace = MergedTrace(trace_file(settings.output_dir, identity.rank), identity)
+        self.trace = RunTrace(trace_file(settings.output_dir, identity.rank), identity)
         self.summary: Optional[OperatorSummary] = None
         if settings.summary_ranks is None or identity.rank in settings.summary_ranks:
             self.summary = OperatorSummary(settings.summary_sort_by, settings.summary_row_limit)
         self.summary_path: Optional[Path] = None
         self.cycles: List[Dict[str, Any]] = []  # every cycle whose own trace was written
-        self._unmerged: List[Path] = []  # cycle traces written, not yet in the run trace
+        self._unmerged: List[Path] = []  # cycle traces written, not yet in the run trace (a failed splice)
         self.failed: List[Path] = []
 
     @contextlib.contextmanager
     def _written(self, path: Path) -> Iterator[None]:
-        """Log a failure to write ``path`` as one ERROR line; re-raise only an interruption from elsewhere."""
+        """Log a failure to write ``path`` as one ERROR line; re-raise what is not an Exception."""
         try:
             yield
         except BaseException as exc:
             self.failed.append(path)
             logger.error("profiler: %s was not written (%s); training goes on", path, _cause(exc))
             logger.debug("profiler: the failed write of %s", path, exc_info=True)
-            if not isinstance(exc, (Exception, WriteAbandoned)):
-                raise  # e.g. SystemExit from a program's handler of a signal the profiler does not hold
+            if not isinstance(exc, Exception):
+                raise
 
     def save_cycle(self, profile: Any, path: Path, entry: Dict[str, Any], renames: Mapping[str, str],
                    interrupted: bool, metadata: Mapping[str, Any]) -> None:
         """Write a stopped cycle's trace to ``path``, then the run trace and the summary.
 
-        ``renames`` maps event names as recorded to their names in the files; ``entry`` describes the
-        cycle in the run trace's ``ds_profutils`` metadata, ``metadata`` the run.
+        ``renames`` maps event names as recorded to their names in the files (the tail range of a call
+        that returned inside the window); ``entry`` describes the cycle in its own file's ``ds_profutils``
+        metadata, ``metadata`` the run (the run trace's).
         """
         written = False
         with self._written(path):
-            self.guard.check()
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(path, self.identity) as temporary:
                 profile.export_chrome_trace(str(temporary))
                 if renames:
                     try:
-                        rename_trace_events(temporary, renames, self.identity, self.guard.check)
-                    except (Exception, WriteAbandoned) as exc:  # the trace is whole, a step's name is off
+                        rename_trace_events(temporary, renames, self.identity)
+                    except Exception as exc:  # the trace is whole, the tail keeps its step name
                         logger.error("profiler: %s keeps its step names as recorded (%s)", path, _cause(exc))
             written = True
         if written:
             self.cycles.append(entry)
             self._unmerged.append(path)
             with self._written(self.trace.path):
-                self.trace.add(self._unmerged, {**metadata, "cycles": self.cycles}, self.guard.check)
+                self.trace.add(self._unmerged, metadata)
                 self._unmerged = []
         if self.summary is None:
             return

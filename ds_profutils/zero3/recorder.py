@@ -28,7 +28,8 @@ import torch
 from ..config import PartitionedParamProfilerConfig
 from ..logging import logger, warning_once
 from ..nvtx import ranges_active
-from ..outputs import ProcessIdentity, call_before_signal_exit, fetch_records_file, forget_before_signal_exit
+from .._signal_exit import call_before_signal_exit, forget_before_signal_exit
+from ..outputs import ProcessIdentity, fetch_records_file
 from . import collectives
 from .device_clock import DeviceEvents, Pair
 from .fetch_profiler import (DEVICE_TIMED, SIDE_STREAM_SUFFIX, PartitionedParameterProfiler, device_entry, pair_ns,

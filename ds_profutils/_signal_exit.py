@@ -1,0 +1,40 @@
+"""Writers called before a SIGTERM ends the process with its default action.
+
+The profiler holds a SIGTERM that arrives while a window holds unsaved steps, writes the window, and
+then lets SIGTERM end the process with its default action, so the exit status still says "killed by
+SIGTERM" (what launchers and schedulers expect).  That action skips ``atexit``, so another writer (the
+ZeRO-3 recorder, whose last record may hold late device times) registers here to be called first.
+
+A process the profiler ends at its deadline (``os._exit``, see :mod:`.torch_profiler.watchdog`) calls
+none of these: the main thread may be stuck inside one of them.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Callable, List
+
+__all__ = ["call_before_signal_exit", "forget_before_signal_exit", "run_before_signal_exit"]
+
+_callbacks: List[Callable[[], None]] = []
+
+
+def call_before_signal_exit(callback: Callable[[], None]) -> None:
+    """Have ``callback`` write what it holds if a SIGTERM ends the process (until ``forget_before_signal_exit``)."""
+    _callbacks.append(callback)
+
+
+def forget_before_signal_exit(callback: Callable[[], None]) -> None:
+    """``callback`` has nothing left to write."""
+    with contextlib.suppress(ValueError):
+        _callbacks.remove(callback)
+
+
+def run_before_signal_exit() -> None:
+    """Call every registered writer, newest last; a failure is logged, never raised (the process is ending)."""
+    for callback in list(_callbacks):
+        try:
+            callback()
+        except Exception:
+            logging.getLogger("DeepSpeed").exception("ds_profutils: writing %r before the process ends failed",
+                                                     callback)

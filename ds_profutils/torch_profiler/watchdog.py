@@ -1,0 +1,230 @@
+"""The deadline of a held SIGTERM/SIGINT, kept by a thread that does not wait for the main thread.
+
+CPython runs Python signal handlers on the main thread only, between bytecodes.  A main thread stuck
+in a call that does not return (torch.profiler's stop synchronizes the device; a collective waits for
+a dead peer) runs none, so a profiler that holds SIGTERM and SIGINT while it writes could hold them
+for ever.  But CPython's C-level handler, run in whatever thread the kernel chose, also writes the
+signal's number to the wakeup fd (``signal.set_wakeup_fd``).  While a :class:`~.signals.SignalGuard`
+has its handler installed, that fd is a pipe that this module's thread reads, and the thread:
+
+* starts a clock at the first SIGTERM/SIGINT the guard's handler receives, and at :data:`DEADLINE_S`
+  ends the process with ``os._exit(128 + signum)`` after one line on stderr saying why;
+* ends it at once, with exit status 130, at the third SIGINT (Ctrl-C pressed three times);
+* after :data:`GRACE_S` without a step boundary, asks the main thread to unwind: it sends the signal
+  again to the main thread alone (``signal.pthread_kill``, which also interrupts a blocking system
+  call such as a sleep), and the guard's handler then raises SystemExit or KeyboardInterrupt;
+* passes every byte on to the wakeup fd the program had set (asyncio's), if any.
+
+The main thread writes a 0 byte into the same pipe once it has dealt with every SIGTERM/SIGINT its
+handler saw (delivered them, handed them to the program's handler, or seen the program go on after
+the exception).  A pipe keeps order, so the 0 comes after the bytes of those signals, and the clock
+stops there; a signal the main thread has not seen (it is stuck) keeps the clock running.
+
+The thread takes no lock and never waits for the main thread.  It does need the GIL: a call that
+blocks while holding the GIL stops it too (torch's waits on the device and on collectives release
+it); only the launcher's SIGKILL ends such a process.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Dict, Optional
+
+if TYPE_CHECKING:
+    from .signals import SignalGuard
+
+__all__ = ["DEADLINE_S", "GRACE_S", "WATCHDOG", "Watchdog"]
+
+DEADLINE_S = 25.0
+"""Seconds from the first held SIGTERM/SIGINT to the end of the process: DeepSpeed's launcher, SLURM and
+Kubernetes send SIGKILL after 30 s, and a rank that ends itself first can say why.  Read when used, so a
+test (or a job with another kill timeout) can set it."""
+GRACE_S = 5.0
+"""Seconds a noted SIGTERM/SIGINT waits for the next ``step_profiler()`` (where the window is written
+before anything else runs) before the main thread is made to unwind instead."""
+_GIVE_UP_SIGINTS = 3
+_RESOLVED = 0  # the byte the main thread writes: every signal before it is dealt with
+_STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
+_FLUSH_WAIT_S = 1.0
+_POLL_S = 0.25  # while the clock runs: the guard's state (waiting for a boundary or not) changes without a byte
+
+
+def _flush_standard_streams() -> None:
+    """Flush stdout and stderr, giving up after a second: their locks may be held by the stuck thread."""
+
+    def flush() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed or broken stream
+                pass
+
+    flusher = threading.Thread(target=flush, name="ds_profutils-flush", daemon=True)
+    flusher.start()
+    flusher.join(_FLUSH_WAIT_S)
+
+
+class Watchdog:
+    """The process's one watchdog: its pipe, its thread, and the guard it watches."""
+
+    def __init__(self) -> None:
+        self._read = self._write = -1
+        self._thread: Optional[threading.Thread] = None
+        self._chained = -1  # the program's wakeup fd while ours is installed
+        self._installed = False
+        self.guard: Optional["SignalGuard"] = None
+        # Kept by the watchdog thread only:
+        self._first_at: Optional[float] = None
+        self._signum = 0
+        self._sigints = 0
+        self._unwind_sent = False
+        self._own: Dict[int, int] = {}  # signals it sent itself, whose bytes are not counted
+
+    # ---- called by the main thread -------------------------------------------------------------
+
+    def install(self, guard: "SignalGuard") -> None:
+        """Watch ``guard``; route the wakeup bytes to this watchdog (keeping the program's fd chained)."""
+        self.guard = guard
+        if self._installed:
+            return
+        if self._read < 0:
+            self._read, self._write = os.pipe()
+            os.set_blocking(self._read, False)
+            os.set_blocking(self._write, False)  # set_wakeup_fd requires it
+        previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._chained = previous if previous != self._write else -1
+        self._installed = True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="ds_profutils-signal-watchdog", daemon=True)
+            self._thread.start()
+
+    def uninstall(self, guard: "SignalGuard") -> None:
+        """Stop watching ``guard`` and give the program its wakeup fd back; the clock stops."""
+        if self.guard is guard:
+            self.guard = None
+        if self._installed:
+            self._installed = False
+            current = signal.set_wakeup_fd(self._chained)
+            if current != self._write:  # the program set its own meanwhile: that one stays
+                signal.set_wakeup_fd(current)
+        self.resolved()
+
+    def resolved(self) -> None:
+        """Every SIGTERM/SIGINT the main thread has seen is dealt with (the clock stops at this byte)."""
+        if self._write >= 0:
+            try:
+                os.write(self._write, bytes([_RESOLVED]))
+            except OSError:  # the pipe is full: the watchdog is far behind, and catches up on the guard's state
+                pass
+
+    def forget_in_child(self) -> None:
+        """In a process just forked (a DataLoader worker): no thread, no pipe of the parent's, no wakeup fd."""
+        if self._installed:
+            try:
+                signal.set_wakeup_fd(self._chained)
+            except ValueError:  # forked from a thread other than the main one
+                pass
+        for fd in (self._read, self._write):
+            if fd >= 0:
+                os.close(fd)
+        self._read = self._write = self._chained = -1
+        self._thread, self._installed, self.guard = None, False, None
+        self._own.clear()
+        self._reset()
+
+    # ---- the watchdog thread -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                ready, _, _ = select.select([self._read], [], [], self._timeout())
+                data = b""
+                if ready:
+                    try:
+                        data = os.read(self._read, 4096)
+                    except BlockingIOError:
+                        pass
+                self._forward(data)
+                for byte in data:
+                    self._on_byte(byte)
+                self._on_clock()
+            except Exception as exc:  # never let the thread die: the next hold would have no deadline
+                self._say(f"ds_profutils: the signal watchdog failed ({type(exc).__name__}: {exc}); it goes on\n")
+                time.sleep(0.1)
+
+    def _timeout(self) -> Optional[float]:
+        if self._first_at is None:
+            return None
+        return max(0.0, min(_POLL_S, DEADLINE_S - (time.monotonic() - self._first_at)))
+
+    def _forward(self, data: bytes) -> None:
+        chained = self._chained
+        data = data.replace(bytes([_RESOLVED]), b"")
+        if chained >= 0 and data:
+            try:
+                os.write(chained, data)
+            except OSError:  # full or closed: the program's loop would have lost them too
+                pass
+
+    def _on_byte(self, byte: int) -> None:
+        if byte == _RESOLVED:
+            self._reset()
+            return
+        guard = self.guard
+        if byte not in _STOPPING or guard is None or not guard.handles(byte):
+            return
+        if self._own.get(byte):
+            self._own[byte] -= 1
+            return
+        if self._first_at is None:
+            self._first_at, self._signum = time.monotonic(), byte
+        if byte == signal.SIGINT:
+            self._sigints += 1
+            if self._sigints >= _GIVE_UP_SIGINTS:
+                self._end(signal.SIGINT, f"SIGINT received {self._sigints} times")
+
+    def _on_clock(self) -> None:
+        if self._first_at is None:
+            return
+        guard = self.guard
+        if guard is None:  # the run let go of its handlers: what it held was delivered
+            self._reset()
+            return
+        elapsed = time.monotonic() - self._first_at
+        name = signal.Signals(self._signum).name
+        if elapsed >= DEADLINE_S:
+            self._end(self._signum, f"{name} arrived {elapsed:.0f} s ago and the profiler still holds it "
+                      f"({guard.doing()})")
+        elif elapsed >= GRACE_S and not self._unwind_sent and guard.waiting_for_boundary():
+            self._unwind_sent = True
+            signum = guard.request_unwind()
+            if signum is not None:  # None: the boundary came meanwhile
+                self._own[signum] = self._own.get(signum, 0) + 1
+                signal.pthread_kill(threading.main_thread().ident, signum)
+
+    def _reset(self) -> None:
+        self._first_at, self._sigints, self._unwind_sent = None, 0, False
+
+    def _end(self, signum: int, reason: str) -> None:
+        """End the process now: the main thread cannot be waited for."""
+        status = 128 + signum
+        guard = self.guard
+        who = guard.label if guard is not None else f"pid {os.getpid()}"
+        _flush_standard_streams()
+        self._say(f"ds_profutils: {who}: {reason}; ending the process now with exit status {status} (cycles "
+                  f"finished before are on disk)\n")
+        os._exit(status)
+
+    @staticmethod
+    def _say(line: str) -> None:
+        try:
+            os.write(2, line.encode(errors="replace"))
+        except OSError:
+            pass
+
+
+WATCHDOG = Watchdog()
