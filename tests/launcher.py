@@ -241,3 +241,24 @@ def _wait_for_nodes(nodes: List, workdir: Path, timeout: float) -> List[str]:
             tail = "\n".join((workdir / f"node_{node}.log").read_text().splitlines()[-40:])
             failures.append(f"node {node} exited {code}:\n{tail}")
     return failures
+
+
+def run_ranks_as_nodes(script: os.PathLike | str, args: Sequence[str], workdir: Path, *, nodes: int = 2,
+                       timeout: float = 300) -> None:
+    """Run ``script`` as ``nodes`` processes started the way a batch system starts one process per node:
+    the rank in the environment (``NODE_RANK``, ``WORLD_SIZE``, ``MASTER_*``), ``LOCAL_RANK`` 0 on every
+    one.  Fails with each process's output tail if one exits non-zero (their logs: ``workdir/node_{i}.log``)."""
+    port = free_port()
+    processes = []
+    for node in range(nodes):
+        env = _environment({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(nodes),
+                            "NODE_RANK": str(node), "LOCAL_RANK": "0"})
+        log = open(workdir / f"node_{node}.log", "w")
+        processes.append((subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, env=env, stdout=log,
+                                           stderr=subprocess.STDOUT), log))
+    try:
+        failures = _wait_for_nodes(processes, workdir, timeout)
+    finally:
+        _remove_shared_memory(port)
+    if failures:
+        raise AssertionError("\n\n".join(failures))

@@ -124,3 +124,15 @@ def test_the_lightning_callback_refuses_a_strategy_other_than_deepspeed(tmp_path
     with pytest.raises(AttachTargetError, match="profiles the engine of DeepSpeedStrategy; this Trainer's strategy is "
                        "SingleDeviceStrategy"):
         trainer.fit(model)
+
+
+def test_the_extras_install_the_releases_the_adapters_support():
+    from launcher import REPO
+    from ds_profutils.integrations.dispatch import ACCELERATOR, LIGHTNING_TRAINERS, TRAINER
+
+    setup = (REPO / "setup.py").read_text()
+    for framework, extra in [(TRAINER, "transformers"), (ACCELERATOR, "accelerate"), (LIGHTNING_TRAINERS[0], "lightning")]:
+        requirement = f'"{framework.package}{framework.supported}"'
+        assert re.search(rf'"{extra}": \[[^\]]*{re.escape(requirement)}', setup), (extra, requirement)
+        assert re.search(rf'"test": \[[^\]]*{re.escape(requirement)}', setup), requirement
+    assert re.search(r'"test": \[[^\]]*"pytorch-lightning' + re.escape(LIGHTNING_TRAINERS[1].supported), setup)
