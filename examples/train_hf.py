@@ -90,7 +90,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deepspeed", required=True, help="the ds_config (json), with \"auto\" values")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps to train")
-    parser.add_argument("--output_dir", default="./hf_trainer_output", help="the Trainer's own output")
+    parser.add_argument("--output_dir", default="./profiler_logs/hf_trainer_output",
+                        help="the Trainer's own output (it saves nothing here: save_strategy \"no\")")
     parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     return parser.parse_args()
 

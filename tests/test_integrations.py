@@ -3,6 +3,7 @@ everything else (an unknown object, a framework release outside the supported ra
 object that has no DeepSpeed engine to profile).  The frameworks' real objects, in this process, no
 launcher; the jobs that train are in test_integrations_jobs.py and test_integrations_lightning.py."""
 import re
+import sys
 
 import pytest
 import torch
@@ -14,8 +15,10 @@ from test_zero_attach import Engine, fetch_config
 
 ACCEPTED = ("a DeepSpeed engine", "a transformers.Trainer, before trainer.train() (transformers >=5.0,<6)",
             "an accelerate.Accelerator, after accelerator.prepare(...) (accelerate >=1.0,<2)",
-            "ProfUtilsCallback()]) with DeepSpeedStrategy (not through attach) (lightning >=2.0,<3)",
-            "ProfUtilsCallback()]) with DeepSpeedStrategy (not through attach) (pytorch_lightning >=2.0,<3)")
+            "for a lightning.pytorch.Trainer with DeepSpeedStrategy, not attach but "
+            "callbacks=[ds_profutils.integrations.lightning.ProfUtilsCallback()] (lightning >=2.0,<3)",
+            "for a pytorch_lightning.Trainer with DeepSpeedStrategy, not attach but "
+            "callbacks=[ds_profutils.integrations.pytorch_lightning.ProfUtilsCallback()] (pytorch_lightning >=2.0,<3)")
 
 
 def assert_refused(refused, type_name, reason):
@@ -59,10 +62,8 @@ def test_an_engine_goes_to_the_engine_hook(tmp_path):
 
 def test_a_trainer_from_an_unsupported_transformers_release_is_refused_untouched(monkeypatch,
                                                                                   trainer_without_deepspeed):
-    import transformers
-
     callbacks = list(trainer_without_deepspeed.callback_handler.callbacks)
-    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.57.1")  # what a program has imported
     with pytest.raises(AttachTargetError) as refused:
         ds_profutils.attach(trainer_without_deepspeed)
     assert_refused(refused, "transformers.trainer.Trainer",
@@ -84,7 +85,7 @@ def test_an_accelerator_is_refused_outside_the_release_range_and_without_a_deeps
                                                           "train with DeepSpeed (start the job with `accelerate "
                                                           "launch --use_deepspeed")):
         ds_profutils.attach(accelerator)
-    monkeypatch.setattr(accelerate, "__version__", "0.34.2")
+    monkeypatch.setattr(sys.modules["accelerate"], "__version__", "0.34.2")
     with pytest.raises(AttachTargetError) as refused:
         ds_profutils.attach(accelerator)
     assert_refused(refused, "accelerate.accelerator.Accelerator",
@@ -105,7 +106,7 @@ def test_a_lightning_trainer_is_pointed_at_the_callback(monkeypatch, package, na
                    "in callbacks= instead")
     callback_class = importlib.import_module(f"ds_profutils.integrations.{package}").ProfUtilsCallback
     assert isinstance(callback_class(), pl.Callback)  # each namespace's Trainer takes only its own Callback class
-    monkeypatch.setattr(importlib.import_module(package), "__version__", "1.9.5")
+    monkeypatch.setattr(sys.modules[package], "__version__", "1.9.5")
     with pytest.raises(AttachTargetError, match=re.escape(f"{package} 1.9.5 is not a supported release (supported: "
                                                           f"{package} >=2.0,<3)")):
         callback_class()

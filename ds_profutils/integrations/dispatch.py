@@ -63,8 +63,8 @@ ACCELERATOR = Framework("accelerate", "accelerate.accelerator", "Accelerator", "
                         "an accelerate.Accelerator, after accelerator.prepare(...)")
 LIGHTNING_TRAINERS: Tuple[Framework, ...] = tuple(
     Framework(package, f"{namespace}.trainer.trainer", "Trainer", ">=2.0,<3",
-              f"{namespace}.Trainer(callbacks=[ds_profutils.integrations.{package}.ProfUtilsCallback()]) "
-              "with DeepSpeedStrategy (not through attach)")
+              f"for a {namespace}.Trainer with DeepSpeedStrategy, not attach but "
+              f"callbacks=[ds_profutils.integrations.{package}.ProfUtilsCallback()]")
     for package, namespace in (("lightning", "lightning.pytorch"), ("pytorch_lightning", "pytorch_lightning")))
 
 
