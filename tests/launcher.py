@@ -219,6 +219,12 @@ def run_two_nodes(script: os.PathLike | str,
         log = open(workdir / f"node_{node}.log", "w")
         nodes.append((subprocess.Popen(["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c", shell],
                                        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    _finish_nodes(nodes, workdir, timeout, port)
+
+
+def _finish_nodes(nodes: List, workdir: Path, timeout: float, port: int) -> None:
+    """Wait for every node's process, remove the job's shared memory, and fail with the output tail of
+    each node that exited non-zero."""
     try:
         failures = _wait_for_nodes(nodes, workdir, timeout)
     finally:
@@ -256,9 +262,4 @@ def run_ranks_as_nodes(script: os.PathLike | str, args: Sequence[str], workdir: 
         log = open(workdir / f"node_{node}.log", "w")
         processes.append((subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, env=env, stdout=log,
                                            stderr=subprocess.STDOUT), log))
-    try:
-        failures = _wait_for_nodes(processes, workdir, timeout)
-    finally:
-        _remove_shared_memory(port)
-    if failures:
-        raise AssertionError("\n\n".join(failures))
+    _finish_nodes(processes, workdir, timeout, port)

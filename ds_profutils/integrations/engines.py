@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-__all__ = ["FollowedEngines"]
+__all__ = ["FollowedEngines", "FollowingCallback"]
 
 
 class FollowedEngines:
@@ -51,3 +51,19 @@ class FollowedEngines:
         """Stop following: the current engine is given back and later ones are not attached."""
         self.end()
         self.closed = True
+
+
+class FollowingCallback:
+    """What a framework callback built on :class:`FollowedEngines` shows its user (``_engines`` is set by it)."""
+
+    _engines: FollowedEngines
+
+    @property
+    def attachment(self) -> Any:
+        """The current engine's ``Attachment``: None between runs, or when the config asks nothing."""
+        return self._engines.attachment
+
+    @property
+    def name(self) -> Optional[str]:
+        """The engine name the records go under, once the first engine was attached."""
+        return self._engines.name

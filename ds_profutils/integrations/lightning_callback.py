@@ -17,12 +17,12 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .dispatch import AttachTargetError, Framework, check_release
-from .engines import FollowedEngines
+from .engines import FollowedEngines, FollowingCallback
 
 __all__ = ["ProfUtilsCallbackMixin"]
 
 
-class ProfUtilsCallbackMixin:
+class ProfUtilsCallbackMixin(FollowingCallback):
     """Attach to ``trainer.strategy.deepspeed_engine`` for each ``fit()``; see the module doc.
 
     ``name``, ``config`` and the keyword options are those of ``ds_profutils.attach``; by default the
@@ -36,16 +36,6 @@ class ProfUtilsCallbackMixin:
         check_release(self.framework, self)
         super().__init__()
         self._engines = FollowedEngines(name, config, options)
-
-    @property
-    def attachment(self) -> Any:
-        """The current engine's ``Attachment`` (None outside ``fit()``, or when the config asks nothing)."""
-        return self._engines.attachment
-
-    @property
-    def name(self) -> Optional[str]:
-        """The engine name the records go under, once the first engine was attached."""
-        return self._engines.name
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if not isinstance(trainer.strategy, self.strategy_class):

@@ -16,12 +16,12 @@ from typing import Any, Optional
 from transformers import TrainerCallback
 
 from .dispatch import AttachTargetError
-from .engines import FollowedEngines
+from .engines import FollowedEngines, FollowingCallback
 
 __all__ = ["ProfUtilsTrainerCallback", "attach_trainer"]
 
 
-class ProfUtilsTrainerCallback(TrainerCallback):
+class ProfUtilsTrainerCallback(FollowingCallback, TrainerCallback):
     """What ``attach(trainer)`` adds to a Trainer: the engine of each ``train()`` is attached while it trains.
 
     ``attachment`` is the engine's current ``Attachment`` (None between runs, or when the config asks
@@ -31,15 +31,6 @@ class ProfUtilsTrainerCallback(TrainerCallback):
     def __init__(self, trainer: Any, name: Optional[str], config: Any, options: dict) -> None:
         self._trainer = trainer
         self._engines = FollowedEngines(name, config, options)
-
-    @property
-    def attachment(self) -> Any:
-        return self._engines.attachment
-
-    @property
-    def name(self) -> Optional[str]:
-        """The engine name the records go under, once the first engine was attached."""
-        return self._engines.name
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._engines.begin(self._trainer.model_wrapped)
