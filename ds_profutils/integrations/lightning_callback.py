@@ -10,7 +10,7 @@ when the run raises); a later ``fit()`` is attached under the same engine name, 
 appended.  Lightning calls ``engine.step()`` for every batch and lets the engine decide the
 gradient-accumulation boundary, so the engine hook sees every micro step.  Validation forwards,
 sanity check included, run through the engine in eval mode: ``"mode": "eval"``.  File names carry
-the global rank (Lightning's own profilers use the local rank, so nodes write over each other).
+the global rank (Lightning's own profilers use the local rank, so nodes write into the same files).
 """
 from __future__ import annotations
 
