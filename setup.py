@@ -30,8 +30,15 @@ setup(
         "hjson",
         "orjson>=3.9",  # the report parses gigabytes of per-rank records; the recorder encodes one per step
     ],
+    # The frameworks ds_profutils.attach adapts to (docs/integrations.md), in the release ranges their
+    # adapters support (ds_profutils/integrations/dispatch.py; tests/test_integrations.py keeps them equal).
     extras_require={
-        "test": ["pytest>=7", "matplotlib>=3.5", "nvtx>=0.2"],  # the tests take both paths: with and without nvtx
+        "transformers": ["transformers>=5.0,<6", "accelerate>=1.0,<2"],  # the Trainer runs DeepSpeed through Accelerate
+        "accelerate": ["accelerate>=1.0,<2"],
+        "lightning": ["lightning>=2.0,<3"],
+        "test": ["pytest>=7", "matplotlib>=3.5", "transformers>=5.0,<6", "accelerate>=1.0,<2", "lightning>=2.0,<3",
+                 "pytorch-lightning>=2.0,<3",
+                 "nvtx>=0.2"],  # the tests take both paths: with and without nvtx
         "plot": ["matplotlib>=3.5"],
         # Not a requirement: with the nvtx package importable, DeepSpeed's CUDA accelerator pushes its
         # ranges into a named NVTX domain instead of torch.cuda.nvtx's default one, so installing it

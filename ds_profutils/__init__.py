@@ -46,20 +46,21 @@ _HOMES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 )
 _ADDITIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     (".torch_profiler", ("profiler", "step_profiler")),
-    (".zero3", ("PartitionedParameterProfiler", "attach")),
+    (".zero3", ("PartitionedParameterProfiler", )),
+    (".integrations", ("attach", )),  # a DeepSpeed engine, a transformers Trainer or an Accelerate Accelerator
 )
 
 DEEPSPEED_UTILS_NAMES: List[str] = [name for _, names in _HOMES for name in names]
 """The 58 public names of deepspeed.utils 0.19.x, in the order of its __init__."""
 PROFUTILS_NAMES: List[str] = ["__version__"] + [name for _, names in _ADDITIONS for name in names]
-"""Our additions: the profiler decorator and the ZeRO-3 fetch profiler."""
+"""Our additions: the profiler decorator, the ZeRO-3 fetch profiler and ``attach``."""
 __all__ = DEEPSPEED_UTILS_NAMES + PROFUTILS_NAMES
 
 _HOME_OF: Dict[str, str] = {name: module for module, names in _HOMES + _ADDITIONS for name in names}
 _SUBMODULES = frozenset({
     "logging", "comms_logging", "nvtx", "timer", "tensor_fragment", "mixed_precision_linkage", "z3_leaf_module",
     "numa", "init_on_device", "groups", "module_utils", "bwc", "exceptions", "outputs", "cli", "config",
-    "torch_profiler", "zero3", "report"
+    "torch_profiler", "zero3", "report", "integrations"
 })
 # Submodules whose name is also a DeepSpeed object exported at top level.
 _SHADOWED = frozenset({"z3_leaf_module", "tensor_fragment"})

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 DIST_SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
@@ -36,6 +36,21 @@ def _command(script: os.PathLike | str, args: Sequence[str], num_gpus: int, port
         str(port),
         str(script), *args
     ]
+
+
+def accelerate_launch(deepspeed_config: os.PathLike | str) -> Callable[[os.PathLike | str, Sequence[str], int, int],
+                                                                      List[str]]:
+    """The command ``accelerate launch --use_deepspeed --deepspeed_config_file CONFIG`` as a user types it
+    (no accelerate config file: every choice on the command line), for :class:`LauncherJob`."""
+
+    def command(script: os.PathLike | str, args: Sequence[str], num_processes: int, port: int) -> List[str]:
+        return [
+            sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--deepspeed_config_file",
+            str(deepspeed_config), "--num_processes", str(num_processes), "--num_machines", "1", "--mixed_precision",
+            "no", "--dynamo_backend", "no", "--main_process_port", str(port), str(script), *args
+        ]
+
+    return command
 
 
 def _remove_shared_memory(port: int) -> None:
@@ -91,7 +106,8 @@ def run_deepspeed(script: os.PathLike | str,
 
 class LauncherJob:
     """A ``deepspeed`` job started in its own session (as a terminal or a batch system starts it), so a
-    test can signal the whole process group, the launcher or one rank while it runs.
+    test can signal the whole process group, the launcher or one rank while it runs.  ``launcher``
+    builds the command (default: the ``deepspeed`` runner; :func:`accelerate_launch` for Accelerate's).
 
     Its output is read as it comes; :meth:`wait_for` waits for lines a script prints, :meth:`finish`
     for every process of the job to end (they all hold the output pipe).  Leaving the ``with`` block
@@ -99,9 +115,10 @@ class LauncherJob:
     """
 
     def __init__(self, script: os.PathLike | str, args: Sequence[str] = (), *, num_gpus: int = 2,
-                 env: Optional[Mapping[str, str]] = None) -> None:
+                 env: Optional[Mapping[str, str]] = None,
+                 launcher: Callable[[os.PathLike | str, Sequence[str], int, int], List[str]] = _command) -> None:
         self.port = free_port()
-        self.process = subprocess.Popen(_command(script, args, num_gpus, self.port),
+        self.process = subprocess.Popen(launcher(script, args, num_gpus, self.port),
                                         cwd=REPO,
                                         env=_environment(env),
                                         stdout=subprocess.PIPE,
@@ -202,6 +219,12 @@ def run_two_nodes(script: os.PathLike | str,
         log = open(workdir / f"node_{node}.log", "w")
         nodes.append((subprocess.Popen(["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c", shell],
                                        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    _finish_nodes(nodes, workdir, timeout, port)
+
+
+def _finish_nodes(nodes: List, workdir: Path, timeout: float, port: int) -> None:
+    """Wait for every node's process, remove the job's shared memory, and fail with the output tail of
+    each node that exited non-zero."""
     try:
         failures = _wait_for_nodes(nodes, workdir, timeout)
     finally:
@@ -224,3 +247,19 @@ def _wait_for_nodes(nodes: List, workdir: Path, timeout: float) -> List[str]:
             tail = "\n".join((workdir / f"node_{node}.log").read_text().splitlines()[-40:])
             failures.append(f"node {node} exited {code}:\n{tail}")
     return failures
+
+
+def run_ranks_as_nodes(script: os.PathLike | str, args: Sequence[str], workdir: Path, *, nodes: int = 2,
+                       timeout: float = 300) -> None:
+    """Run ``script`` as ``nodes`` processes started the way a batch system starts one process per node:
+    the rank in the environment (``NODE_RANK``, ``WORLD_SIZE``, ``MASTER_*``), ``LOCAL_RANK`` 0 on every
+    one.  Fails with each process's output tail if one exits non-zero (their logs: ``workdir/node_{i}.log``)."""
+    port = free_port()
+    processes = []
+    for node in range(nodes):
+        env = _environment({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(nodes),
+                            "NODE_RANK": str(node), "LOCAL_RANK": "0"})
+        log = open(workdir / f"node_{node}.log", "w")
+        processes.append((subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, env=env, stdout=log,
+                                           stderr=subprocess.STDOUT), log))
+    _finish_nodes(processes, workdir, timeout, port)

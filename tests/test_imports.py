@@ -10,6 +10,7 @@ import pytest
 import setuptools
 
 OUR_ADDITIONS = ("ds_profutils.torch_profiler", "ds_profutils.zero3", "ds_profutils.report", "ds_profutils.config")
+FRAMEWORKS = ("transformers", "accelerate", "lightning", "pytorch_lightning")
 
 
 def fresh_python(code: str) -> dict:
@@ -23,7 +24,7 @@ def loaded_after(statement: str) -> dict:
 import json, sys
 {statement}
 print(json.dumps({{name: name in sys.modules for name in
-                  ("torch", "deepspeed", "ds_profutils.logging", {", ".join(map(repr, OUR_ADDITIONS))})}}))
+                  ("torch", "deepspeed", "ds_profutils.logging", {", ".join(map(repr, OUR_ADDITIONS + FRAMEWORKS))})}}))
 """)
 
 
@@ -42,6 +43,14 @@ def test_the_profiler_loads_only_its_own_subpackage_and_what_it_builds_on():
     loaded = loaded_after("from ds_profutils import profiler")
     assert loaded["ds_profutils.torch_profiler"] and loaded["ds_profutils.config"]
     assert not loaded["ds_profutils.zero3"] and not loaded["ds_profutils.report"]
+
+
+@pytest.mark.parametrize("statement", ["import ds_profutils", "from ds_profutils import attach",
+                                       "from ds_profutils import *; import ds_profutils.integrations"])
+def test_no_framework_is_imported_by_ours(statement):
+    """``attach`` recognises a Trainer, an Accelerator or a Lightning Trainer without importing their packages."""
+    loaded = loaded_after(statement)
+    assert not any(loaded[name] for name in FRAMEWORKS), loaded
 
 
 def test_the_report_needs_neither_torch_nor_deepspeed():

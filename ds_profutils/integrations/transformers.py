@@ -1,0 +1,65 @@
+"""``attach(trainer)`` for a transformers ``Trainer`` that trains with DeepSpeed.
+
+The Trainer builds its engine inside ``train()`` (``trainer.model_wrapped`` once DeepSpeed made it)
+and calls ``on_train_begin`` right after, before the first batch; so ``attach(trainer)``, called before
+``train()``, adds a callback that attaches then and closes at ``on_train_end``.  Steps need nothing
+from the Trainer: the engine hook follows ``engine.step()``, which the Trainer (through Accelerate)
+calls at each gradient-accumulation boundary, and the forwards of every micro step; evaluation during
+training runs the model the engine wraps, in eval mode, so those forwards are recorded as
+``"mode": "eval"``.  A later ``train()`` (a resume) gets a new engine, attached under the first one's
+name: its records are appended to the same file.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from transformers import TrainerCallback
+
+from .dispatch import AttachTargetError
+from .engines import FollowedEngines, FollowingCallback
+
+__all__ = ["ProfUtilsTrainerCallback", "attach_trainer"]
+
+
+class ProfUtilsTrainerCallback(FollowingCallback, TrainerCallback):
+    """What ``attach(trainer)`` adds to a Trainer: the engine of each ``train()`` is attached while it trains.
+
+    ``attachment`` is the engine's current ``Attachment`` (None between runs, or when the config asks
+    nothing); ``close()`` gives the engine back and takes the callback off the Trainer.
+    """
+
+    def __init__(self, trainer: Any, name: Optional[str], config: Any, options: dict) -> None:
+        self._trainer = trainer
+        self._engines = FollowedEngines(name, config, options)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._engines.begin(self._trainer.model_wrapped)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._engines.end()
+
+    def close(self) -> None:
+        """Write what is finished, give the engine back, and stop attaching to later ones."""
+        self._engines.close()
+        self._trainer.remove_callback(self)
+
+    def __enter__(self) -> "ProfUtilsTrainerCallback":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def attach_trainer(trainer: Any, name: Optional[str] = None, *, config: Any = None,
+                   **options: Any) -> ProfUtilsTrainerCallback:
+    """Add the callback to ``trainer`` (once: attaching again returns the one already there)."""
+    if not getattr(trainer, "is_deepspeed_enabled", False):
+        raise AttachTargetError("ds_profutils.attach: this transformers.Trainer does not train with DeepSpeed "
+                                "(TrainingArguments(deepspeed=...) is not set, or --deepspeed was not given); "
+                                "ds_profutils profiles the DeepSpeed engine a Trainer builds")
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, ProfUtilsTrainerCallback):
+            return callback
+    callback = ProfUtilsTrainerCallback(trainer, name, config, options)
+    trainer.add_callback(callback)
+    return callback
