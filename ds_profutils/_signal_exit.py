@@ -7,14 +7,19 @@ ZeRO-3 recorder, whose last record may hold late device times) registers here to
 
 A process the profiler ends at its deadline (``os._exit``, see :mod:`.torch_profiler.watchdog`) calls
 none of these: the main thread may be stuck inside one of them.
+
+:func:`close_at_exit` registers a writer for both ways a process ends with files open: ``atexit`` and
+the profiler's SIGTERM.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import weakref
 from typing import Callable, List
 
-__all__ = ["call_before_signal_exit", "forget_before_signal_exit", "run_before_signal_exit"]
+__all__ = ["call_before_signal_exit", "close_at_exit", "forget_before_signal_exit", "run_before_signal_exit"]
 
 _callbacks: List[Callable[[], None]] = []
 
@@ -38,3 +43,26 @@ def run_before_signal_exit() -> None:
         except Exception:
             logging.getLogger("DeepSpeed").exception("ds_profutils: writing %r before the process ends failed",
                                                      callback)
+
+
+def close_at_exit(close: Callable[[], None]) -> Callable[[], None]:
+    """Have the bound method ``close`` called as the process ends, at exit or before a SIGTERM the profiler
+    re-raises; returns the call that cancels this (for ``close`` itself to make).
+
+    The object is held weakly: one dropped without ``close()`` (an engine of an RLHF reload or a
+    sweep) is freed, not kept alive until the process ends.
+    """
+    method = weakref.WeakMethod(close)
+
+    def at_exit() -> None:
+        alive = method()
+        if alive is not None:
+            alive()
+
+    def cancel() -> None:
+        atexit.unregister(at_exit)
+        forget_before_signal_exit(at_exit)
+
+    atexit.register(at_exit)
+    call_before_signal_exit(at_exit)
+    return cancel

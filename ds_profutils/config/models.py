@@ -131,6 +131,11 @@ class ProfilerConfig(_RecordsOnRanks, Section):
             raise ValueError(f"one of {', '.join(SUMMARY_SORT_KEYS)}")
         return value
 
+    def check_world(self, world_size: int) -> None:
+        """Fail for ``ranks`` or ``summary_ranks`` outside the job, whose size is known only once it runs."""
+        check_ranks("profiler.ranks", self.ranks, world_size)
+        check_ranks("profiler.summary_ranks", self.summary_ranks, world_size)
+
 
 class NvtxConfig(Section):
     """The ``"nvtx"`` section: whether ``instrument_w_nvtx`` pushes ranges, and in which domain."""

@@ -1,8 +1,11 @@
 """Profiled runs: one active run per process, ``step_profiler()``'s routing to it, and the plain calls
-that begin and end a run (:func:`start_run`, :func:`finish_run`), which the profiled block makes.
+that begin, advance and end a run (:func:`start_run`, :func:`advance`, :func:`finish_run`), which the
+profiled block makes, or an attached engine (:mod:`.engine_driven`).
 
 A profiled call started while another run is active (nested, or in another thread) runs unprofiled
-beside it, with one warning; the active run's step count is untouched.  Nothing here waits on a lock:
+beside it, with one warning; the active run's step count is untouched.  The exception is a run an
+engine drives: a profiled call is explicit and wins, so the engine's run ends (its window written)
+and the call's begins.  Nothing here waits on a lock:
 a signal handler that starts a profiled call while the main thread is inside one of these functions
 must not deadlock, so the process's run slot is a lock only ever taken without waiting, and the calls
 beside a run are kept in a list (whose append and remove are atomic).
@@ -20,7 +23,7 @@ from ..logging import logger
 from .run import ProfilerRun
 from .signals import ends_a_run
 
-__all__ = ["RunBlock", "finish_run", "start_run", "step_profiler"]
+__all__ = ["RunBlock", "advance", "finish_run", "start_run", "step_profiler"]
 
 _slot = threading.Lock()  # held by the process's active run; acquired only with blocking=False
 _current: Optional[ProfilerRun] = None
@@ -32,12 +35,19 @@ def step_profiler(engine: Any = None) -> None:
     With ``engine`` (a DeepSpeed engine; call this after ``engine.step()``), only calls after which the
     engine has taken an optimizer step count, so the micro-steps of gradient accumulation make one
     profiler step, and steps are named by the engine's ``global_steps``.  Without a running profiler
-    this costs a None test.  Outside the windows it is the whole cost of a step, so it is written out
-    here rather than calling a method: a counter and one compare.
+    this costs a None test.  A run an attached engine drives counts the engine's steps itself, so
+    there this does nothing.
     """
     run = _current
-    if run is None or (run.beside and run.owner != get_ident()):
+    if run is None or run.engine_driven or (run.beside and run.owner != get_ident()):
         return
+    advance(run, engine)
+
+
+def advance(run: ProfilerRun, engine: Any = None) -> None:
+    """End ``run``'s current step (see :func:`step_profiler`, which routes here).  Outside the windows it
+    is the whole cost of a step, so it is written out here rather than calling a method: a counter and
+    one compare."""
     if engine is not None and not run.engine_stepped(engine):
         return
     run.step += 1
@@ -45,17 +55,28 @@ def step_profiler(engine: Any = None) -> None:
         run.catch_up()
 
 
-def start_run(settings: ProfilerConfig, engine: Any = None) -> Optional[ProfilerRun]:
+def start_run(settings: ProfilerConfig, engine: Any = None, *, engine_driven: bool = False) -> Optional[ProfilerRun]:
     """Begin the process's run for ``settings`` and enter its step 0; None when a run is active already
-    (the caller then runs unprofiled beside it, see :func:`beside`).
+    (the caller then runs unprofiled beside it, see :func:`beside`), or for ``engine_driven`` when any is.
 
-    Raises ConfigError when ``output_dir`` cannot be written.  ``engine``: see :class:`ProfilerRun`.
+    A profiled call (not ``engine_driven``) started while an engine drives the active run ends that
+    run first, writing its window: explicit beats implicit.  Raises ConfigError when ``output_dir``
+    cannot be written.  ``engine``: see :class:`ProfilerRun`; ``engine_driven``: its steps end only
+    through :func:`advance`, never through ``step_profiler()``.
     """
     global _current
     if not _slot.acquire(blocking=False):
-        return None
+        held = _current
+        if engine_driven or held is None or not held.engine_driven:
+            return None
+        logger.warning("profiler: a profiled call begins while an attached engine drives the profiler: the call's "
+                       "profiler takes over (explicit beats implicit); the engine's writes its window at step %d "
+                       "and stays idle", held.step)
+        finish_run(held, None, summary=False)
+        if not _slot.acquire(blocking=False):
+            return None
     try:
-        run = ProfilerRun(settings, on_done=_release, engine=engine)
+        run = ProfilerRun(settings, on_done=_release, engine=engine, engine_driven=engine_driven)
         run.begin()
     except BaseException:
         _slot.release()
@@ -70,11 +91,11 @@ def start_run(settings: ProfilerConfig, engine: Any = None) -> Optional[Profiler
 
 
 @ends_a_run
-def finish_run(run: ProfilerRun, passing: Optional[BaseException]) -> None:
+def finish_run(run: ProfilerRun, passing: Optional[BaseException], *, summary: bool = True) -> None:
     """End ``run`` however its call ended (``passing``: the exception, if any): the unsaved steps are
-    written before the exception goes on."""
+    written before the exception goes on.  ``summary``: see :meth:`ProfilerRun.end`."""
     try:
-        run.end(passing)
+        run.end(passing, summary=summary)
     finally:
         _release(run)
 

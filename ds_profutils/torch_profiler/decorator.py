@@ -29,7 +29,7 @@ import functools
 from types import TracebackType
 from typing import Any, Callable, List, Optional, Type, TypeVar
 
-from ..config import ConfigSource, ProfilerConfig, check_ranks, load_config, resolve_section
+from ..config import ConfigSource, ProfilerConfig, load_config, resolve_section
 from ..logging import logger
 from ..nvtx import configure_nvtx
 from ..outputs import process_identity
@@ -63,8 +63,7 @@ class Profiler:
         """
         if self._profiles_this_rank is None:
             identity = process_identity()
-            check_ranks("profiler.ranks", self.settings.ranks, identity.world_size)
-            check_ranks("profiler.summary_ranks", self.settings.summary_ranks, identity.world_size)
+            self.settings.check_world(identity.world_size)
             self._profiles_this_rank = self.settings.profiles_rank(identity.rank)
         return self._profiles_this_rank
 

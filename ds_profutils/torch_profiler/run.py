@@ -69,12 +69,15 @@ class _Event(enum.Enum):
 class ProfilerRun:
     """The profiler of one profiled call, advanced by ``step_profiler()``.
 
-    ``engine``, when known before the call's first step (``profiler(config=engine)``), names the steps
-    by its ``global_steps`` from step 0 on.
+    ``engine``, when known before the call's first step (``profiler(config=engine)``, or the attached
+    engine that drives the run), names the steps by its ``global_steps`` from step 0 on.
+    ``engine_driven``: only that engine's steps end the run's steps (``step_profiler()`` leaves it alone).
     """
 
-    def __init__(self, settings: ProfilerConfig, on_done: Callable[["ProfilerRun"], None], engine: Any = None) -> None:
+    def __init__(self, settings: ProfilerConfig, on_done: Callable[["ProfilerRun"], None], engine: Any = None,
+                 engine_driven: bool = False) -> None:
         self.settings = settings
+        self.engine_driven = engine_driven
         self._on_done = on_done  # called once no window is left: step_profiler() goes idle
         self.schedule = ProfilerSchedule(skip_first=settings.skip_first,
                                          wait=settings.wait,
@@ -137,12 +140,13 @@ class ProfilerRun:
             self._fire(event)
 
     @ends_a_run
-    def end(self, passing: Optional[BaseException]) -> None:
+    def end(self, passing: Optional[BaseException], summary: bool = True) -> None:
         """Stop recording and write what is unsaved; ``passing`` is the exception ending the call, if any.
 
         Then the held signals are delivered (a SIGTERM that the handler turned into the SystemExit now
         passing is raised again with its default action), and at a normal end the comms logger's
-        summary is shown.
+        summary is shown, if ``summary``: it has barriers, so only where every rank ends the run alike
+        (not at process exit, where other ranks may be gone).
         """
         self._ended, self._returned = True, passing is None
         signals = self.signals
@@ -151,8 +155,13 @@ class ProfilerRun:
             self._fire(_Event.RUN_ENDS)
         finally:
             signals.release(recording=False, passing=passing)
-        if passing is None and not signals.stopped_by_signal:  # its barriers would meet ranks being stopped
+        if summary and passing is None and not signals.stopped_by_signal:  # its barriers would meet ranks being stopped
             show_comms_summary(self.settings, process_identity())
+
+    @property
+    def done(self) -> bool:
+        """Every window is written (the schedule ended, or the run did): nothing is left to write."""
+        return self._state is _State.DONE
 
     def engine_stepped(self, engine: Any) -> bool:
         """True when the engine took an optimizer step since the previous call.
@@ -234,7 +243,7 @@ class ProfilerRun:
     def _prepare(self) -> None:
         if self._writer is None:  # the rank that names the files is read now, not at decoration
             identity = process_identity()
-            self._writer = RunWriter(self.settings, identity)
+            self._writer = RunWriter.of(self.settings, identity)
             self.signals.label = f"rank {identity.rank} (pid {identity.pid})"
         self._torch = torch.profiler.profile(activities=self._activities(),
                                              record_shapes=self.settings.record_shapes,

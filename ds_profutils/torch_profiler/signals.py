@@ -128,6 +128,11 @@ class SignalGuard:
         """The handler raised SystemExit/KeyboardInterrupt, and the run has not seen where it went."""
         return self._raised is not None
 
+    @property
+    def raised_exception(self) -> Optional[BaseException]:
+        """The SystemExit/KeyboardInterrupt the handler raised for a signal, while the program unwinds from it."""
+        return None if self._raised is None else self._raised[0]
+
     def doing(self) -> str:
         """What keeps the signal held, for the watchdog's last line."""
         if self._raised is not None:

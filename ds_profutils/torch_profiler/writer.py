@@ -7,6 +7,10 @@ in the cycle's events.  So a job killed later loses nothing already recorded, an
 is all an interruption has to write.  Building the summary from a large window takes seconds: on
 interruption it is skipped, with a line saying so.
 
+A later run in the same process with the same settings (a resumed ``trainer.train()``, a second call
+of a decorated function) continues the same files: its cycles are added to the run trace and the
+summary, as the fetch records are appended to.
+
 A file that cannot be written is named in one ERROR line with the cause, whatever the exception (a
 full disk, a failing export), and training goes on.  No signal handler runs while the files are
 written (:mod:`.signals` holds them), so no exception of a program's handler is taken for a write's.
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from ..config import ProfilerConfig
 from ..logging import log_dist, logger
@@ -26,6 +30,7 @@ from .summary import OperatorSummary
 __all__ = ["RunWriter", "show_comms_summary"]
 
 _ALL_RANKS = [-1]  # log_dist: every rank logs
+_writers: Dict[Tuple[str, int], "RunWriter"] = {}  # this process's writers, continued by later runs
 
 
 def _cause(exc: BaseException) -> str:
@@ -39,7 +44,17 @@ def _steps_text(entries: List[Dict[str, Any]]) -> str:
 
 
 class RunWriter:
-    """The files of one run on one rank: per-cycle traces, the run trace, the operator summary."""
+    """The files of the runs with one set of settings on one rank: per-cycle traces, the run trace, the
+    operator summary.  :meth:`of` gives the process's writer for a run."""
+
+    @classmethod
+    def of(cls, settings: ProfilerConfig, identity: ProcessIdentity) -> "RunWriter":
+        """The writer an earlier run in this process with these settings used, or a new one."""
+        key = (settings.model_dump_json(), identity.rank)
+        writer = _writers.get(key)
+        if writer is None:
+            writer = _writers[key] = cls(settings, identity)
+        return writer
 
     def __init__(self, settings: ProfilerConfig, identity: ProcessIdentity) -> None:
         self.settings = settings

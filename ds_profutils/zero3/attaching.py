@@ -4,8 +4,10 @@ DeepSpeed 0.19's ZeRO-3 parameter coordinator times every fetch through a profil
 switched off in source (``ENABLE_PROFILER = False``).  ``attach`` puts our
 ``PartitionedParameterProfiler`` in its place on the engine's coordinator, without editing DeepSpeed,
 and a :class:`~.recorder.ZeroFetchRecorder` writes one JSON line per step and rank.  It also applies
-the config's engine settings (:mod:`.engine_setup`) and the memory snapshot (:mod:`.snapshot`), all
-following the engine's steps through one set of hooks (:mod:`.hooks`).  An engine it does not know is
+the config's engine settings (:mod:`.engine_setup`), the memory snapshot (:mod:`.snapshot`) and the
+torch profiler driven by the engine's steps
+(:mod:`ds_profutils.torch_profiler.engine_driven`), all following the engine through one set of
+hooks (:mod:`.hooks`).  An engine it does not know is
 refused, untouched.  :class:`Attachment` is what it returns: ``close()`` takes everything off again.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..config import ProfUtilsConfig, check_ranks, load_config, resolve_section
 from ..exceptions import InvalidArgumentError
 from ..logging import log_dist, logger, warning_once
 from ..outputs import ENGINE_NAME, MAIN_ENGINE, ProcessIdentity, fetch_records_file, process_identity
+from ..torch_profiler.engine_driven import EngineDrivenProfiler
 from . import snapshot
 from .device_clock import process_device_events
 from .engine_setup import apply_engine_settings
@@ -215,10 +218,11 @@ def attach(engine: Any,
            memory: Optional[bool] = None) -> Optional[Attachment]:
     """Switch on what the engine's ds_config asks of ds_profutils; return what was attached, if anything.
 
-    Reads the ``"partitioned_param_profiler"``, ``"memory_snapshot"``, ``"nvtx"`` and ``"comms_logger"``
-    sections and ``wall_clock_breakdown`` of the config the engine was built with (or ``config``: a
-    path or dict, for an engine built from another).  Keyword arguments override the fetch-record
-    section, ``DS_PROFUTILS_*`` variables override both.
+    Reads the ``"partitioned_param_profiler"``, ``"profiler"``, ``"memory_snapshot"``, ``"nvtx"`` and
+    ``"comms_logger"`` sections and ``wall_clock_breakdown`` of the config the engine was built with
+    (or ``config``: a path or dict, for an engine built from another).  Keyword arguments override the
+    fetch-record section, ``DS_PROFUTILS_*`` variables override both.  An enabled ``"profiler"``
+    section runs the torch profiler from the engine's steps, with no decorator (docs/profiler.md).
 
     Several engines in one process (RLHF: actor, critic, ...) each write their own file: the first
     attached without ``name`` is "main" (``zero_fetch_rank_{r}.jsonl``), later unnamed ones "engine1",
@@ -239,22 +243,29 @@ def attach(engine: Any,
         dict(enabled=enabled, output_dir=output_dir, ranks=ranks, log_interval=log_interval,
              trace_ranges=trace_ranges, memory=memory))
     snapshot_settings = resolve_section(loaded.memory_snapshot)
+    profiler_settings = resolve_section(loaded.profiler)
     identity = process_identity()
     coordinator = engine_name = None
     if settings.enabled:  # every check that may refuse comes before anything changes
         coordinator = _coordinator(engine)
         check_ranks("partitioned_param_profiler.ranks", settings.ranks, identity.world_size)
         engine_name = _engine_name(engine, name)
+    if profiler_settings.enabled:
+        profiler_settings.check_world(identity.world_size)
+    profiles_here = profiler_settings.enabled and profiler_settings.profiles_rank(identity.rank)
     undo_settings = apply_engine_settings(engine, loaded)  # None: it changed nothing
     records_here = settings.enabled and settings.profiles_rank(identity.rank)
     if settings.enabled and not records_here:  # an earlier run's file would pass for this run's in a report
         _remove_stale_records(fetch_records_file(settings.output_dir, identity.rank, engine_name))
     history = snapshot.cuda_allocator_history(get_accelerator()) if snapshot_settings.enabled else None
-    if not records_here and history is None and undo_settings is None:
+    if not records_here and history is None and not profiles_here and undo_settings is None:
         return None
     attachment = Attachment(engine, engine_name, undo_settings)
     if records_here:
         _attach_recorder(attachment, coordinator, settings, identity, loaded)
+    if profiles_here:
+        profiling = EngineDrivenProfiler(engine, profiler_settings)
+        attachment.add(profiling, profiling.close)
     if history is not None:
         snapshots = snapshot.MemorySnapshots(snapshot_settings, identity, history)
         attachment.add(_StepSnapshots(engine, snapshots), snapshots.close)

@@ -15,12 +15,11 @@ leaves half a line.  A train step interrupted before ``engine.step()`` returned 
 """
 from __future__ import annotations
 
-import atexit
 import time
 import weakref
 from collections import deque
 from time import perf_counter_ns
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional
 
 import orjson
 import torch
@@ -28,7 +27,7 @@ import torch
 from ..config import PartitionedParamProfilerConfig
 from ..logging import logger, warning_once
 from ..nvtx import ranges_active
-from .._signal_exit import call_before_signal_exit, forget_before_signal_exit
+from .._signal_exit import close_at_exit
 from ..outputs import ProcessIdentity, fetch_records_file
 from . import collectives
 from .device_clock import DeviceEvents, Pair
@@ -50,19 +49,6 @@ RECORD_SCHEMA = 3
 SETTLE_SECONDS = 2.0
 """How long ``close`` waits for device times before writing host times (never blocking on the device)."""
 _NS_PER_MS = 1e6
-
-
-def _closer(recorder: "ZeroFetchRecorder") -> Callable[[], None]:
-    """``recorder.close`` for atexit and the signal path, holding the recorder weakly: an engine
-    dropped without ``close()`` (RLHF reloads, sweeps) is not kept alive by them."""
-    ref = weakref.ref(recorder)
-
-    def close() -> None:
-        alive = ref()
-        if alive is not None:
-            alive.close()
-
-    return close
 
 
 class _Step:
@@ -141,9 +127,7 @@ class ZeroFetchRecorder(Listener):
             coordinator._invalidate_trace = counting_invalidate
         # once: at close, or when the recorder is collected with its engine
         self._detach_collectives = weakref.finalize(self, collectives.attach_profiler(self.profiler))
-        self._close_at_exit = _closer(self)
-        atexit.register(self._close_at_exit)
-        call_before_signal_exit(self._close_at_exit)  # a SIGTERM the profiler re-raises skips atexit
+        self._forget_at_exit = close_at_exit(self.close)  # a SIGTERM the profiler re-raises skips atexit
         setattr(engine, RECORDER_ATTR, self)
 
     @property
@@ -302,8 +286,7 @@ class ZeroFetchRecorder(Listener):
 
     def _detach(self) -> None:
         """Close the file and give the coordinator back as DeepSpeed made it."""
-        atexit.unregister(self._close_at_exit)
-        forget_before_signal_exit(self._close_at_exit)
+        self._forget_at_exit()
         self._file.close()
         self.profiler.recording = False
         self._detach_collectives()

@@ -1,0 +1,86 @@
+"""The torch profiler driven by an attached engine: no decorator, no ``step_profiler()`` in the loop.
+
+Where the engine is built inside a framework (a transformers ``Trainer``, Accelerate, Lightning) there
+is no training function of the user's to decorate and no place to end a step, so ``attach`` adds
+:class:`EngineDrivenProfiler` to the engine's hooks when the config's ``"profiler"`` section is on.
+It is the decorator's run, driven by other calls:
+
+* the run begins at the engine's first forward after attach (so a decorated call already running
+  then keeps the profiler: explicit beats implicit, and this one stays idle, saying so once), and
+  its schedule counts the engine's optimizer steps from there;
+* a step ends when ``engine.step()`` returns having taken an optimizer step (the boundary of gradient
+  accumulation), and is named ``ProfilerStep#N`` by the engine's global step, as the fetch records are;
+* the window in flight is written at ``close()``, at process exit, and on interruption: a SIGTERM or
+  SIGINT waits for the next optimizer step as with the decorator, and where none comes in time the
+  exception the signal guard raises is caught leaving the engine's forward, backward or step, and
+  the window is written there, before the program's own cleanup runs (a barrier in a ``finally``
+  with a dead peer would otherwise hold it until SIGKILL).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .._signal_exit import close_at_exit
+from ..config import ProfilerConfig
+from ..logging import logger
+from ..zero3.hooks import Listener
+from .calls import advance, finish_run, start_run
+from .run import ProfilerRun
+
+__all__ = ["EngineDrivenProfiler"]
+
+
+class EngineDrivenProfiler(Listener):
+    """One attached engine's torch profiler (see the module doc); ``close()`` writes the window in flight."""
+
+    watches_errors = True  # the exception a stopping signal raises must end the run where it leaves the engine
+
+    def __init__(self, engine: Any, settings: ProfilerConfig) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.run: Optional[ProfilerRun] = None
+        self._idle = False  # another run had the process's profiler at the first forward, or took it since
+        self._forget_at_exit = close_at_exit(self._close_at_exit)
+
+    def forward_started(self, module: torch.nn.Module) -> None:
+        if self.run is None and not self._idle:
+            self.run = start_run(self.settings, self.engine, engine_driven=True)
+            if self.run is None:
+                self._idle = True
+                logger.warning("profiler: the engine's profiler stays idle: a profiled call (the @profiler decorator, "
+                               "or another attached engine's profiler) is running, and only one runs per process")
+
+    def step_ended(self) -> None:
+        run = self.run
+        if run is not None:
+            advance(run, self.engine)
+
+    def failed(self, exc: BaseException) -> None:
+        run = self.run
+        if run is not None and exc is run.signals.raised_exception:
+            self._finish(exc)  # delivers the SIGTERM with its default action once the window is written
+
+    def stop_after_error(self, exc: Exception) -> None:
+        logger.error("profiler: the engine's profiler stopped after an error (%s: %s); training goes on",
+                     type(exc).__name__, exc)
+        self._finish(None, summary=False)
+
+    def close(self) -> None:
+        """Write the window in flight and end the run (every rank closes alike, so the comms summary is shown)."""
+        self._finish(None)
+
+    def _close_at_exit(self) -> None:
+        """At exit, or before a SIGTERM ends the process: write the window in flight, if any (nothing with
+        barriers, other ranks may be gone; a run that delivers the SIGTERM itself has written it)."""
+        run = self.run
+        if run is not None and not run.done:
+            self._finish(run.signals.raised_exception, summary=False)
+
+    def _finish(self, passing: Optional[BaseException], summary: bool = True) -> None:
+        self._forget_at_exit()
+        run, self.run = self.run, None
+        self._idle = True
+        if run is not None:
+            finish_run(run, passing, summary=summary)

@@ -1,0 +1,235 @@
+"""The torch profiler driven by an attached engine: a config with an enabled ``"profiler"`` section and
+``attach(engine)``, no decorator and no ``step_profiler()`` in the loop.
+
+In-process tests use the stand-in engine of test_zero_attach.py with gradient accumulation as
+DeepSpeed counts it (``global_steps`` moves at every second ``step()``); the interruption tests run it
+in a process of its own, as the launcher's SIGTERM finds it.  The real engines under the launcher,
+through a transformers Trainer and Accelerate, are in test_integrations_jobs.py.
+"""
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import ds_profutils
+from ds_profutils import profiler, step_profiler
+from ds_profutils.torch_profiler import calls as profiler_calls
+from ds_profutils.torch_profiler.run import TAIL_RANGE
+from profiler_testing import cycle_steps, profiler_steps, read_trace
+from test_zero_attach import Engine
+
+TESTS = Path(__file__).resolve().parent
+SCHEDULE = {"skip_first": 0, "wait": 1, "warmup": 1, "active": 2, "repeat": 0}
+
+
+class AccumulatingEngine(Engine):
+    """The stand-in engine, counting steps as DeepSpeed does with gradient accumulation: ``step()`` at every
+    micro step, an optimizer step (``global_steps`` + 1) at every ``accumulation``-th."""
+
+    def __init__(self, config, accumulation=2, global_steps=0, stage=3):
+        super().__init__(config, stage)
+        self.accumulation = accumulation
+        self.global_steps = global_steps
+
+    def gradient_accumulation_steps(self):
+        return self.accumulation
+
+    def was_step_applied(self):
+        return self.micro_steps % self.accumulation == 0
+
+    def step(self):
+        self.micro_steps += 1
+        if self.micro_steps % self.accumulation == 0:
+            self.global_steps += 1
+
+    def train(self, optimizer_steps):
+        for _ in range(optimizer_steps * self.accumulation):
+            self.train_step()
+
+
+def profiler_config(out, **schedule):
+    return {"profiler": {"output_dir": str(out), **SCHEDULE, **schedule}}
+
+
+def forwards_per_step(trace):
+    """How many forwards (the stand-in model's ``aten::mul``) fall inside each ``ProfilerStep#N`` range."""
+    events = trace["traceEvents"]
+    steps = {e["name"]: (e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name", "").startswith("ProfilerStep#")}
+    muls = [e["ts"] for e in events if e.get("name") == "aten::mul" and e.get("ph") == "X"]
+    return {int(name.split("#")[1]): sum(start <= ts < end for ts in muls) for name, (start, end) in steps.items()}
+
+
+@pytest.fixture(autouse=True)
+def no_run_left():
+    yield
+    assert profiler_calls._current is None, "a test left the process's profiler running"
+
+
+def test_steps_follow_optimizer_steps_named_by_global_step(tmp_path):
+    """A resumed engine (global step 5), gradient accumulation 2: each ProfilerStep holds both micro steps'
+    forwards, is named by the engine's global step, and the schedule counts from the first forward."""
+    engine = AccumulatingEngine(profiler_config(tmp_path), global_steps=5)
+    attachment = ds_profutils.attach(engine, config=engine.config)
+    assert attachment is not None and attachment.recorder is None  # the profiler only: no fetch records asked
+    engine.train(9)  # global steps 5-13: wait 5, warmup 6, active 7-8, wait 9, warmup 10, active 11-12, wait 13
+    attachment.close()
+    trace = read_trace(tmp_path / "trace_rank_0.json")
+    assert profiler_steps(trace) == [7, 8, 11, 12]
+    assert cycle_steps(tmp_path) == [[7, 8], [11, 12]]
+    assert forwards_per_step(trace) == {7: 2, 8: 2, 11: 2, 12: 2}
+    assert trace["ds_profutils"]["step_numbering"] == "global"
+    assert "step" not in vars(engine)  # the engine is DeepSpeed's again
+
+
+def test_close_inside_a_window_writes_it_and_a_later_attach_continues_the_files(tmp_path, ds_caplog):
+    """Trainer.train() ending inside a window (close at on_train_end), then a resumed train() in the same
+    process: the first window is cut where it stopped and the second run's cycles join the same run trace."""
+    engine = AccumulatingEngine(profiler_config(tmp_path, active=4))
+    attachment = ds_profutils.attach(engine, config=engine.config)
+    engine.train(4)  # wait 0, warmup 1, active 2-3, and the range of step 4 opened when step 3 ended
+    attachment.close()
+    trace = read_trace(tmp_path / "trace_rank_0.json")
+    assert profiler_steps(trace) == [2, 3]
+    assert [e["name"] for e in trace["traceEvents"] if e.get("name") == TAIL_RANGE] == [TAIL_RANGE]
+
+    resumed = AccumulatingEngine(profiler_config(tmp_path, active=4), global_steps=engine.global_steps)
+    with ds_profutils.attach(resumed, config=resumed.config):
+        resumed.train(6)  # global steps 4-9: wait 4, warmup 5, active 6-9
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [2, 3, 6, 7, 8, 9]
+    assert cycle_steps(tmp_path) == [[2, 3], [6, 9]]
+
+
+def test_step_profiler_in_the_loop_does_not_count_twice(tmp_path):
+    engine = AccumulatingEngine(profiler_config(tmp_path))
+    with ds_profutils.attach(engine, config=engine.config):
+        for _ in range(16):
+            engine.train_step()
+            step_profiler(engine)
+            step_profiler()
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [2, 3, 6, 7]
+
+
+def test_a_decorated_call_already_running_keeps_the_profiler(tmp_path, ds_caplog):
+    engine = AccumulatingEngine(profiler_config(tmp_path / "engine"))
+    attachment = ds_profutils.attach(engine, config=engine.config)
+
+    @profiler(output_dir=str(tmp_path / "decorated"), skip_first=0, wait=0, warmup=0, active=3, repeat=1)
+    def train():
+        for _ in range(6):
+            engine.train_step()
+            step_profiler(engine)
+
+    train()
+    engine.train(4)  # after the call: the engine's profiler stays idle for the rest of its attachment
+    attachment.close()
+    assert profiler_steps(read_trace(tmp_path / "decorated" / "trace_rank_0.json")) == [0, 1, 2]
+    assert not (tmp_path / "engine").exists()
+    assert len([r for r in ds_caplog.records if "stays idle" in r.message]) == 1
+
+
+def test_a_decorated_call_begun_while_the_engine_profiles_takes_over(tmp_path, ds_caplog):
+    """Explicit beats implicit: the engine's window is written where the call began, and the call profiles."""
+    engine = AccumulatingEngine(profiler_config(tmp_path, wait=0, active=4))
+    attachment = ds_profutils.attach(engine, config=engine.config)
+    engine.train(3)  # warmup 0, active 1-2, and step 3's range open
+
+    @profiler(output_dir=str(tmp_path / "decorated"), skip_first=0, wait=0, warmup=1, active=1, repeat=1)
+    def evaluate():
+        for _ in range(2):
+            engine.train(1)
+            step_profiler(engine)
+
+    evaluate()
+    engine.train(3)
+    attachment.close()
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [1, 2]
+    assert profiler_steps(read_trace(tmp_path / "decorated" / "trace_rank_0.json")) == [4]  # warmup 3, active 4
+    assert any("takes over" in r.message for r in ds_caplog.records)
+
+
+def test_ranks_left_out_and_an_absent_section_attach_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # rank 0 of 2, as the launcher says
+    left_out = AccumulatingEngine({"profiler": {"output_dir": str(tmp_path), "ranks": [1]}})
+    assert ds_profutils.attach(left_out, config=left_out.config) is None  # this is rank 0
+    absent = AccumulatingEngine({"train_batch_size": 2})
+    assert ds_profutils.attach(absent, config=absent.config) is None
+    assert "step" not in vars(left_out) and "step" not in vars(absent)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_rank_outside_the_world_fails_at_attach_naming_the_key(tmp_path):
+    engine = AccumulatingEngine({"profiler": {"output_dir": str(tmp_path), "summary_ranks": [7]}})
+    with pytest.raises(ds_profutils.config.ConfigError, match="profiler.summary_ranks"):
+        ds_profutils.attach(engine, config=engine.config)
+    assert "step" not in vars(engine)
+
+
+# ---- a process of its own: exit without close, SIGTERM at a boundary, SIGTERM in a hung step ---------------
+
+_JOB = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, sys.argv[3])
+    import ds_profutils
+    from ds_profutils.torch_profiler import watchdog
+    from test_profiler_engine_driven import AccumulatingEngine
+
+    watchdog.GRACE_S = 1.0
+    out, mode = sys.argv[1], sys.argv[2]
+    engine = AccumulatingEngine({"profiler": {"output_dir": out, "skip_first": 0, "wait": 0, "warmup": 1,
+                                              "active": 1000}})
+    ds_profutils.attach(engine, config=engine.config)
+    forward = engine.module.forward
+
+    def slow_forward(x):
+        if engine.global_steps == 6:
+            print("recording", flush=True)
+            time.sleep(60 if mode == "hung" else 0.5)
+        return forward(x)
+
+    engine.module.forward = slow_forward
+    try:
+        engine.train(8 if mode == "exit" else 100)
+    finally:
+        print("cleanup found the trace on disk" if os.path.exists(out + "/trace_rank_0.json")
+              else "cleanup found no trace", flush=True)
+""")
+
+
+def _run(tmp_path, mode, send_sigterm):
+    job = subprocess.Popen([sys.executable, "-c", _JOB, str(tmp_path), mode, str(TESTS)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        if send_sigterm:
+            for line in job.stdout:
+                if line.strip() == "recording":
+                    job.send_signal(signal.SIGTERM)  # what the launcher sends, 30 s before SIGKILL
+                    break
+        output, _ = job.communicate(timeout=90)
+    finally:
+        job.kill()
+    return job.returncode, output
+
+
+def test_a_process_that_exits_without_close_writes_the_window_in_flight(tmp_path):
+    status, output = _run(tmp_path, "exit", send_sigterm=False)
+    assert status == 0, output
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == list(range(1, 8))
+    assert "was not written" not in output
+
+
+@pytest.mark.parametrize("mode", ["boundary", "hung"])
+def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_path, mode):
+    """``boundary``: the step in flight ends within the grace period, and the window is written at its
+    ``engine.step()``; ``hung``: it does not, the SystemExit raised for the SIGTERM is caught leaving the
+    engine's forward and the window written there.  Either way the process then ends killed by SIGTERM,
+    as without the profiler: no ``finally`` of the program runs (its barriers would meet dead peers)."""
+    status, output = _run(tmp_path, mode, send_sigterm=True)
+    assert status == -signal.SIGTERM, output
+    assert "rank 0 interrupted at step" in output and "cleanup found" not in output
+    steps = profiler_steps(read_trace(tmp_path / "trace_rank_0.json"))
+    assert steps == list(range(1, 7)), output  # hung: step 6 cut where it stopped
+    assert not [p for p in tmp_path.rglob(".*")], "temporary files left behind"
