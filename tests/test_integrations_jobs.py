@@ -3,9 +3,10 @@
 
 One launcher start per framework checks everything: records for every micro step keyed by the
 engine's global step, evaluation forwards recorded as eval during training, a second ``train()``
-(a resume from a checkpoint: a new engine) or a second attach appending to the same file, the report
-reading them; then the job trains on until the test sends SIGTERM to its process group, and every
-rank's file still holds every finished step, each line whole.
+(a resume from a checkpoint: a new engine) or a second attach appending to the same file, traces of
+the torch profiler the engine drives (no decorator) whose ``ProfilerStep#N`` are those global steps,
+continued by each phase, the report reading them; then the job trains on until the test sends SIGTERM
+to its process group, and every rank's files still hold every finished step, each line and trace whole.
 """
 import json
 import re
@@ -16,6 +17,7 @@ import pytest
 
 from ds_profutils.report import build_report
 from launcher import DIST_SCRIPTS, REPO, LauncherJob, accelerate_launch
+from profiler_testing import profiler_steps, read_trace
 from report_testing import read_records_file
 
 RANKS = (0, 1)
@@ -24,10 +26,21 @@ KILL_AFTER = 12  # the test's SIGTERM comes once both ranks finished this global
 JOB_ENV = {"HF_HUB_OFFLINE": "1"}
 
 
+PHASE_STARTS = (0, RESUMED_AT, FINISHED_AT)  # each phase attaches anew: its profiler's schedule starts there
+SCHEDULE = {"skip_first": 0, "wait": 0, "warmup": 1, "active": 2, "repeat": 0}
+
+
 def profiler_section(out):
-    """Off until ``attach`` drives the torch profiler itself; switching it on (here, or with
-    DS_PROFUTILS_PROFILER_ENABLED=1 in JOB_ENV) gives these same jobs traces to assert on."""
-    return {"enabled": False, "output_dir": str(out / "records"), "wait": 0, "warmup": 1, "active": 2, "repeat": 0}
+    """Driven by the engine ``attach`` found: every cycle is a warmup step and two active steps."""
+    return {"output_dir": str(out / "records"), **SCHEDULE}
+
+
+def scheduled_steps(last):
+    """The global steps the schedule records up to ``last``: each phase counts from its own start."""
+    cycle = SCHEDULE["warmup"] + SCHEDULE["active"]
+    ends = (*PHASE_STARTS[1:], last + 1)
+    return [step for start, end in zip(PHASE_STARTS, ends) for step in range(start, end)
+            if (step - start) % cycle >= SCHEDULE["warmup"]]
 
 
 def records_section(out):
@@ -68,7 +81,8 @@ def run_until_killed(out, script, args, launcher=None):
                                  findings={rank: json.loads((out / f"findings_rank_{rank}.json").read_text())
                                            for rank in RANKS},
                                  records={rank: read_records_file(out / "records" / f"zero_fetch_rank_{rank}.jsonl")
-                                          for rank in RANKS})
+                                          for rank in RANKS},
+                                 traces={rank: read_trace(out / "records" / f"trace_rank_{rank}.json") for rank in RANKS})
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +155,19 @@ def test_accelerate_takes_the_prepared_engine_and_a_second_attach_appends(accele
                                                  "engine_is_the_prepared_model": True,
                                                  "second": {"new_attachment": True, "name": "main"},
                                                  "engine_steps": FINISHED_AT}
+
+
+@pytest.mark.parametrize("rank", RANKS)
+def test_the_engine_drives_the_profiler_profilerstep_n_is_the_records_global_step(job, rank):
+    """No decorator, no step_profiler(): the trace holds the scheduled optimizer steps of every phase, in
+    one run trace the later phases continued, up to where the SIGTERM cut the last window (which was
+    written whole, json.load above); a window cut by the kill ends at most a cycle before the rank's last step."""
+    run, _ = job
+    steps = profiler_steps(run.traces[rank])
+    assert steps == scheduled_steps(steps[-1]), steps
+    assert steps[-1] >= KILL_AFTER and steps[-1] >= run.finished[rank] - 3
+    assert set(steps) <= {record["global_step"] for record in run.records[rank] if record["mode"] == "train"}
+    assert run.traces[rank]["ds_profutils"]["step_numbering"] == "global"
 
 
 def test_sigterm_to_the_process_group_leaves_every_ranks_records_whole(job):

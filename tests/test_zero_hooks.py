@@ -2,6 +2,7 @@
 an exception raised by a signal handler for their own."""
 import os
 import signal
+import time
 
 import pytest
 
@@ -131,3 +132,27 @@ def test_errors_leaving_the_engine_reach_listeners_that_watch_them_and_go_on_unc
     assert raised.value is error and watching.seen == [error]
     hooks.remove()
     assert vars(engine)["backward"] is backward and "forward" not in vars(engine)
+
+
+def test_a_micro_step_without_a_step_ends_when_its_backward_returns(tmp_path):
+    """Accelerate (and so the Trainer) calls engine.step() only at the accumulation boundary: the micro step
+    before it ends when engine.backward() returns, its backward's time included."""
+    engine = Engine()
+    backward = engine.backward
+
+    def slow_backward():
+        backward()
+        time.sleep(0.05)
+
+    engine.backward = slow_backward  # in place before attach, as the engine's method is
+    with recorder_for(engine, tmp_path):
+        engine.forward()
+        engine.backward()  # micro step 0: no step()
+        engine.forward()
+        engine.backward()
+        engine.step()  # the boundary
+    first, second = read_records(tmp_path)
+    assert (first["micro_step"], second["micro_step"]) == (0, 0) and first["global_step"] == second["global_step"]
+    assert first["step_time_ms"] >= 50 and second["step_time_ms"] >= 50
+    assert first["events"]["backward_fetch_wait"]["count"] == 1
+    assert vars(engine)["backward"] is slow_backward

@@ -1,11 +1,14 @@
 """The hooks ``attach`` puts on one engine, once, for every feature that follows the engine's steps.
 
 The fetch recorder, the memory snapshots and the engine-driven profiler all need the same moments:
-a forward starts, a forward ends, ``engine.step()`` starts and returns, and (for the snapshots) an
-error leaves the engine's forward, backward or step.  :class:`EngineHooks` puts one forward pre-hook
-(prepended, so it runs before DeepSpeed's own, which resets the ZeRO-3 coordinator's counters), one
-forward hook and one wrapper of ``engine.step`` -- and of ``engine.forward``/``engine.backward`` only
-when a listener watches errors -- and tells each listener.
+a forward starts, a forward ends, ``engine.backward()`` returns, ``engine.step()`` starts and returns,
+and (for the snapshots and the profiler) an error leaves the engine's forward, backward or step.
+:class:`EngineHooks` puts one forward pre-hook (prepended, so it runs before DeepSpeed's own, which
+resets the ZeRO-3 coordinator's counters), one forward hook and wrappers of ``engine.backward`` and
+``engine.step`` -- and of ``engine.forward`` only when a listener watches errors -- and tells each
+listener.  ``backward`` is a moment of its own because Accelerate (and so the transformers Trainer)
+calls ``engine.step()`` only at the gradient-accumulation boundary: the micro steps before it end
+when their backward returns.
 
 Removing them restores exactly what was there: an instance attribute another wrapper had put on the
 engine before is put back, none is left where there was none.  A wrapper put over ours after attach
@@ -39,6 +42,9 @@ class Listener:
         pass
 
     def forward_ended(self, module: torch.nn.Module) -> None:
+        pass
+
+    def backward_ended(self) -> None:
         pass
 
     def step_started(self) -> None:
@@ -87,6 +93,7 @@ class EngineHooks:
             module.register_forward_hook(self._forward_ended),
         ]
         self._wrapped: List[tuple] = []  # (attribute, what the instance held before, our wrapper)
+        self._wrap("backward", self._around_backward)
         self._wrap("step", self._around_step)
 
     def add(self, listener: Listener) -> None:
@@ -94,7 +101,6 @@ class EngineHooks:
         self.listeners.append(listener)
         if listener.watches_errors and not any(name == "forward" for name, _, _ in self._wrapped):
             self._wrap("forward", self._around_call)
-            self._wrap("backward", self._around_call)
 
     def _wrap(self, attribute: str, around: Callable[..., Any]) -> None:
         engine = self.engine
@@ -151,6 +157,11 @@ class EngineHooks:
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._active:
             self._tell("forward_ended", module)
+
+    def _around_backward(self, backward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        result = self._around_call(backward, *args, **kwargs)
+        self._tell("backward_ended")
+        return result
 
     def _around_step(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self._tell("step_started")

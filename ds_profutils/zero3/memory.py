@@ -3,8 +3,8 @@
 At a phase's start the accelerator's peak statistics are reset (``reset_peak_memory_stats``), at its
 end the peaks are read (``max_memory_allocated``, ``max_memory_reserved``): a few calls into the
 allocator per step, no ``gc`` and no device synchronize (DeepSpeed's ``see_memory_usage`` does both).
-Phases: forward (forward start to forward end), backward (forward end to ``engine.step()``), step
-(``engine.step()`` itself).
+Phases: forward (forward start to forward end), backward (forward end to the return of
+``engine.backward()``), step (``engine.step()`` itself).
 
 DeepSpeed's CPU accelerator answers with the process's resident set size, sampled when asked: on CPU
 the figures are RSS at the phase boundaries, and the records say ``"source": "rss"``.

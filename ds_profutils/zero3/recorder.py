@@ -177,6 +177,14 @@ class ZeroFetchRecorder(Listener):
         elif self.memory is not None:
             self.memory.begin("backward")
 
+    def backward_ended(self) -> None:
+        """Without a ``step()`` to come (Accelerate's micro steps before the boundary) the step ends here."""
+        step = self._open
+        if step is not None and step.forward_done and step.fields["mode"] == "train":
+            self._mark_end(step)
+            if self.memory is not None:
+                self.memory.end()
+
     def step_started(self) -> None:
         if self._open is not None and self.memory is not None:
             self.memory.begin("step")
