@@ -9,7 +9,9 @@ A tiny GPT-2 built from a ``GPT2Config`` (random weights: nothing is downloaded)
 sequences.  The Trainer fills the ds_config's ``"auto"`` values from its arguments (gradient
 accumulation 2) and evaluates every 2 optimizer steps.  ``attach(trainer)`` reads the
 ``"partitioned_param_profiler"`` section of that same config: one record per micro step and rank,
-evaluation forwards included (``"mode": "eval"``), keyed by the engine's global step.
+evaluation forwards included (``"mode": "eval"``), keyed by the engine's global step; and its
+``"profiler"`` section: torch.profiler over optimizer steps 3 and 4, driven by the engine (no
+decorator, no ``step_profiler()``), ``ProfilerStep#3`` and ``#4`` in ``trace_rank_{r}.json``.
 """
 import argparse
 import os
@@ -102,7 +104,7 @@ def main() -> None:
                       args=training_arguments(args.output_dir, args.deepspeed, max_steps=args.steps),
                       train_dataset=RandomTokens(256),
                       eval_dataset=RandomTokens(8, seed=1))
-    attach(trainer)  # the one line: ZeRO-3 fetch records (and whatever else the ds_config asks) for every train()
+    attach(trainer)  # the one line: fetch records, traces (whatever the ds_config asks) for every train()
     trainer.train()
 
 

@@ -218,9 +218,10 @@ def _steps(view: StepView, limit: int, max_ranks: int) -> List[str]:
                     continue
                 rows.append((view.global_steps[index], rank, *values,
                              "straggler" if view.straggler[index] == rank else ""))
-        legend = ("step ms: forward start to the end of engine.step(); trace step ms: the trace's ProfilerStep#N, "
-                  "from one step_profiler() call to the next, so it also holds data loading and whatever the loop "
-                  "does between steps")
+        legend = ("step ms: the step's micro steps added up, each from its forward start to the end of "
+                  "engine.step() (or of engine.backward() where no step() follows); trace step ms: the trace's ProfilerStep#N, one "
+                  "optimizer step from one step_profiler() call (or, driven by the engine, one engine.step()) to "
+                  "the next, so it also holds data loading and whatever the loop does between steps")
         headers = ("step", "rank", *(_STEP_COLUMNS[name] for name in names), "")
         return ["", f"Steps (per global step and rank, ms){note}:", *_wrap(legend), *_table(headers, rows)]
     figure = ARRIVAL_FIGURES[view.arrival]
