@@ -6,11 +6,12 @@ DeepSpeed counts it (``global_steps`` moves at every second ``step()``); the int
 in a process of its own, as the launcher's SIGTERM finds it.  The real engines under the launcher,
 through a transformers Trainer and Accelerate, are in test_integrations_jobs.py.
 """
-import json
+import gc
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,48 @@ def test_close_inside_a_window_writes_it_and_a_later_attach_continues_the_files(
         resumed.train(6)  # global steps 4-9: wait 4, warmup 5, active 6-9
     assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [2, 3, 6, 7, 8, 9]
     assert cycle_steps(tmp_path) == [[2, 3], [6, 9]]
+
+
+def test_a_fresh_engine_counting_from_0_again_starts_the_files_afresh(tmp_path):
+    """No step number twice in one trace (the report would add two runs' times up under one step)."""
+    for _ in range(2):
+        engine = AccumulatingEngine(profiler_config(tmp_path))
+        with ds_profutils.attach(engine, config=engine.config):
+            engine.train(4)
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [2, 3]
+
+
+def test_an_engine_dropped_without_close_gives_the_profiler_to_the_next(tmp_path, ds_caplog):
+    engine = AccumulatingEngine(profiler_config(tmp_path / "first", active=4))
+    ds_profutils.attach(engine, config=engine.config)
+    engine.train(4)  # steps 2-3 recorded, step 4's range open
+    del engine
+    gc.collect()
+    second = AccumulatingEngine(profiler_config(tmp_path / "second"))
+    with ds_profutils.attach(second, config=second.config):
+        second.train(4)
+    assert profiler_steps(read_trace(tmp_path / "first" / "trace_rank_0.json")) == [2, 3]
+    assert profiler_steps(read_trace(tmp_path / "second" / "trace_rank_0.json")) == [2, 3]
+    assert any("dropped without close()" in r.message for r in ds_caplog.records)
+
+
+def test_a_decorated_call_in_another_thread_runs_beside_the_engines(tmp_path):
+    engine = AccumulatingEngine(profiler_config(tmp_path, active=4))
+    attachment = ds_profutils.attach(engine, config=engine.config)
+    engine.train(2)
+
+    @profiler(output_dir=str(tmp_path / "thread"), skip_first=0, wait=0, warmup=0, active=2)
+    def elsewhere():
+        step_profiler()
+        step_profiler()
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    engine.train(4)
+    attachment.close()
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [2, 3, 4, 5]
+    assert not (tmp_path / "thread").exists()
 
 
 def test_step_profiler_in_the_loop_does_not_count_twice(tmp_path):

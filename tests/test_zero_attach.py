@@ -195,15 +195,38 @@ def test_no_empty_record_without_a_forward(tmp_path):
     assert read_records(tmp_path) == []
 
 
-def test_a_train_step_interrupted_before_step_returns_is_absent_not_torn(tmp_path):
+def test_a_train_step_interrupted_in_its_backward_is_absent_not_torn(tmp_path):
     engine = Engine()
     recorder = recorder_for(engine, tmp_path)
     engine.train_step()
-    engine.forward()
-    engine.backward()  # SIGTERM here: step() never returns, the process exits
+    engine.forward()  # SIGTERM in the backward that follows: it never returns, the process exits
     recorder.close()  # what runs at exit
     text = (tmp_path / "zero_fetch_rank_3.jsonl").read_text()
     assert text.endswith("\n") and [r["micro_step"] for r in read_records(tmp_path)] == [0]
+
+
+def test_at_close_a_micro_step_whose_backward_returned_is_whole_unless_a_step_began(tmp_path):
+    """Accelerate calls step() only at the accumulation boundary: a backward that returned ends its micro step.
+    One whose step() began and did not return (an exception in the optimizer) is not whole."""
+    engine = Engine()
+    recorder = recorder_for(engine, tmp_path)
+    engine.forward()
+    engine.backward()
+    recorder.close()
+    assert len(read_records(tmp_path)) == 1
+    engine = Engine()
+
+    def failing_step():
+        raise RuntimeError("optimizer failed")
+
+    engine.step = failing_step
+    recorder = recorder_for(engine, tmp_path / "raising")
+    engine.forward()
+    engine.backward()
+    with pytest.raises(RuntimeError):
+        engine.step()
+    recorder.close()
+    assert read_records(tmp_path / "raising") == []
 
 
 def test_a_step_that_raises_is_not_recorded(tmp_path):

@@ -12,6 +12,7 @@ beside a run are kept in a list (whose append and remove are atomic).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 from threading import get_ident
@@ -45,9 +46,8 @@ def step_profiler(engine: Any = None) -> None:
 
 
 def advance(run: ProfilerRun, engine: Any = None) -> None:
-    """End ``run``'s current step (see :func:`step_profiler`, which routes here).  Outside the windows it
-    is the whole cost of a step, so it is written out here rather than calling a method: a counter and
-    one compare."""
+    """End ``run``'s current step (see :func:`step_profiler`, which routes here).  Outside the windows this
+    is the whole cost of a step: a counter and one compare (and with an engine, its step count read)."""
     if engine is not None and not run.engine_stepped(engine):
         return
     run.step += 1
@@ -59,19 +59,26 @@ def start_run(settings: ProfilerConfig, engine: Any = None, *, engine_driven: bo
     """Begin the process's run for ``settings`` and enter its step 0; None when a run is active already
     (the caller then runs unprofiled beside it, see :func:`beside`), or for ``engine_driven`` when any is.
 
-    A profiled call (not ``engine_driven``) started while an engine drives the active run ends that
-    run first, writing its window: explicit beats implicit.  Raises ConfigError when ``output_dir``
-    cannot be written.  ``engine``: see :class:`ProfilerRun`; ``engine_driven``: its steps end only
-    through :func:`advance`, never through ``step_profiler()``.
+    A profiled call (not ``engine_driven``) started on the thread of a run an engine drives ends that
+    run first, writing its window: explicit beats implicit.  A run whose engine was dropped without
+    ``close()`` is ended by the next run to start.  Raises ConfigError when ``output_dir`` cannot be
+    written.  ``engine``: see :class:`ProfilerRun`; ``engine_driven``: its steps end only through
+    :func:`advance`, never through ``step_profiler()``.
     """
     global _current
     if not _slot.acquire(blocking=False):
         held = _current
-        if engine_driven or held is None or not held.engine_driven:
+        if held is None or not held.engine_driven:
             return None
-        logger.warning("profiler: a profiled call begins while an attached engine drives the profiler: the call's "
-                       "profiler takes over (explicit beats implicit); the engine's writes its window at step %d "
-                       "and stays idle", held.step)
+        if held.engine_gone:
+            logger.warning("profiler: the engine driving the profiler was dropped without close(); its run ends at "
+                           "step %d", held.step)
+        elif engine_driven or held.owner != get_ident():
+            return None
+        else:
+            logger.warning("profiler: a profiled call begins while an attached engine drives the profiler: the call's "
+                           "profiler takes over (explicit beats implicit); the engine's ends at step %d, its window "
+                           "written, and stays idle", held.step)
         finish_run(held, None, summary=False)
         if not _slot.acquire(blocking=False):
             return None
@@ -98,6 +105,16 @@ def finish_run(run: ProfilerRun, passing: Optional[BaseException], *, summary: b
         run.end(passing, summary=summary)
     finally:
         _release(run)
+
+
+@atexit.register
+def _end_engine_run_at_exit() -> None:
+    """The window in flight of a run an engine drives, whose ``close()`` never came (a loop that just ends,
+    an engine dropped without it, an exception or a signal's SystemExit unwinding out of the program).
+    Nothing with barriers: other ranks may be gone."""
+    run = _current
+    if run is not None and run.engine_driven and not run.done:
+        finish_run(run, run.signals.raised_exception, summary=False)
 
 
 def _release(run: ProfilerRun) -> None:

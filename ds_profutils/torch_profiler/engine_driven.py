@@ -10,7 +10,7 @@ It is the decorator's run, driven by other calls:
   its schedule counts the engine's optimizer steps from there;
 * a step ends when ``engine.step()`` returns having taken an optimizer step (the boundary of gradient
   accumulation), and is named ``ProfilerStep#N`` by the engine's global step, as the fetch records are;
-* the window in flight is written at ``close()``, at process exit, and on interruption: a SIGTERM or
+* the window in flight is written at ``close()``, at process exit (:mod:`.calls`), and on interruption: a SIGTERM or
   SIGINT waits for the next optimizer step as with the decorator, and where none comes in time the
   exception the signal guard raises is caught leaving the engine's forward, backward or step, and
   the window is written there, before the program's own cleanup runs (a barrier in a ``finally``
@@ -22,12 +22,13 @@ from typing import Any, Optional
 
 import torch
 
-from .._signal_exit import close_at_exit
 from ..config import ProfilerConfig
 from ..logging import logger
+from ..outputs import process_identity
 from ..zero3.hooks import Listener
 from .calls import advance, finish_run, start_run
 from .run import ProfilerRun
+from .writer import show_comms_summary
 
 __all__ = ["EngineDrivenProfiler"]
 
@@ -41,14 +42,15 @@ class EngineDrivenProfiler(Listener):
         self.engine = engine
         self.settings = settings
         self.run: Optional[ProfilerRun] = None
-        self._idle = False  # another run had the process's profiler at the first forward, or took it since
-        self._forget_at_exit = close_at_exit(self._close_at_exit)
+        self._idle = False  # the run ended, or another run had the process's profiler at the first forward
+        self._started = False  # a run began here: close() then shows the comms summary, as on every rank
 
     def forward_started(self, module: torch.nn.Module) -> None:
         if self.run is None and not self._idle:
+            self._started = True  # even if start_run raises: close() shows the summary as the other ranks do
             self.run = start_run(self.settings, self.engine, engine_driven=True)
             if self.run is None:
-                self._idle = True
+                self._started, self._idle = False, True
                 logger.warning("profiler: the engine's profiler stays idle: a profiled call (the @profiler decorator, "
                                "or another attached engine's profiler) is running, and only one runs per process")
 
@@ -65,22 +67,18 @@ class EngineDrivenProfiler(Listener):
     def stop_after_error(self, exc: Exception) -> None:
         logger.error("profiler: the engine's profiler stopped after an error (%s: %s); training goes on",
                      type(exc).__name__, exc)
-        self._finish(None, summary=False)
-
-    def close(self) -> None:
-        """Write the window in flight and end the run (every rank closes alike, so the comms summary is shown)."""
         self._finish(None)
 
-    def _close_at_exit(self) -> None:
-        """At exit, or before a SIGTERM ends the process: write the window in flight, if any (nothing with
-        barriers, other ranks may be gone; a run that delivers the SIGTERM itself has written it)."""
+    def close(self) -> None:
+        """Write the window in flight and end the run; then DeepSpeed's comms summary, whose barriers every
+        rank reaches: each began a run, whether or not it stopped after an error since."""
         run = self.run
-        if run is not None and not run.done:
-            self._finish(run.signals.raised_exception, summary=False)
+        self._finish(None)
+        if self._started and not (run is not None and run.signals.stopped_by_signal):
+            show_comms_summary(self.settings, process_identity())
 
-    def _finish(self, passing: Optional[BaseException], summary: bool = True) -> None:
-        self._forget_at_exit()
+    def _finish(self, passing: Optional[BaseException]) -> None:
         run, self.run = self.run, None
         self._idle = True
         if run is not None:
-            finish_run(run, passing, summary=summary)
+            finish_run(run, passing, summary=False)

@@ -26,6 +26,7 @@ import contextlib
 import enum
 import threading
 import json
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -101,9 +102,11 @@ class ProfilerRun:
         self._step_range: Optional[record_function] = None
         self._nsight: Optional[NsightCapture] = None
         self._writer: Optional[RunWriter] = None
-        self._engine: Any = engine  # the engine whose optimizer steps end profiler steps
+        # Engines are held weakly: the process's active run must not keep an engine dropped without
+        # close() alive (an attached engine's run is then ended by the next one to start, or at exit).
+        self._engine: Optional[weakref.ref] = None if engine is None else weakref.ref(engine)  # its steps end ours
         self._engine_steps: Optional[int] = None if engine is None else engine.global_steps
-        self._names_engine: Any = engine  # the engine whose global_steps name the steps; None: the call's count
+        self._names_engine: Optional[weakref.ref] = self._engine  # its global_steps name ours; None: our count
         self._opened: List[Tuple[str, int]] = []  # (name, step number) of this window's step ranges
         self._recorded = False
         self._ended = False
@@ -159,6 +162,11 @@ class ProfilerRun:
             show_comms_summary(self.settings, process_identity())
 
     @property
+    def engine_gone(self) -> bool:
+        """The engine driving this run was garbage-collected (dropped without ``close()``)."""
+        return self.engine_driven and self._engine() is None
+
+    @property
     def done(self) -> bool:
         """Every window is written (the schedule ended, or the run did): nothing is left to write."""
         return self._state is _State.DONE
@@ -172,11 +180,11 @@ class ProfilerRun:
         global step too, where ``was_step_applied()`` is False).  See ``_adopt`` for the step names.
         """
         steps = engine.global_steps
-        if engine is self._engine:
+        if self._engine is not None and engine is self._engine():
             previous, self._engine_steps = self._engine_steps, steps
             return steps != previous
         boundary = engine.was_step_applied() or engine.micro_steps % engine.gradient_accumulation_steps() == 0
-        self._engine, self._engine_steps = engine, steps
+        self._engine, self._engine_steps = weakref.ref(engine), steps
         self._adopt(engine, steps - 1 if boundary else steps)
         return boundary
 
@@ -243,7 +251,7 @@ class ProfilerRun:
     def _prepare(self) -> None:
         if self._writer is None:  # the rank that names the files is read now, not at decoration
             identity = process_identity()
-            self._writer = RunWriter.of(self.settings, identity)
+            self._writer = RunWriter.of(self.settings, identity, self._global_step())
             self.signals.label = f"rank {identity.rank} (pid {identity.pid})"
         self._torch = torch.profiler.profile(activities=self._activities(),
                                              record_shapes=self.settings.record_shapes,
@@ -340,7 +348,12 @@ class ProfilerRun:
                            "(it is global step %d); give the engine to profiler(config=engine), or begin the window "
                            "later (skip_first, wait or warmup), for global numbers", current)
             return
-        self._names_engine = engine
+        self._names_engine = weakref.ref(engine)
+
+    def _global_step(self) -> Optional[int]:
+        """The naming engine's global step now; None where steps are counted per call (or it is gone)."""
+        engine = None if self._names_engine is None else self._names_engine()
+        return None if engine is None else engine.global_steps
 
     def _activities(self) -> List[torch.profiler.ProfilerActivity]:
         if self._nsight is not None and self._nsight.nsys_attached:  # CUPTI serves one client: nsys here
@@ -364,7 +377,8 @@ class ProfilerRun:
                 "profiled_ranks": self.settings.ranks}
 
     def _open_step(self) -> None:
-        number = self.step if self._names_engine is None else self._names_engine.global_steps
+        number = self._global_step()
+        number = self.step if number is None else number
         name = f"{STEP_RANGE_PREFIX}{number}"
         self._opened.append((name, number))
         self._step_range = record_function(name)

@@ -7,9 +7,11 @@ in the cycle's events.  So a job killed later loses nothing already recorded, an
 is all an interruption has to write.  Building the summary from a large window takes seconds: on
 interruption it is skipped, with a line saying so.
 
-A later run in the same process with the same settings (a resumed ``trainer.train()``, a second call
-of a decorated function) continues the same files: its cycles are added to the run trace and the
-summary, as the fetch records are appended to.
+A later run in the same process writing to the same directory continues its files when both name
+their steps by an engine's global step and the new run begins after the last step recorded (a
+resumed ``trainer.train()``): its cycles are added to the run trace and the summary, as the fetch
+records are appended to.  Otherwise (steps counted per call, a fresh engine counting from 0 again, the
+run trace gone) it starts them afresh, so that no step number is recorded twice in one file.
 
 A file that cannot be written is named in one ERROR line with the cause, whatever the exception (a
 full disk, a failing export), and training goes on.  No signal handler runs while the files are
@@ -30,7 +32,7 @@ from .summary import OperatorSummary
 __all__ = ["RunWriter", "show_comms_summary"]
 
 _ALL_RANKS = [-1]  # log_dist: every rank logs
-_writers: Dict[Tuple[str, int], "RunWriter"] = {}  # this process's writers, continued by later runs
+_writers: Dict[Tuple[str, int], "RunWriter"] = {}  # (output_dir, rank) -> this process's last writer there
 
 
 def _cause(exc: BaseException) -> str:
@@ -48,12 +50,16 @@ class RunWriter:
     operator summary.  :meth:`of` gives the process's writer for a run."""
 
     @classmethod
-    def of(cls, settings: ProfilerConfig, identity: ProcessIdentity) -> "RunWriter":
-        """The writer an earlier run in this process with these settings used, or a new one."""
-        key = (settings.model_dump_json(), identity.rank)
-        writer = _writers.get(key)
-        if writer is None:
-            writer = _writers[key] = cls(settings, identity)
+    def of(cls, settings: ProfilerConfig, identity: ProcessIdentity, first_step: Optional[int]) -> "RunWriter":
+        """The writer for a run whose first recorded step is global step ``first_step`` (None: steps counted
+        per call): the one an earlier run in this process left in the same directory, if this run
+        continues its files (see the module doc), else a new one."""
+        key = (str(Path(settings.output_dir).resolve()), identity.rank)
+        earlier = _writers.get(key)
+        if (earlier is not None and first_step is not None and earlier.last_global_step is not None
+                and first_step > earlier.last_global_step and earlier.trace.path.exists()):
+            return earlier
+        writer = _writers[key] = cls(settings, identity)
         return writer
 
     def __init__(self, settings: ProfilerConfig, identity: ProcessIdentity) -> None:
@@ -67,6 +73,7 @@ class RunWriter:
         self.cycles: List[Dict[str, Any]] = []  # every cycle whose own trace was written
         self._unmerged: List[Path] = []  # cycle traces written, not yet in the run trace (a failed splice)
         self.failed: List[Path] = []
+        self.last_global_step: Optional[int] = None  # of the last cycle written; None: none, or steps per call
 
     @contextlib.contextmanager
     def _written(self, path: Path) -> Iterator[None]:
@@ -101,6 +108,9 @@ class RunWriter:
             written = True
         if written:
             self.cycles.append(entry)
+            if entry["steps"]:
+                global_numbers = metadata.get("step_numbering") == "global"
+                self.last_global_step = entry["steps"][-1] if global_numbers else None
             self._unmerged.append(path)
             with self._written(self.trace.path):
                 self.trace.add(self._unmerged, metadata)

@@ -58,7 +58,7 @@ class _Step:
         self.fields = fields
         self.start_ns = self.end_ns = perf_counter_ns()
         self.start_mark, self.end_mark = start_mark, None
-        self.forward_done = self.step_done = False
+        self.forward_done = self.backward_done = self.step_done = False
         self.events: Dict[str, Dict[str, Any]] = {}
         self.device_pairs: Dict[str, List[Pair]] = {}
         self.collectives: Dict[tuple, Any] = {}
@@ -66,10 +66,13 @@ class _Step:
 
     def complete(self, closing: bool) -> bool:
         """Whether this record holds a whole step: its ``step()`` returned, or its forward ended and no
-        ``step()`` was to come -- an eval forward, or a second forward started before one ``step()``.
-        At close, a train forward whose ``step()`` never returned was cut short (SIGTERM in its
-        backward, an exception): not a whole step."""
-        return self.step_done or (self.forward_done and (not closing or self.fields["mode"] == "eval"))
+        ``step()`` was to come -- an eval forward, or a second forward started before one ``step()``
+        (a micro step before the accumulation boundary, which ended when its backward returned).  At
+        close, a train forward whose backward never returned was cut short (SIGTERM in its backward,
+        an exception): not a whole step."""
+        if self.step_done or self.backward_done:
+            return True
+        return self.forward_done and (not closing or self.fields["mode"] == "eval")
 
     def pairs(self) -> List[Pair]:
         found = [pair for pairs in self.device_pairs.values() for pair in pairs]
@@ -181,11 +184,14 @@ class ZeroFetchRecorder(Listener):
         """Without a ``step()`` to come (Accelerate's micro steps before the boundary) the step ends here."""
         step = self._open
         if step is not None and step.forward_done and step.fields["mode"] == "train":
+            step.backward_done = True
             self._mark_end(step)
             if self.memory is not None:
                 self.memory.end()
 
     def step_started(self) -> None:
+        if self._open is not None:
+            self._open.backward_done = False  # a step() follows after all: the record ends with it
         if self._open is not None and self.memory is not None:
             self.memory.begin("step")
 
