@@ -52,6 +52,17 @@ def _checked_override(function: str, argument: str, value: Optional[int], lowest
     return int(value)
 
 
+def _ensure_divisibility(numerator: int, denominator: int) -> None:
+    """DeepSpeed's check that ``numerator`` splits evenly, which also names a zero ``denominator``.
+
+    DeepSpeed 0.19.8 divides by it (ZeroDivisionError); its later releases name it, as here.
+    """
+    if denominator == 0:
+        raise InvalidArgumentError(f"_ensure_divisibility: denominator must be non-zero (numerator {numerator})")
+    if numerator % denominator:
+        raise InvalidArgumentError(f"{numerator} is not divisible by {denominator}")
+
+
 def set_tensor_model_parallel_world_size(world_size: Optional[int]) -> None:
     """Set the tensor-model-parallel world size DeepSpeed reports; None goes back to the process group's."""
     _ds_groups.set_tensor_model_parallel_world_size(

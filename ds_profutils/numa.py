@@ -218,7 +218,10 @@ def get_numactl_cmd(bind_core_list: Optional[str], num_local_procs: int, local_r
     if not 0 <= local_rank < num_local_procs:
         raise InvalidArgumentError(f"get_numactl_cmd: local_rank must be within 0..{num_local_procs - 1} "
                                    f"for {num_local_procs} local processes, got {local_rank!r}")
-    check_for_numactl_pkg()
+    if not check_for_numactl_pkg():
+        raise InvalidArgumentError("get_numactl_cmd: numactl is not on PATH, and the command it builds runs it "
+                                   "(each rank would fail to start with 'file not found'): install numactl or "
+                                   "launch without --bind_cores_to_rank")
     if bind_core_list is None:
         cores = list(range(_physical_core_count()))
         source = "physical cores on this machine"

@@ -116,6 +116,14 @@ def test_numactl_cmd_binds_memory_by_mode(monkeypatch):
             assert len(parse_range_list(cmd[-1])) == cores_per_rank
 
 
+def test_numactl_cmd_without_numactl_fails_fast_naming_it(monkeypatch):
+    # DeepSpeed 0.19.8 returns a command whose first word cannot be started: every rank then fails
+    # with "file not found".  Its later releases raise here, as we do.
+    monkeypatch.setattr(numa.shutil, "which", lambda name: None)
+    with pytest.raises(InvalidArgumentError, match="numactl is not on PATH"):
+        get_numactl_cmd("0-3", 2, 0)
+
+
 @pytest.mark.parametrize("text, expected", [
     (NUMACTL_TWO_NODES, TOPOLOGIES["two nodes"]),
     (NUMACTL_FLAT_HBM, TOPOLOGIES["flat hbm"]),
@@ -215,6 +223,9 @@ def test_real_machine_topology_and_command():
     assert flat and len(flat) == len(set(flat)) and all(isinstance(core, int) for core in flat)
     if numa.shutil.which("numactl") is None:
         assert cores == read_sysfs_numa_cores()
+        with pytest.raises(InvalidArgumentError, match="numactl is not on PATH"):
+            get_numactl_cmd(None, 1, 0)
+        return
     cores_per_rank, cmd = get_numactl_cmd(None, 1, 0)
     assert cmd[0] == "numactl" and cmd[-2] == "-C"
     assert parse_range_list(cmd[-1]) == list(range(cores_per_rank))

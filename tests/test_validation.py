@@ -159,3 +159,42 @@ def test_group_setters_validate_and_reach_deepspeed():
 def test_groups_initialize_is_deprecated_like_deepspeed():
     with pytest.raises(ds_profutils.DeprecatedException):
         ds_profutils.initialize(ep_size=2)
+
+
+def test_ensure_divisibility_names_a_zero_denominator_and_keeps_deepspeeds_assert():
+    from ds_profutils.groups import _ensure_divisibility
+    with pytest.raises(InvalidArgumentError, match="denominator must be non-zero"):
+        _ensure_divisibility(8, 0)
+    with pytest.raises(AssertionError, match="6 is not divisible by 4"):
+        _ensure_divisibility(6, 4)
+    _ensure_divisibility(8, 4)
+    _ensure_divisibility(0, 4)
+
+
+class _TensorParallelUnit:
+    """An mpu in one of the three spellings DeepSpeed reads (rank 3 of 8, group "tp")."""
+
+    def __init__(self, spelling: str):
+        for what, value in (("rank", 3), ("world_size", 8), ("group", "tp")):
+            setattr(self, f"get_{spelling}_{what}", lambda value=value: value)
+
+
+@pytest.mark.parametrize("spelling", ["tensor_model_parallel", "slice_parallel", "model_parallel"])
+def test_bwc_reads_every_tensor_parallel_spelling_as_deepspeed_does(spelling):
+    from deepspeed.utils import bwc as ds_bwc
+
+    from ds_profutils import bwc
+    mpu = _TensorParallelUnit(spelling)
+    for what in ("rank", "world_size", "group"):
+        ours = getattr(bwc, f"bwc_tensor_model_parallel_{what}")(mpu)
+        assert ours == getattr(ds_bwc, f"bwc_tensor_model_parallel_{what}")(mpu) == {"rank": 3, "world_size": 8,
+                                                                                   "group": "tp"}[what]
+
+
+@pytest.mark.parametrize("mpu", [None, _TensorParallelUnit("sequence_parallel")], ids=["none", "sequence-parallel"])
+def test_bwc_reads_an_mpu_without_tensor_parallelism_as_not_split(mpu):
+    # Ulysses' unit has sequence-parallel queries only; DeepSpeed 0.19.8 raises AttributeError here.
+    from ds_profutils import bwc
+    assert bwc.bwc_tensor_model_parallel_rank(mpu) == 0
+    assert bwc.bwc_tensor_model_parallel_world_size(mpu) == 1
+    assert bwc.bwc_tensor_model_parallel_group(mpu) is None
