@@ -1,5 +1,6 @@
 """The GPU suite: what only a CUDA device can show (device clocks against CUDA's own events, a stall on a
-side stream, the allocator's history, NCCL).
+side stream, the Nsight capture range against queued device work, NVTX domains on DeepSpeed's CUDA
+accelerator, the allocator's history, NCCL).
 
 Run it on a machine with CUDA, from the repository root, in the test venv built with a CUDA torch:
 ``python -m pytest tests/gpu`` (one GPU runs all but the 2-process NCCL run, which needs two).  Every
