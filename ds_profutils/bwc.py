@@ -26,9 +26,9 @@ def _tensor_parallel_query(mpu: Any, what: str, unsplit: Any) -> Any:
     """``mpu.get_<spelling>_<what>()`` of the first spelling ``mpu`` has; ``unsplit`` without an ``mpu`` or any."""
     if mpu is not None:
         for spelling in _TENSOR_PARALLEL_SPELLINGS:
-            query = getattr(mpu, f"get_{spelling}_{what}", None)
-            if query is not None:
-                return query()
+            name = f"get_{spelling}_{what}"
+            if hasattr(mpu, name):
+                return getattr(mpu, name)()
     return unsplit
 
 

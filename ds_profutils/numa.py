@@ -4,8 +4,10 @@ Same contract as ``deepspeed.utils.numa``: ``get_numactl_cmd`` returns ``(cores_
 binds memory to the NUMA node holding the rank's cores (``-m``), to the paired HBM node in flat
 mode (``-p``), or to a whole fake-NUMA group.  What differs:
 
-* The topology comes from ``numactl --hardware``; on a launcher host without numactl, from sysfs
-  (``/sys/devices/system/node/node*/cpulist``), where DeepSpeed gets none and binds no memory.
+* The topology (``get_numa_cores``) comes from ``numactl --hardware``; on a host without numactl, from
+  sysfs (``/sys/devices/system/node/node*/cpulist``), where DeepSpeed gets none.  ``get_numactl_cmd``
+  itself raises without numactl, as DeepSpeed's releases after 0.19.8 do: 0.19.8 returns a command that
+  every rank then fails to start.
   Where numactl runs but cannot use NUMA ("No NUMA available", as in many containers), no memory
   is bound, as in DeepSpeed: ``-m`` would fail there for the same reason.
   Index i is NUMA node i, as in DeepSpeed, also when node ids have gaps (DeepSpeed then loses or
@@ -13,8 +15,7 @@ mode (``-p``), or to a whole fake-NUMA group.  What differs:
   nodes exist, so that only a real node without cores counts as memory-only (HBM).
 * Impossible input fails with ``InvalidArgumentError`` saying what is wrong: bad syntax, reversed
   ranges, cores listed twice or out of order, fewer cores than ranks, a local rank out of range.
-  Core ids are not checked against this machine: DeepSpeed's MPI runner builds commands for remote
-  nodes on the launcher's host.
+  Core ids are not checked against this machine: a launcher may build commands for other nodes.
 * ``check_for_numactl_pkg`` looks for the ``numactl`` executable on PATH (what the command needs)
   instead of querying dpkg/rpm/pacman, and warns through the logger.
 """

@@ -31,8 +31,10 @@ def cycle_steps(output_dir: Path, rank: int = 0) -> List[List[int]]:
 
 
 def profiler_steps(trace: Dict[str, Any]) -> List[int]:
-    """The N of every ``ProfilerStep#N`` range in a Chrome trace, sorted."""
+    """The N of every host ``ProfilerStep#N`` range in a Chrome trace, sorted (with CUDA activity, kineto also
+    draws each step on the device timeline as a ``gpu_user_annotation``: not counted)."""
     prefix = "ProfilerStep#"
-    return sorted(int(e["name"][len(prefix):]) for e in trace["traceEvents"] if e.get("name", "").startswith(prefix))
+    return sorted(int(e["name"][len(prefix):]) for e in trace["traceEvents"]
+                  if e.get("name", "").startswith(prefix) and e.get("cat") != "gpu_user_annotation")
 
 
