@@ -1,7 +1,9 @@
 """Memory in the fetch records (per phase, from the accelerator's peak statistics) and the allocator-history
 snapshot written where memory runs out, on the stand-in engine of test_zero_attach."""
 import pickle
+import types
 
+import psutil
 import pytest
 from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
@@ -84,6 +86,25 @@ def test_on_deepspeeds_cpu_accelerator_the_figures_are_the_process_rss(tmp_path)
         engine.train_step()
     (record, ) = read_records(tmp_path)
     assert record["memory"]["source"] == "rss" and record["memory"]["peak_allocated_bytes"] > 10 * 2**20
+
+
+def test_on_cpu_rss_is_read_once_per_phase_boundary_and_deepspeeds_peaks_are_left_alone(tmp_path, monkeypatch):
+    """DeepSpeed's CPU accelerator reads RSS afresh for its reset and each of its two peaks (nine reads a
+    step); the same figures come from one read per boundary, a phase's peak the larger of its ends."""
+    mib = 2**20
+    accelerator = CPU_Accelerator()
+    accelerator.max_mem = 7  # another reader's peak: not reset by the records
+    reads = iter([100 * mib, 300 * mib, 200 * mib, 150 * mib, 250 * mib])
+    monkeypatch.setattr(psutil.Process, "memory_info", lambda self: types.SimpleNamespace(rss=next(reads)))
+    engine = Engine()
+    with recorder_for(engine, tmp_path, memory=StepMemory(accelerator)):
+        engine.train_step()
+    (record, ) = read_records(tmp_path)
+    # Reads: forward begins (100), forward ends = backward begins (300), backward returns (200), the
+    # optimizer step begins (150) and ends (250).
+    assert record["memory"] == {"source": "rss", "peak_allocated_bytes": 300 * mib, "peak_reserved_bytes": 300 * mib,
+                                "phases": {"forward": 300 * mib, "backward": 300 * mib, "step": 250 * mib}}
+    assert next(reads, None) is None and accelerator.max_mem == 7
 
 
 def test_steps_left_out_by_log_interval_do_not_touch_the_allocator(tmp_path):

@@ -173,12 +173,14 @@ class ZeroFetchRecorder(Listener):
             return
         self._mark_end(step)
         step.forward_done = True
-        if self.memory is not None:
-            self.memory.end()
-        if step.fields["mode"] == "eval":  # no step() follows: what comes next is another engine's or the loop's
+        evaluating = step.fields["mode"] == "eval"
+        if evaluating:  # no step() follows: what comes next is another engine's or the loop's
             self.profiler.recording = False
-        elif self.memory is not None:
-            self.memory.begin("backward")
+        if self.memory is not None:
+            if evaluating:
+                self.memory.end()
+            else:
+                self.memory.begin("backward")  # which ends the forward's phase
 
     def backward_ended(self) -> None:
         """Without a ``step()`` to come (Accelerate's micro steps before the boundary) the step ends here."""
