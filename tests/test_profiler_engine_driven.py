@@ -132,14 +132,18 @@ def test_a_decorated_call_in_another_thread_runs_beside_the_engines(tmp_path):
     attachment = ds_profutils.attach(engine, config=engine.config)
     engine.train(2)
 
+    ran = []
+
     @profiler(output_dir=str(tmp_path / "thread"), skip_first=0, wait=0, warmup=0, active=2)
     def elsewhere():
         step_profiler()
         step_profiler()
+        ran.append(True)
 
     thread = threading.Thread(target=elsewhere)
     thread.start()
     thread.join()
+    assert ran == [True]  # the call ran to its end (unprofiled), and took nothing from the engine's run
     engine.train(4)
     attachment.close()
     assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [2, 3, 4, 5]

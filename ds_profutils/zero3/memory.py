@@ -10,7 +10,7 @@ DeepSpeed's CPU accelerator answers with the process's resident set size, sample
 the figures are RSS at the phase boundaries, and the records say ``"source": "rss"``.  There the RSS
 is read here, once per boundary, and a phase's peak is the larger of its two ends: the figures
 DeepSpeed's CPU accelerator would give, for one read of ``/proc`` instead of three (its reset and two
-peaks each read RSS afresh, about 30 us apiece), and its peak statistics are left alone.
+peaks each read RSS afresh through a new ``psutil.Process``), and its peak statistics are left alone.
 
 The peak statistics are the accelerator's, shared with whoever else reads them: while memory figures
 are on, ``max_memory_allocated()`` read by other code gives the peak since the last phase boundary
