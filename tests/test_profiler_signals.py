@@ -673,3 +673,38 @@ def test_a_signal_the_programs_later_handler_takes_starts_no_deadline(tmp_path):
                          text=True, timeout=120)
     assert job.returncode == 0, job.stdout + job.stderr
     assert "graceful" in job.stdout and "ended normally" in job.stdout
+
+
+def test_a_signal_arriving_while_the_programs_handlers_are_given_back_is_delivered_once(tmp_path, handlers,
+                                                                                         monkeypatch):
+    """The race of the give-back: a signal that comes while the profiler puts the program's handlers back finds
+    the profiler's handler still installed and is held; it reaches the program's handler in that same
+    ``step_profiler()``, exactly once (not lost, not left for a later boundary, not twice)."""
+    steps_begun, received, raised_at = [], [], []
+
+    def own(signum, frame):
+        received.append(len(steps_begun))
+
+    previous = signal.signal(signal.SIGUSR1, own)
+    real_signal = signal.signal
+
+    def signal_raising_first(signum, handler):
+        if signum == signal.SIGUSR1 and handler is own and not raised_at:  # the first give-back of the handler
+            raised_at.append(len(steps_begun))
+            signal.raise_signal(signal.SIGUSR1)  # Python runs the installed (profiler's) handler before returning
+        return real_signal(signum, handler)
+
+    def train():
+        for _ in range(8):
+            steps_begun.append(True)
+            step_profiler()
+
+    monkeypatch.setattr(signal, "signal", signal_raising_first)
+    try:
+        profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
+        assert raised_at == [2]  # the step_profiler() that ended step 1 prepares the window's warmup
+        assert received == raised_at
+        assert signal.getsignal(signal.SIGUSR1) is own
+    finally:
+        monkeypatch.undo()
+        real_signal(signal.SIGUSR1, previous)

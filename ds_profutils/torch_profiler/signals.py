@@ -1,40 +1,57 @@
-"""Signals while a window holds unsaved steps, and while the profiler does its own work.
+"""Signals while a window holds unsaved steps, and while the profiler does its own work: the one owner
+of the signal state machine (drawn in docs/profiler.md, "How a signal goes through the profiler").
 
 DeepSpeed's launcher stops a rank with SIGTERM to its whole process tree (DataLoader workers too)
 and sends SIGKILL 30 s later; a user stops a job with Ctrl-C (SIGINT).  Python's default SIGTERM
 action ends the process on the spot and the steps being recorded would be lost.  So while a window
-holds unsaved steps, :class:`SignalGuard`'s handler is on SIGTERM and SIGINT, and:
+holds unsaved steps (*armed*), :class:`SignalGuard`'s handler is on SIGTERM and SIGINT, and one with
+its usual meaning (SIGTERM's default action, Python's KeyboardInterrupt handler) is *noted* (``stop``:
+the step goes on) or, while the profiler works, *held* (``_pending`` while ``holding``, then noted at
+:meth:`release`); the next ``step_profiler()`` writes the window (the ``INTERRUPTED`` transition of
+:mod:`.run`), then :meth:`release` *delivers* it: SIGTERM with its default action (the process ends
+"killed by SIGTERM"), SIGINT as KeyboardInterrupt out of ``step_profiler()``.  Where no boundary comes
+in :data:`~.watchdog.GRACE_S`, the handler raises SystemExit(143)/KeyboardInterrupt where the main
+thread is (*unwinding*, ``_raised``), the window is written where the profiled block ends, then
+delivered.  From *noted* or *held*, the watchdog (:mod:`.watchdog`, owned by this module: it knows
+the guard only as a :class:`~.watchdog.Watched`) ends the process :data:`~.watchdog.DEADLINE_S` after the first
+SIGTERM/SIGINT, or at the third SIGINT, even with the main thread stuck.  A handler the program
+installed itself is called at once instead (graceful preemption); an ignored signal stays ignored; a
+handler installed outside Python is left alone (one warning).  The program's own cleanup (``finally``
+blocks, checkpoint saves, barriers) runs after the window is on disk.
 
-* a SIGTERM or SIGINT with its usual meaning (SIGTERM's default action, Python's KeyboardInterrupt
-  handler) is *noted*: the step goes on, and the next ``step_profiler()`` writes the window (the step
-  that just ended is its last) before anything else runs, then delivers the signal: SIGTERM with its
-  default action (the process ends "killed by SIGTERM", as launchers expect), SIGINT as
-  KeyboardInterrupt raised from ``step_profiler()``.  The program's own cleanup (``finally`` blocks,
-  checkpoint saves, barriers) runs after the window is on disk;
-* if no ``step_profiler()`` comes within :data:`~.watchdog.GRACE_S` (a long step, a hung
-  collective), the main thread is made to unwind as Python would have: SystemExit(143) or
-  KeyboardInterrupt is raised where it is, and the window is written where the profiled block ends
-  (a SIGTERM is then raised again with its default action, if that SystemExit got there);
-* a handler the program installed itself is called at once instead (graceful preemption); an
-  ignored signal stays ignored; a handler installed outside Python is left alone (one warning).
-
-While the profiler does its own work (every transition of the run: starting torch, each active
-step's range, writing a cycle), every signal that has a Python handler -- SIGCHLD of torch's
-DataLoader, a program's SIGUSR1 or SIGALRM, SIGTERM and SIGINT -- is held and delivered when the work
+While the profiler does its own work, every signal that has a Python handler -- SIGCHLD of torch's
+DataLoader, a program's SIGUSR1 or SIGALRM, SIGTERM and SIGINT -- is *held* and delivered when the work
 is done, as Python delivers signals: the handlers run in signal-number order and what they raise
 comes out of ``step_profiler()``.  So no program handler runs inside the profiler, where what it
 raised would be taken for a profiler failure.  From a noted SIGTERM/SIGINT until the window is
 written, the other handlers are held too (a DataLoader worker killed by the launcher with the rank
 must not raise into the step before the window is on disk).
 
-Every hold has a deadline kept outside the main thread (:mod:`.watchdog`): :data:`~.watchdog.DEADLINE_S`
-after the first held SIGTERM/SIGINT, or at the third SIGINT, the process ends with a line saying why,
-even if the main thread is stuck.  A program that catches the SystemExit or KeyboardInterrupt and goes
-on leaves nothing armed: the next ``step_profiler()`` (or the end of the profiled block) clears it.
+The CPython mechanisms, each kept because it is the plainest one that meets a guarantee:
 
-Handlers are installed only on the main thread (Python allows no other), put back only where this
-guard's is still the one installed, and a process forked meanwhile (a DataLoader worker) gets the
-program's handlers back at once.  No path here takes a lock.
+* *an empty Python call* (:func:`_run_tripped_handlers`) is where delivered handlers run: CPython runs
+  tripped handlers when a call begins, so what they raise comes out at a known point of
+  :meth:`release`, inside ``step_profiler()``, after the guard's state is settled;
+* ``_thread.interrupt_main(signum)`` delivers a held signal: it trips the signal exactly as its
+  arrival does and runs no handler, so all held signals are tripped first and then run in Python's
+  order, the others still running at the next check where one raises (``signal.raise_signal`` would
+  run each handler at once, and a raising one would stop the rest; calling handlers ourselves would
+  copy Python's ordering and frames badly).  SIG_DFL has no Python handler to trip: it is raised;
+* *a registry of code objects* (:func:`ends_a_run`): the interpreter itself calls a profiled block's
+  ``__exit__``, and a pending signal may be handled at its first instruction, before it can begin
+  holding; the handler's ``frame`` tells it so, which no flag set beforehand can;
+* the traceback scan of ``zero3.hooks.raised_by_signal_handler`` tells an exception a program's
+  handler raised while a listener ran from the listener's own (the handler is the program's, so
+  nothing of ours marks its exceptions); delivered signals keep that true, as they run the program's
+  handlers, installed again, in Python's frames.
+
+Giving the handlers back never loses a signal: ``holding`` stays set until they are back, so one that
+arrives meanwhile is only pended, and the pending ones are taken after the give-back until none is left.
+A program that catches the SystemExit or KeyboardInterrupt and goes on leaves nothing armed: the next
+``step_profiler()`` (or the end of the profiled block) clears it.  Handlers are installed only on the
+main thread (Python allows no other), put back only where this guard's is still the one installed, and
+a process forked meanwhile (a DataLoader worker) gets the program's handlers back at once.  No path
+here takes a lock.
 """
 from __future__ import annotations
 
@@ -197,19 +214,18 @@ class SignalGuard:
         noted signal is delivered too; ``passing`` is the exception leaving the profiled block, and if
         it is the SystemExit this guard raised for a SIGTERM, SIGTERM is raised again with its default
         action.
+
+        The order closes a race: ``holding`` stays set while the program's handlers are given back, so a
+        signal arriving meanwhile (it still finds this guard's handler) is only added to the pending
+        ones, and those are taken after the give-back, again until none is left.  A signal arriving later
+        finds the program's handler itself.
         """
-        self.holding = False
-        due, self._pending = self._pending, []
+        due: List[int] = []
         if recording:
-            for signum in [s for s in due if s in self._window and self._stops(s)]:
-                if self.stop is None:
-                    due.remove(signum)
-                    self.stop = signum
-            if self._stopping():  # nothing is delivered before the next boundary has written the window
-                self._pending, due = due, []
+            self._note_pending_stop()  # before the give-back: a noted stop keeps the other handlers held
         else:
             if self.stop is not None:
-                due.insert(0, self.stop)
+                due.append(self.stop)
                 self.stop = None
             if passing is not None and self._raised is not None and passing is self._raised[0] \
                     and self._raised[1] == signal.SIGTERM:
@@ -219,8 +235,33 @@ class SignalGuard:
             self._give_back(self._aside)
         if not recording:
             self._disarm()
-        self._resolve_if_free()
-        self._deliver(list(dict.fromkeys(due)))
+        self.holding = False
+        while True:
+            due += self._take_pending(recording)
+            self._resolve_if_free()
+            if not due:
+                return
+            self._deliver(list(dict.fromkeys(due)))
+            due = []
+
+    def _note_pending_stop(self) -> None:
+        """A held SIGTERM/SIGINT with its usual meaning becomes the noted stop (the next boundary acts on it)."""
+        if self.stop is None:
+            for signum in self._pending:
+                if signum in self._window and self._stops(signum):
+                    self._pending.remove(signum)
+                    self.stop = signum
+                    return
+
+    def _take_pending(self, recording: bool) -> List[int]:
+        """The held signals to deliver now; none while a window still holds a noted stop (they wait for it)."""
+        if recording:
+            self._note_pending_stop()
+            if self._stopping():
+                self._set_aside_python_handlers()  # a stop noted only now: nothing else may raise into the step
+                return []
+        due, self._pending = self._pending, []
+        return due
 
     # ---- the handler ---------------------------------------------------------------------------
 

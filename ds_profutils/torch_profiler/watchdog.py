@@ -4,8 +4,9 @@ CPython runs Python signal handlers on the main thread only, between bytecodes. 
 in a call that does not return (torch.profiler's stop synchronizes the device; a collective waits for
 a dead peer) runs none, so a profiler that holds SIGTERM and SIGINT while it writes could hold them
 for ever.  But CPython's C-level handler, run in whatever thread the kernel chose, also writes the
-signal's number to the wakeup fd (``signal.set_wakeup_fd``).  While a :class:`~.signals.SignalGuard`
-has its handler installed, that fd is a pipe that this module's thread reads, and the thread:
+signal's number to the wakeup fd (``signal.set_wakeup_fd``).  While the signal guard (:mod:`.signals`,
+which owns this watchdog) has its handler installed, that fd is a pipe that this module's thread
+reads, and the thread:
 
 * starts a clock at the first SIGTERM/SIGINT the guard's handler receives, and at :data:`DEADLINE_S`
   ends the process with ``os._exit(128 + signum)`` after one line on stderr saying why;
@@ -32,12 +33,9 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import Dict, Optional, Protocol
 
-if TYPE_CHECKING:
-    from .signals import SignalGuard
-
-__all__ = ["DEADLINE_S", "GRACE_S", "WATCHDOG", "Watchdog"]
+__all__ = ["DEADLINE_S", "GRACE_S", "WATCHDOG", "Watched", "Watchdog"]
 
 DEADLINE_S = 25.0
 """Seconds from the first held SIGTERM/SIGINT to the end of the process: DeepSpeed's launcher, SLURM and
@@ -51,6 +49,25 @@ _RESOLVED = 0  # the byte the main thread writes: every signal before it is deal
 _STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
 _FLUSH_WAIT_S = 1.0
 _POLL_S = 0.25  # while the clock runs: the guard's state (waiting for a boundary or not) changes without a byte
+
+
+class Watched(Protocol):
+    """What the watchdog asks of the holder of the signals it watches (:class:`~.signals.SignalGuard`, which
+    owns the state machine and this watchdog: the watchdog only keeps time and acts when it runs out)."""
+
+    label: str  # who this is, for the last line
+
+    def handles(self, signum: int) -> bool:
+        """Whether the holder's handler is the one installed for ``signum`` (else the signal is not held)."""
+
+    def waiting_for_boundary(self) -> bool:
+        """A noted SIGTERM/SIGINT waits for the next step boundary."""
+
+    def request_unwind(self) -> Optional[int]:
+        """Give up waiting for the boundary: the signal to send again, for the handler to raise; None if none."""
+
+    def doing(self) -> str:
+        """What keeps the signal held, for the last line."""
 
 
 def _flush_standard_streams() -> None:
@@ -76,7 +93,7 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
         self._chained = -1  # the program's wakeup fd while ours is installed
         self._installed = False
-        self.guard: Optional["SignalGuard"] = None
+        self.guard: Optional[Watched] = None
         # Kept by the watchdog thread only:
         self._first_at: Optional[float] = None
         self._signum = 0
@@ -86,7 +103,7 @@ class Watchdog:
 
     # ---- called by the main thread -------------------------------------------------------------
 
-    def install(self, guard: "SignalGuard") -> None:
+    def install(self, guard: Watched) -> None:
         """Watch ``guard``; route the wakeup bytes to this watchdog (keeping the program's fd chained)."""
         self.guard = guard
         if self._installed:
@@ -102,7 +119,7 @@ class Watchdog:
             self._thread = threading.Thread(target=self._loop, name="ds_profutils-signal-watchdog", daemon=True)
             self._thread.start()
 
-    def uninstall(self, guard: "SignalGuard") -> None:
+    def uninstall(self, guard: Watched) -> None:
         """Stop watching ``guard`` and give the program its wakeup fd back; the clock stops."""
         if self.guard is guard:
             self.guard = None
