@@ -13,6 +13,8 @@ import pytest
 from deepspeed.utils.logging import logger as ds_logger
 
 import ds_profutils._stats as stats
+import ds_profutils._timers.host as host_timer
+import ds_profutils._timers.throughput as throughput_timer
 import ds_profutils.timer as timer
 from ds_profutils.exceptions import InvalidArgumentError
 from ds_profutils.timer import NoopTimer, SynchronizedWallClockTimer, ThroughputTimer, trim_mean
@@ -31,7 +33,7 @@ class ScriptedClock:
         self.theirs = iter(stamps)
 
     def install(self, monkeypatch):
-        monkeypatch.setattr(timer, "_clock_ns", lambda: next(self.ours))
+        monkeypatch.setattr(host_timer, "_clock_ns", lambda: next(self.ours))
         monkeypatch.setattr(ds_timer, "time", types.SimpleNamespace(time=lambda: next(self.theirs) / 1e9))
 
 
@@ -317,7 +319,7 @@ def assert_reads_as(ours, theirs, step):
 
 
 def test_timer_attributes_read_as_deepspeeds_through_a_run(monkeypatch):
-    monkeypatch.setattr(timer, "_EPOCH_OFFSET_NS", 0)  # our stamps then read as DeepSpeed's time.time() values
+    monkeypatch.setattr(host_timer, "_EPOCH_OFFSET_NS", 0)  # our stamps then read as DeepSpeed's time.time() values
     ours, theirs = both_timers(monkeypatch, [1_000_000 * (i + 1) for i in range(12)])
     script = ["start", "stop", "start", "stop", "read", "start", "read", "abandon", "start", "stop", "mean",
               "start", "reset", "start", "stop", "elapsed"]
@@ -336,8 +338,8 @@ def test_timer_attributes_read_as_deepspeeds_through_a_run(monkeypatch):
 
 def test_assigning_started_starts_or_abandons_an_interval(monkeypatch):
     stamps = iter([1_000_000_000, 2_000_000_000, 2_007_000_000])  # abandoned start; start, stop 7 ms later
-    monkeypatch.setattr(timer, "_clock_ns", lambda: next(stamps))
-    monkeypatch.setattr(timer, "_EPOCH_OFFSET_NS", 0)
+    monkeypatch.setattr(host_timer, "_clock_ns", lambda: next(stamps))
+    monkeypatch.setattr(host_timer, "_EPOCH_OFFSET_NS", 0)
     t = SynchronizedWallClockTimer()("fwd")
     t.started_ = True  # starts now (DeepSpeed's would time from a stale start_time)
     assert t.started_ and t.start_time == 1.0
@@ -466,7 +468,8 @@ class FakeAccelerator:
 @pytest.fixture
 def device(monkeypatch):
     accelerator = FakeAccelerator()
-    monkeypatch.setattr(timer, "get_accelerator", lambda: accelerator)
+    for module in (timer, throughput_timer):  # the group makes the timers; the throughput timer synchronizes
+        monkeypatch.setattr(module, "get_accelerator", lambda: accelerator)
     return accelerator
 
 
@@ -580,7 +583,7 @@ def test_throughput_timer_before_any_timed_step_and_when_disabled(monkeypatch):
 
 
 def test_throughput_timer_times_and_flags_read_as_deepspeeds(monkeypatch):
-    monkeypatch.setattr(timer, "_EPOCH_OFFSET_NS", 0)
+    monkeypatch.setattr(host_timer, "_EPOCH_OFFSET_NS", 0)
     (ours, _), (theirs, _) = throughput_pair(monkeypatch, 3, steps_per_output=2, start_step=1)
     fields = ("start_time", "end_time", "initialized", "started", "total_elapsed_time")
     assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields] == [0, 0, False, False, 0]
