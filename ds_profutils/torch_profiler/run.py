@@ -12,7 +12,8 @@ anything else is a bug that raises.  Signals are held while a transition runs (:
 no handler runs half-way through one; a SIGTERM/SIGINT noted while a window records turns the next
 boundary into ``INTERRUPTED``: the window is written, then the signal is delivered.  A failure inside a
 transition (torch cannot start) is logged and ends profiling for the run; it never reaches the
-training loop.  Writing is :mod:`.writer`'s.
+training loop.  What records a window (torch.profiler, Nsight, the step ranges) is
+:mod:`.recording`'s, writing it :mod:`.writer`'s.
 
 The run needs no frame of its own on the stack: ``begin()``, ``catch_up()`` at each step boundary and
 ``end()`` are plain calls (the decorator makes them through :mod:`.calls`).
@@ -22,7 +23,6 @@ windows, a counter and one compare.
 """
 from __future__ import annotations
 
-import contextlib
 import enum
 import threading
 import json
@@ -30,14 +30,10 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import torch
-from torch.autograd.profiler import record_function
-
 from ..config import ConfigError, ConfigProblem, ProfilerConfig
 from ..logging import logger
-from ..nvtx import set_torch_profiler_recording
-from ..outputs import STEP_RANGE_PREFIX, cycle_trace_file, probe_writable, process_identity
-from .nsight import NsightCapture, nsys_command
+from ..outputs import cycle_trace_file, probe_writable, process_identity
+from .recording import WindowRecording
 from .schedule import ProfilerSchedule, Window
 from .signals import SignalGuard, ends_a_run
 from .writer import RunWriter, show_comms_summary
@@ -98,9 +94,7 @@ class ProfilerRun:
         self._state = _State.COUNTING
         self._window: Optional[Window] = self.schedule.window(0)
         self._next_event: Optional[_Event] = None
-        self._torch: Optional[torch.profiler.profile] = None
-        self._step_range: Optional[record_function] = None
-        self._nsight: Optional[NsightCapture] = None
+        self._recording = WindowRecording(settings)  # torch.profiler, Nsight and the step ranges
         self._writer: Optional[RunWriter] = None
         # Engines are held weakly: the process's active run must not keep an engine dropped without
         # close() alive (an attached engine's run is then ended by the next one to start, or at exit).
@@ -124,10 +118,7 @@ class ProfilerRun:
                 ConfigProblem("profiler.output_dir", f"{output_dir!r} cannot be written ({exc.strerror or exc}); "
                               f"expected a directory this process can create and write")
             ]) from None
-        if self.settings.nsight_enabled:
-            self._nsight = NsightCapture.for_accelerator()
-            if self._nsight is not None and process_identity().rank == 0:
-                print(self._nsight_note(), flush=True)
+        self._recording.begin(process_identity().rank)
         self.owner = threading.get_ident()
         self._plan_next()
 
@@ -237,9 +228,7 @@ class ProfilerRun:
 
     def _abandon(self) -> None:
         """After a failed transition: stop what still runs, keep what was saved, count no more."""
-        for stop in (self._close_step, self._stop_capture, self._stop_torch):
-            with contextlib.suppress(Exception):
-                stop()
+        self._recording.abandon()
         self._state = _State.DONE
         try:
             self._finalize()
@@ -253,35 +242,22 @@ class ProfilerRun:
             identity = process_identity()
             self._writer = RunWriter.of(self.settings, identity, self._global_step())
             self.signals.label = f"rank {identity.rank} (pid {identity.pid})"
-        self._torch = torch.profiler.profile(activities=self._activities(),
-                                             record_shapes=self.settings.record_shapes,
-                                             profile_memory=self.settings.profile_memory,
-                                             with_stack=self.settings.with_stack,
-                                             with_flops=self.settings.with_flops,
-                                             with_modules=self.settings.with_modules)
-        self._torch.prepare_trace()
+        self._recording.prepare()
 
     def _start_recording(self) -> None:
         self._recorded = True
-        self._torch.start_trace()
-        identity = self._writer.identity
-        if identity.source != "torch.distributed":  # torch records distributedInfo only from torch.distributed
-            self._torch.add_metadata_json("distributedInfo",
-                                          json.dumps({"rank": identity.rank, "world_size": identity.world_size}))
-        set_torch_profiler_recording(True)
-        if self._nsight is not None:
-            self._nsight.start()
+        self._recording.start(self._writer.identity)
         self.signals.arm()  # from now on the window holds unsaved steps
         self._open_step()
 
     def _next_step(self) -> None:
-        self._close_step()
+        self._recording.close_step()
         self._open_step()
 
     def _save_window(self) -> None:
         """Stop recording and write the cycle (the last step cut where it stopped, or renamed as the tail)."""
-        self._close_step()
-        self._stop_capture()
+        self._recording.close_step()
+        self._recording.stop_capture()
         window, self._window = self._window, self.schedule.window(self._window.cycle + 1)
         opened, self._opened = self._opened, []
         renames = {}
@@ -293,11 +269,11 @@ class ProfilerRun:
         entry = {"cycle": window.cycle, "steps": steps, "trace": str(path)}
         metadata = self._metadata()
         try:
-            self._torch.add_metadata_json("ds_profutils", json.dumps({**metadata, "cycles": [entry]}))
+            self._recording.add_metadata("ds_profutils", json.dumps({**metadata, "cycles": [entry]}))
         except Exception as exc:  # the cycle is still worth writing without it
             logger.error("profiler: the ds_profutils metadata of %s was not added (%s)", path, exc)
         self.signals.activity = f"after step {self.step}: stopping torch.profiler (it synchronizes the device)"
-        profile = self._stop_torch()
+        profile = self._recording.stop()
         self.signals.activity = f"after step {self.step}: writing {path} and the run trace"
         interrupted = self.signals.interrupted or (self._ended and not self._returned)
         if interrupted:
@@ -306,9 +282,7 @@ class ProfilerRun:
         writer.save_cycle(profile, path, entry, renames, interrupted, metadata)
 
     def _discard_warmup(self) -> None:
-        profile, self._torch = self._torch, None
-        profile.start_trace()  # torch's own way out of a prepared, never-started profiler
-        profile.stop_trace()
+        self._recording.discard_warmup()
 
     def _finalize(self) -> None:
         self._on_done(self)
@@ -355,21 +329,6 @@ class ProfilerRun:
         engine = None if self._names_engine is None else self._names_engine()
         return None if engine is None else engine.global_steps
 
-    def _activities(self) -> List[torch.profiler.ProfilerActivity]:
-        if self._nsight is not None and self._nsight.nsys_attached:  # CUPTI serves one client: nsys here
-            return [torch.profiler.ProfilerActivity.CPU]
-        return sorted(torch.profiler.supported_activities(), key=lambda activity: activity.value)
-
-    def _nsight_note(self) -> str:
-        command = nsys_command(self.settings.nsight_output)
-        if self._nsight.nsys_attached:
-            return ("ds_profutils profiler: Nsight capture ranges bracket each active window (the device is synchronized "
-                    "at each end); nsys is attached, so the torch trace holds CPU activity only (CUPTI serves one "
-                    "client)")
-        return ("ds_profutils profiler: Nsight capture ranges bracket each active window (the device is synchronized at "
-                f"each end); nsys is not attached, so the torch trace keeps CUDA activity; to capture, run: {command} "
-                "<your launch command>")
-
     def _metadata(self) -> Dict[str, Any]:
         identity = self._writer.identity
         return {"host": identity.host, "rank": identity.rank, "world_size": identity.world_size, "pid": identity.pid,
@@ -379,28 +338,4 @@ class ProfilerRun:
     def _open_step(self) -> None:
         number = self._global_step()
         number = self.step if number is None else number
-        name = f"{STEP_RANGE_PREFIX}{number}"
-        self._opened.append((name, number))
-        self._step_range = record_function(name)
-        self._step_range.__enter__()
-        if self._nsight is not None:
-            self._nsight.push_step(number)
-
-    def _close_step(self) -> None:
-        step_range, self._step_range = self._step_range, None
-        if step_range is None:
-            return
-        if self._nsight is not None:
-            self._nsight.pop_step()
-        step_range.__exit__(None, None, None)
-
-    def _stop_capture(self) -> None:
-        if self._nsight is not None:
-            self._nsight.stop()
-
-    def _stop_torch(self) -> Optional[torch.profiler.profile]:
-        set_torch_profiler_recording(False)
-        profile, self._torch = self._torch, None
-        if profile is not None:
-            profile.stop_trace()
-        return profile
+        self._opened.append((self._recording.open_step(number), number))
