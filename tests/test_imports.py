@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import setuptools
 
-OUR_ADDITIONS = ("ds_profutils.torch_profiler", "ds_profutils.zero3", "ds_profutils.report", "ds_profutils.config")
+OUR_ADDITIONS = ("ds_profutils.torch_profiler", "ds_profutils.engine", "ds_profutils.zero3", "ds_profutils.report", "ds_profutils.config")
 FRAMEWORKS = ("transformers", "accelerate", "lightning", "pytorch_lightning")
 
 
@@ -42,7 +42,7 @@ def test_a_mirror_name_loads_its_module_and_not_our_additions():
 def test_the_profiler_loads_only_its_own_subpackage_and_what_it_builds_on():
     loaded = loaded_after("from ds_profutils import profiler")
     assert loaded["ds_profutils.torch_profiler"] and loaded["ds_profutils.config"]
-    assert not loaded["ds_profutils.zero3"] and not loaded["ds_profutils.report"]
+    assert not loaded["ds_profutils.zero3"] and not loaded["ds_profutils.engine"] and not loaded["ds_profutils.report"]
 
 
 @pytest.mark.parametrize("statement", ["import ds_profutils", "from ds_profutils import attach",

@@ -10,7 +10,7 @@ import torch
 
 import ds_profutils
 from ds_profutils.integrations import AttachTargetError
-from ds_profutils.zero3 import AttachError
+from ds_profutils.engine import AttachError
 from test_zero_attach import Engine, fetch_config
 
 ACCEPTED = ("a DeepSpeed engine", "a transformers.Trainer, before trainer.train() (transformers >=5.0,<6)",

@@ -19,9 +19,9 @@ from ds_profutils.config import PartitionedParamProfilerConfig
 from ds_profutils.exceptions import InvalidArgumentError
 from ds_profutils.outputs import ProcessIdentity
 from ds_profutils.report import build_report
-from ds_profutils.zero3 import AttachError, Attachment, ZeroFetchRecorder
-from ds_profutils.zero3.attaching import ATTACHMENT_ATTR
-from ds_profutils.zero3.recorder import RECORDER_ATTR
+from ds_profutils.engine import AttachError, Attachment, StepRecorder
+from ds_profutils.engine.attaching import ATTACHMENT_ATTR
+from ds_profutils.engine.recorder import RECORDER_ATTR
 from launcher import DIST_SCRIPTS, run_deepspeed
 from report_testing import read_records_file
 
@@ -122,7 +122,7 @@ def recorder_for(engine, tmp_path, name="main", device_events=None, memory=None,
     """What ``attach`` builds on a ZeRO-3 engine, on the stand-in engine: an Attachment with a recorder."""
     settings = PartitionedParamProfilerConfig(enabled=True, output_dir=str(tmp_path), **settings)
     attachment = Attachment(engine, name, None)
-    recorder = ZeroFetchRecorder(engine, engine.coordinator, settings,
+    recorder = StepRecorder(engine, engine.coordinator, settings,
                                  name=name,
                                  identity=IDENTITY,
                                  dtype=torch.float16,
@@ -265,7 +265,7 @@ def test_log_interval_skips_steps_with_the_profiler_not_recording(tmp_path):
 
 def test_a_failing_write_is_logged_not_raised_into_training(tmp_path, monkeypatch):
     warnings = []
-    monkeypatch.setattr(ds_profutils.zero3.recorder, "warning_once", warnings.append)
+    monkeypatch.setattr(ds_profutils.engine.recorder, "warning_once", warnings.append)
     engine = Engine()
     with recorder_for(engine, tmp_path) as attached:
         recorder = attached.recorder
@@ -330,7 +330,7 @@ def test_a_recorder_does_not_keep_a_dropped_engine_alive(tmp_path):
 def test_collective_timing_is_removed_with_the_last_recorder_closed_or_collected(tmp_path, monkeypatch):
     import gc
 
-    from ds_profutils.zero3 import collectives
+    from ds_profutils.engine import collectives
 
     original = lambda *args, **kwargs: None  # noqa: E731
     backend = types.SimpleNamespace(all_reduce=original)
@@ -575,7 +575,7 @@ def test_real_engine_report_of_a_rank_subset(zero3_run):
 @pytest.fixture
 def fresh_names(monkeypatch):
     """A process that has attached no engine yet."""
-    from ds_profutils.zero3 import attaching as attach_module
+    from ds_profutils.engine import attaching as attach_module
 
     monkeypatch.setattr(attach_module, "_attached_names", {})
     monkeypatch.setattr(attach_module, "_unnamed_attached", 0)

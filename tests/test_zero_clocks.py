@@ -13,8 +13,8 @@ import torch
 from deepspeed.accelerator import set_accelerator
 
 import deepspeed.accelerator.real_accelerator as installed
-from ds_profutils.zero3 import collectives, recorder as recorder_module
-from ds_profutils.zero3.device_clock import DeviceEvents
+from ds_profutils.engine import collectives, recorder as recorder_module
+from ds_profutils._device_clock import DeviceEvents
 from stream_clock import StandInStream, StreamClockAccelerator, simulate_collectives
 from test_zero_attach import Engine, read_records, recorder_for
 
@@ -408,9 +408,9 @@ _KILLED_WHILE_DEVICE_TIMES_ARE_PENDING = """
 import os, signal, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
-import ds_profutils.zero3.recorder as recorder_module
+import ds_profutils.engine.recorder as recorder_module
 from ds_profutils import profiler, step_profiler
-from ds_profutils.zero3.device_clock import DeviceEvents
+from ds_profutils._device_clock import DeviceEvents
 from test_zero_attach import Engine, recorder_for
 from test_zero_clocks import FakeDevice
 

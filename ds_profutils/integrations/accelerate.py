@@ -16,8 +16,8 @@ __all__ = ["attach_accelerator"]
 
 
 def attach_accelerator(accelerator: Any, name: Optional[str] = None, *, config: Any = None, **options: Any) -> Any:
-    """``zero3.attach`` on the engine ``accelerator.prepare`` built; its ``Attachment``, or None."""
-    from ..zero3 import attach
+    """``engine.attach`` on the engine ``accelerator.prepare`` built; its ``Attachment``, or None."""
+    from ..engine import attach
 
     wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
     if wrapped is None:

@@ -2,7 +2,7 @@
 
 Most DeepSpeed jobs never hold the engine: a transformers ``Trainer`` or an Accelerate ``Accelerator``
 builds it.  ``attach`` recognises those objects and hands them to their adapter, which finds the
-engine and calls :func:`ds_profutils.zero3.attach` on it, so everything the engine hook does reaches
+engine and calls :func:`ds_profutils.engine.attach` on it, so everything the engine hook does reaches
 them unchanged.
 
 A framework is recognised through ``sys.modules``: an object can only be a ``transformers.Trainer`` if
@@ -87,7 +87,7 @@ def check_release(framework: Framework, target: Any) -> None:
 
 
 def is_engine(target: Any) -> bool:
-    """Whether ``target`` is a DeepSpeed engine, or has the interface ``zero3.attach`` uses (test stand-ins)."""
+    """Whether ``target`` is a DeepSpeed engine, or has the interface ``engine.attach`` uses (test stand-ins)."""
     engine_module = sys.modules.get("deepspeed.runtime.engine")
     if engine_module is not None and isinstance(target, engine_module.DeepSpeedEngine):
         return True
@@ -98,14 +98,14 @@ def is_engine(target: Any) -> bool:
 def attach(target: Any, name: Optional[str] = None, *, config: Any = None, **options: Any) -> Any:
     """Profile the DeepSpeed engine behind ``target`` as its ds_config asks; see docs/integrations.md.
 
-    * a DeepSpeed engine: :func:`ds_profutils.zero3.attach` itself; returns its ``Attachment`` (or None
+    * a DeepSpeed engine: :func:`ds_profutils.engine.attach` itself; returns its ``Attachment`` (or None
       when the config asks nothing);
     * a ``transformers.Trainer``, before ``train()``: adds a callback that attaches to each engine the
       Trainer builds, at train begin, and closes at train end; returns that callback (``close()``);
     * an ``accelerate.Accelerator``, after ``prepare(...)``: attaches to its DeepSpeed engine; returns the
       ``Attachment`` (or None).
 
-    ``name``, ``config`` and the keyword options are those of ``zero3.attach``; by default the settings
+    ``name``, ``config`` and the keyword options are those of ``engine.attach``; by default the settings
     come from the ds_config the framework gave DeepSpeed (with HF's ``"auto"`` values filled in).
     Anything else, or a framework release outside the supported range, raises
     :class:`AttachTargetError` naming the type, the supported releases and what is accepted.  Lightning
@@ -122,7 +122,7 @@ def attach(target: Any, name: Optional[str] = None, *, config: Any = None, **opt
 
         return attach_accelerator(target, name, config=config, **options)
     if is_engine(target):
-        from ..zero3 import attach as attach_engine
+        from ..engine import attach as attach_engine
 
         return attach_engine(target, name, config=config, **options)
     for framework in LIGHTNING_TRAINERS:

@@ -26,17 +26,15 @@ class FollowedEngines:
 
     def begin(self, engine: Any) -> None:
         """``engine`` is what the framework trains with from now on: attach to it (again, if it is the last one)."""
-        from ..zero3 import attach
-        from ..zero3.attaching import NAME_ATTR
+        from ..engine import attach, continue_series
 
         if self.closed:
             return
         self.end()  # the framework never said it was done with the last one (an exception ended its run)
         name = self._requested
-        if self.name is not None:  # the series has a name: this engine continues it, and zero3 appends
-            if getattr(engine, NAME_ATTR, None) is None:
-                setattr(engine, NAME_ATTR, self.name)
-            name = None  # zero3 takes the engine's own name
+        if self.name is not None:  # the series has a name: this engine continues it, and its file is appended to
+            continue_series(engine, self.name)
+            name = None  # attach takes the engine's own name
         self.attachment = attach(engine, name, config=self._config, **self._options)
         if self.attachment is not None and self.attachment.name is not None:
             self.name = self.attachment.name

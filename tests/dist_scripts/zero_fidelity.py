@@ -31,7 +31,7 @@ from deepspeed.accelerator import get_accelerator, set_accelerator
 from deepspeed.comm import comm
 
 import ds_profutils
-from ds_profutils.zero3.collectives import ALWAYS_BLOCKING, ASYNC_OP_POSITION
+from ds_profutils.engine.collectives import ALWAYS_BLOCKING, ASYNC_OP_POSITION
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
 from stream_clock import StandInStream, StreamClockAccelerator, simulate_collectives  # noqa: E402
