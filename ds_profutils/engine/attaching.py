@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set
 
 import deepspeed
-import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -27,7 +26,7 @@ from ..exceptions import InvalidArgumentError
 from ..logging import log_dist, logger, warning_once
 from ..outputs import ENGINE_NAME, MAIN_ENGINE, ProcessIdentity, fetch_records_file, process_identity
 from .._device_clock import process_device_events
-from ..zero3 import CoordinatorFetches, PartitionedParameterProfiler
+from ..zero3 import PartitionedParameterProfiler
 from ..zero3.fetches import PROFILER_ATTR
 from . import snapshot
 from .engine_driven import EngineDrivenProfiler
@@ -284,22 +283,13 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
                      config: ProfUtilsConfig) -> None:
     engine, name = attachment.engine, attachment.name
     path = fetch_records_file(settings.output_dir, identity.rank, name).resolve()
-    dtype = engine.get_data_types()[0]
-    device_events = process_device_events(get_accelerator())
-    fetches = CoordinatorFetches(engine, coordinator, element_size=torch.empty((), dtype=dtype).element_size(),
-                                 device_events=device_events)
-    try:
-        recorder = StepRecorder(engine, settings,
-                                name=name,
-                                identity=identity,
-                                dtype=dtype,
-                                device_events=device_events,
-                                memory=StepMemory(get_accelerator()) if settings.memory else None,
-                                fetches=fetches,
-                                append=path in _started_files)
-    except BaseException:
-        fetches.remove()  # the coordinator as DeepSpeed made it
-        raise
+    recorder = StepRecorder(engine, coordinator, settings,
+                            name=name,
+                            identity=identity,
+                            dtype=engine.get_data_types()[0],
+                            device_events=process_device_events(get_accelerator()),
+                            memory=StepMemory(get_accelerator()) if settings.memory else None,
+                            append=path in _started_files)
     _started_files.add(path)
     attachment.recorder = recorder
     attachment.add(recorder, recorder.close)

@@ -54,20 +54,23 @@ class StepRecorder(Listener):
 
     ``close()`` (also at exit) writes what is finished, gives the coordinator DeepSpeed's profiler back
     and closes the file.  ``append``: add to the file (the engine was recorded earlier in this process)
-    rather than start it afresh.  ``fetches`` None: no fetch events (an engine without a ZeRO-3
-    coordinator records its steps and collectives all the same).
+    rather than start it afresh.  ``coordinator``: the engine's ZeRO-3 parameter coordinator, whose
+    fetches the records then hold; None records the steps and collectives of an engine without one.
     """
 
-    def __init__(self, engine: Any, settings: PartitionedParamProfilerConfig, *, name: str,
+    def __init__(self, engine: Any, coordinator: Any, settings: PartitionedParamProfilerConfig, *, name: str,
                  identity: ProcessIdentity, dtype: torch.dtype, device_events: Optional[DeviceEvents],
-                 memory: Optional[StepMemory], fetches: Optional[CoordinatorFetches] = None,
-                 append: bool = False) -> None:
+                 memory: Optional[StepMemory], append: bool = False) -> None:
         self.name = name
         self.settings = settings
         self.path = fetch_records_file(settings.output_dir, identity.rank, name)
         self.device_events = device_events
         self.memory = memory
-        self.fetches = fetches
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "ab" if append else "wb", buffering=0)  # one write() per record
+        self.fetches = None if coordinator is None else CoordinatorFetches(
+            engine, coordinator, element_size=torch.empty((), dtype=dtype).element_size(), device_events=device_events)
+        fetches = self.fetches
         self._header = {
             "schema": RECORD_SCHEMA, "engine": name, "rank": identity.rank, "world_size": identity.world_size,
             "local_rank": identity.local_rank, "host": identity.host, "pid": identity.pid,
@@ -78,8 +81,6 @@ class StepRecorder(Listener):
         self._open: Optional[StepRecord] = None
         self._waits_at_open = 0
         self._unwritten: Deque[StepRecord] = deque()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab" if append else "wb", buffering=0)  # one write() per record
         self.collectives = EngineCollectives(engine)
         # once: at close, or when the recorder is collected with its engine
         self._detach_collectives = weakref.finalize(self, collectives.attach_engine(self.collectives,
@@ -261,9 +262,9 @@ class StepRecorder(Listener):
             delattr(self._engine, RECORDER_ATTR)
 
     def stop_after_error(self, exc: Exception) -> None:
-        logger.error("ds_profutils: the step recorder of engine %r failed (%s: %s); it stops recording and "
-                     "training goes on; the steps recorded so far are in %s", self.name, type(exc).__name__, exc,
-                     self.path)
+        what = "ZeRO-3 fetch recorder" if self.fetches is not None else "step recorder"
+        logger.error("ds_profutils: the %s of engine %r failed (%s: %s); it stops recording and training goes on; "
+                     "the steps recorded so far are in %s", what, self.name, type(exc).__name__, exc, self.path)
         if self.closed:
             return
         try:
