@@ -129,7 +129,7 @@ def test_the_lightning_callback_refuses_a_strategy_other_than_deepspeed(tmp_path
 
 def test_the_extras_install_the_releases_the_adapters_support():
     from launcher import REPO
-    from ds_profutils.integrations.dispatch import ACCELERATOR, LIGHTNING_TRAINERS, TRAINER
+    from ds_profutils.integrations.frameworks import ACCELERATOR, LIGHTNING_TRAINERS, TRAINER
 
     setup = (REPO / "setup.py").read_text()
     for framework, extra in [(TRAINER, "transformers"), (ACCELERATOR, "accelerate"), (LIGHTNING_TRAINERS[0], "lightning")]:

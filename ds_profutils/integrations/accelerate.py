@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .dispatch import AttachTargetError
+from .frameworks import AttachTargetError
 
 __all__ = ["attach_accelerator"]
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-from .dispatch import AttachTargetError
+from .frameworks import AttachTargetError
 from .engines import FollowedEngines, FollowingCallback
 
 __all__ = ["ProfUtilsTrainerCallback", "attach_trainer"]
