@@ -2,7 +2,9 @@
 everything else (an unknown object, a framework release outside the supported range, a framework
 object that has no DeepSpeed engine to profile).  The frameworks' real objects, in this process, no
 launcher; the jobs that train are in test_integrations_jobs.py and test_integrations_lightning.py."""
+import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -71,20 +73,52 @@ def test_a_trainer_from_an_unsupported_transformers_release_is_refused_untouched
     assert trainer_without_deepspeed.callback_handler.callbacks == callbacks
 
 
-def test_a_trainer_without_deepspeed_is_refused(trainer_without_deepspeed):
-    with pytest.raises(AttachTargetError, match=re.escape("this transformers.Trainer does not train with DeepSpeed "
-                                                          "(TrainingArguments(deepspeed=...) is not set")):
-        ds_profutils.attach(trainer_without_deepspeed)
+def test_a_trainer_without_deepspeed_gets_a_warning_and_none(trainer_without_deepspeed, ds_caplog):
+    """One script run with and without --deepspeed: the attach line must not break the run without it."""
+    callbacks = list(trainer_without_deepspeed.callback_handler.callbacks)
+    assert ds_profutils.attach(trainer_without_deepspeed) is None
+    assert "this transformers.Trainer does not train with DeepSpeed (TrainingArguments(deepspeed=...) is not set" \
+        in ds_caplog.text
+    assert [r.levelname for r in ds_caplog.records] == ["WARNING"]
+    assert trainer_without_deepspeed.callback_handler.callbacks == callbacks
 
 
-def test_an_accelerator_is_refused_outside_the_release_range_and_without_a_deepspeed_engine(monkeypatch):
+def test_a_typo_in_our_section_fails_at_the_attach_line_of_a_trainer(tmp_path):
+    """The engine is built only in train(), but the Trainer's ds_config is known from the start: the typo is a
+    ConfigError naming the key when attach(trainer) runs (a fresh interpreter: a DeepSpeed Trainer sets up
+    the process's distributed state)."""
+    code = f"""
+import ds_profutils
+from ds_profutils.config import ConfigError
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=8, n_embd=8, n_layer=1, n_head=1, bos_token_id=0,
+                                   eos_token_id=0))
+config = {{"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "zero_optimization": {{"stage": 3}},
+          "profiler": {{"activ": 3}}}}
+trainer = Trainer(model=model, args=TrainingArguments(output_dir={str(tmp_path)!r}, use_cpu=True, report_to=[],
+                                                      deepspeed=config))
+try:
+    ds_profutils.attach(trainer)
+except ConfigError as exc:
+    print("RAISED", type(exc).__name__, str(exc).replace(chr(10), " "))
+print("CALLBACKS", sum(type(c).__name__ == "ProfUtilsTrainerCallback" for c in trainer.callback_handler.callbacks))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    raised = [line for line in done.stdout.splitlines() if line.startswith("RAISED")]
+    assert len(raised) == 1 and "profiler.activ" in raised[0], done.stdout[-3000:]
+    assert "CALLBACKS 0" in done.stdout
+
+
+def test_an_accelerator_is_refused_outside_the_release_range_and_without_deepspeed_left_alone(monkeypatch,
+                                                                                              ds_caplog):
     import accelerate
 
     accelerator = accelerate.Accelerator(cpu=True)
-    with pytest.raises(AttachTargetError, match=re.escape("cannot profile this accelerate.Accelerator: it does not "
-                                                          "train with DeepSpeed (start the job with `accelerate "
-                                                          "launch --use_deepspeed")):
-        ds_profutils.attach(accelerator)
+    assert ds_profutils.attach(accelerator) is None  # no DeepSpeed in use: one warning, nothing attached
+    assert "this accelerate.Accelerator does not train with DeepSpeed (start the job with `accelerate launch " \
+        "--use_deepspeed" in ds_caplog.text
     monkeypatch.setattr(sys.modules["accelerate"], "__version__", "0.34.2")
     with pytest.raises(AttachTargetError) as refused:
         ds_profutils.attach(accelerator)

@@ -37,6 +37,10 @@ def attach(target: Any, name: Optional[str] = None, *, config: Any = None, **opt
     * an ``accelerate.Accelerator``, after ``prepare(...)``: attaches to its DeepSpeed engine; returns the
       ``Attachment`` (or None).
 
+    A Trainer or Accelerator that does not train with DeepSpeed (the same script run without it) logs one
+    warning and returns None.  Our ds_config sections are read and checked at once, so a bad key raises
+    ``ConfigError`` here.
+
     ``name``, ``config`` and the keyword options are those of ``engine.attach``; by default the settings
     come from the ds_config the framework gave DeepSpeed (with HF's ``"auto"`` values filled in).
     Anything else, or a framework release outside the supported range, raises
