@@ -603,6 +603,25 @@ def test_a_name_in_use_by_another_attached_engine_is_refused(fresh_names):
     assert fresh_names(Engine(), "critic") == "critic"
 
 
+def test_close_leaves_nothing_on_the_engine_and_attaching_again_keeps_its_name(fresh_names, tmp_path):
+    """The engine's name is remembered beside it, not on it: after close() the engine holds no attribute of
+    ours, a second attach of it records under the same name (its file appended to), and remembering the
+    name keeps no dropped engine alive."""
+    import gc
+    import weakref
+
+    engine = Engine()
+    before = set(vars(engine))
+    with recorder_for(engine, tmp_path, name=fresh_names(engine, "actor")):
+        engine.train_step()
+    assert set(vars(engine)) == before
+    assert fresh_names(engine, None) == "actor"  # attached again without a name: the same file, appended
+    dropped = weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert dropped() is None
+
+
 def test_two_recorders_in_one_process_write_their_own_files(tmp_path):
     small, large = Engine(), Engine()
     with recorder_for(small, tmp_path) as main, recorder_for(large, tmp_path, name="critic") as critic:
