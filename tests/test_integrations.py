@@ -171,3 +171,38 @@ def test_the_extras_install_the_releases_the_adapters_support():
         assert re.search(rf'"{extra}": \[[^\]]*{re.escape(requirement)}', setup), (extra, requirement)
         assert re.search(rf'"test": \[[^\]]*{re.escape(requirement)}', setup), requirement
     assert re.search(r'"test": \[[^\]]*"pytorch-lightning' + re.escape(LIGHTNING_TRAINERS[1].supported), setup)
+
+
+def test_a_trainer_run_that_raised_leaves_no_engine_alive(tmp_path, ds_caplog):
+    """transformers callbacks have no exception event: after train() raised, the callback never hears the run
+    ended.  Once the Trainer lets the engine go (auto_find_batch_size builds the next one), the engine is
+    collected, not kept resident by the callback's attachment; the next run's engine is attached afresh."""
+    import gc
+    import types
+    import weakref
+
+    from ds_profutils.integrations.transformers import ProfUtilsTrainerCallback
+    from test_profiler_engine_driven import AccumulatingEngine, profiler_config
+
+    engine = AccumulatingEngine(profiler_config(tmp_path))
+    trainer = types.SimpleNamespace(model_wrapped=engine)
+    callback = ProfUtilsTrainerCallback(trainer, None, engine.config, {})
+    callback.on_train_begin(None, None, None)
+    assert callback.attachment is not None and callback.attachment.engine is engine
+
+    def out_of_memory(*_):
+        raise RuntimeError("out of memory")
+
+    handle = engine.module.register_forward_hook(out_of_memory)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        engine.train(1)  # train() raises: no on_train_end
+    handle.remove()
+    dropped = weakref.ref(engine)
+    trainer.model_wrapped = engine = None
+    gc.collect()
+    assert dropped() is None and callback.attachment is None
+    trainer.model_wrapped = AccumulatingEngine(profiler_config(tmp_path))
+    callback.on_train_begin(None, None, None)
+    assert callback.attachment.engine is trainer.model_wrapped
+    trainer.model_wrapped.train(1)  # its profiler takes over from the dropped engine's
+    callback._engines.close()
