@@ -111,6 +111,8 @@ class EngineHooks:
         self._handles = [
             module.register_forward_pre_hook(self._forward_started, prepend=True),
             module.register_forward_hook(self._forward_ended),
+            # also when the forward raises: no later collective is this engine's by mistake
+            module.register_forward_hook(self._forward_left, always_call=True),
         ]
         self._wrapped: List[tuple] = []  # (attribute, what the instance held before, our wrapper)
         self._wrap("backward", self._around_backward)
@@ -140,6 +142,8 @@ class EngineHooks:
         """Take every hook off and restore what the engine held (see the module doc)."""
         self._active = False
         self.listeners = []
+        if running.engine_id == self._engine_id:  # removed inside its own forward (a listener failed there)
+            running.engine_id = self._outside
         for handle in self._handles:
             handle.remove()
         engine = self.engine
@@ -177,8 +181,11 @@ class EngineHooks:
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._active:
-            running.engine_id = self._outside  # a forward that raised: the next engine call sets it again
             self._tell("forward_ended", module)
+
+    def _forward_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if running.engine_id == self._engine_id:
+            running.engine_id = self._outside
 
     def _around_backward(self, backward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         outside, running.engine_id = running.engine_id, self._engine_id
