@@ -68,8 +68,13 @@ class StepRecorder(Listener):
         self.memory = memory
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "ab" if append else "wb", buffering=0)  # one write() per record
-        self.fetches = None if coordinator is None else CoordinatorFetches(
-            engine, coordinator, element_size=torch.empty((), dtype=dtype).element_size(), device_events=device_events)
+        try:
+            self.fetches = None if coordinator is None else CoordinatorFetches(
+                engine, coordinator, element_size=torch.empty((), dtype=dtype).element_size(),
+                device_events=device_events)
+        except BaseException:
+            self._file.close()
+            raise
         fetches = self.fetches
         self._header = {
             "schema": RECORD_SCHEMA, "engine": name, "rank": identity.rank, "world_size": identity.world_size,
