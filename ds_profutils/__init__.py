@@ -60,7 +60,7 @@ _HOME_OF: Dict[str, str] = {name: module for module, names in _HOMES + _ADDITION
 _SUBMODULES = frozenset({
     "logging", "comms_logging", "nvtx", "timer", "tensor_fragment", "mixed_precision_linkage", "z3_leaf_module",
     "numa", "init_on_device", "groups", "module_utils", "bwc", "exceptions", "outputs", "cli", "config",
-    "torch_profiler", "zero3", "report", "integrations"
+    "torch_profiler", "engine", "zero3", "report", "integrations"
 })
 # Submodules whose name is also a DeepSpeed object exported at top level.
 _SHADOWED = frozenset({"z3_leaf_module", "tensor_fragment"})

@@ -22,7 +22,7 @@ from ds_profutils import (RepeatingLoader, attach, profiler, safe_get_full_fp32_
                           step_profiler)
 from ds_profutils.logging import print_dist
 from ds_profutils.report import build_report, render_text
-from ds_profutils.zero3 import Attachment
+from ds_profutils.engine import Attachment
 
 
 class ToyModel(torch.nn.Module):

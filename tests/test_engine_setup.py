@@ -16,7 +16,7 @@ from ds_profutils import nvtx
 from ds_profutils.comms_logging import CommsLogger
 from ds_profutils.config import load_config
 from ds_profutils.timer import SynchronizedWallClockTimer
-from ds_profutils.zero3.engine_setup import apply_engine_settings, install_timers
+from ds_profutils.engine.engine_setup import apply_engine_settings, install_timers
 from launcher import DIST_SCRIPTS, REPO, free_port
 
 

@@ -2,7 +2,9 @@
 everything else (an unknown object, a framework release outside the supported range, a framework
 object that has no DeepSpeed engine to profile).  The frameworks' real objects, in this process, no
 launcher; the jobs that train are in test_integrations_jobs.py and test_integrations_lightning.py."""
+import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -10,7 +12,7 @@ import torch
 
 import ds_profutils
 from ds_profutils.integrations import AttachTargetError
-from ds_profutils.zero3 import AttachError
+from ds_profutils.engine import AttachError
 from test_zero_attach import Engine, fetch_config
 
 ACCEPTED = ("a DeepSpeed engine", "a transformers.Trainer, before trainer.train() (transformers >=5.0,<6)",
@@ -71,20 +73,52 @@ def test_a_trainer_from_an_unsupported_transformers_release_is_refused_untouched
     assert trainer_without_deepspeed.callback_handler.callbacks == callbacks
 
 
-def test_a_trainer_without_deepspeed_is_refused(trainer_without_deepspeed):
-    with pytest.raises(AttachTargetError, match=re.escape("this transformers.Trainer does not train with DeepSpeed "
-                                                          "(TrainingArguments(deepspeed=...) is not set")):
-        ds_profutils.attach(trainer_without_deepspeed)
+def test_a_trainer_without_deepspeed_gets_a_warning_and_none(trainer_without_deepspeed, ds_caplog):
+    """One script run with and without --deepspeed: the attach line must not break the run without it."""
+    callbacks = list(trainer_without_deepspeed.callback_handler.callbacks)
+    assert ds_profutils.attach(trainer_without_deepspeed) is None
+    assert "this transformers.Trainer does not train with DeepSpeed (TrainingArguments(deepspeed=...) is not set" \
+        in ds_caplog.text
+    assert [r.levelname for r in ds_caplog.records] == ["WARNING"]
+    assert trainer_without_deepspeed.callback_handler.callbacks == callbacks
 
 
-def test_an_accelerator_is_refused_outside_the_release_range_and_without_a_deepspeed_engine(monkeypatch):
+def test_a_typo_in_our_section_fails_at_the_attach_line_of_a_trainer(tmp_path):
+    """The engine is built only in train(), but the Trainer's ds_config is known from the start: the typo is a
+    ConfigError naming the key when attach(trainer) runs (a fresh interpreter: a DeepSpeed Trainer sets up
+    the process's distributed state)."""
+    code = f"""
+import ds_profutils
+from ds_profutils.config import ConfigError
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=8, n_embd=8, n_layer=1, n_head=1, bos_token_id=0,
+                                   eos_token_id=0))
+config = {{"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "zero_optimization": {{"stage": 3}},
+          "profiler": {{"activ": 3}}}}
+trainer = Trainer(model=model, args=TrainingArguments(output_dir={str(tmp_path)!r}, use_cpu=True, report_to=[],
+                                                      deepspeed=config))
+try:
+    ds_profutils.attach(trainer)
+except ConfigError as exc:
+    print("RAISED", type(exc).__name__, str(exc).replace(chr(10), " "))
+print("CALLBACKS", sum(type(c).__name__ == "ProfUtilsTrainerCallback" for c in trainer.callback_handler.callbacks))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    raised = [line for line in done.stdout.splitlines() if line.startswith("RAISED")]
+    assert len(raised) == 1 and "profiler.activ" in raised[0], done.stdout[-3000:]
+    assert "CALLBACKS 0" in done.stdout
+
+
+def test_an_accelerator_is_refused_outside_the_release_range_and_without_deepspeed_left_alone(monkeypatch,
+                                                                                              ds_caplog):
     import accelerate
 
     accelerator = accelerate.Accelerator(cpu=True)
-    with pytest.raises(AttachTargetError, match=re.escape("cannot profile this accelerate.Accelerator: it does not "
-                                                          "train with DeepSpeed (start the job with `accelerate "
-                                                          "launch --use_deepspeed")):
-        ds_profutils.attach(accelerator)
+    assert ds_profutils.attach(accelerator) is None  # no DeepSpeed in use: one warning, nothing attached
+    assert "this accelerate.Accelerator does not train with DeepSpeed (start the job with `accelerate launch " \
+        "--use_deepspeed" in ds_caplog.text
     monkeypatch.setattr(sys.modules["accelerate"], "__version__", "0.34.2")
     with pytest.raises(AttachTargetError) as refused:
         ds_profutils.attach(accelerator)
@@ -129,7 +163,7 @@ def test_the_lightning_callback_refuses_a_strategy_other_than_deepspeed(tmp_path
 
 def test_the_extras_install_the_releases_the_adapters_support():
     from launcher import REPO
-    from ds_profutils.integrations.dispatch import ACCELERATOR, LIGHTNING_TRAINERS, TRAINER
+    from ds_profutils.integrations.frameworks import ACCELERATOR, LIGHTNING_TRAINERS, TRAINER
 
     setup = (REPO / "setup.py").read_text()
     for framework, extra in [(TRAINER, "transformers"), (ACCELERATOR, "accelerate"), (LIGHTNING_TRAINERS[0], "lightning")]:
@@ -137,3 +171,38 @@ def test_the_extras_install_the_releases_the_adapters_support():
         assert re.search(rf'"{extra}": \[[^\]]*{re.escape(requirement)}', setup), (extra, requirement)
         assert re.search(rf'"test": \[[^\]]*{re.escape(requirement)}', setup), requirement
     assert re.search(r'"test": \[[^\]]*"pytorch-lightning' + re.escape(LIGHTNING_TRAINERS[1].supported), setup)
+
+
+def test_a_trainer_run_that_raised_leaves_no_engine_alive(tmp_path, ds_caplog):
+    """transformers callbacks have no exception event: after train() raised, the callback never hears the run
+    ended.  Once the Trainer lets the engine go (auto_find_batch_size builds the next one), the engine is
+    collected, not kept resident by the callback's attachment; the next run's engine is attached afresh."""
+    import gc
+    import types
+    import weakref
+
+    from ds_profutils.integrations.transformers import ProfUtilsTrainerCallback
+    from test_profiler_engine_driven import AccumulatingEngine, profiler_config
+
+    engine = AccumulatingEngine(profiler_config(tmp_path))
+    trainer = types.SimpleNamespace(model_wrapped=engine)
+    callback = ProfUtilsTrainerCallback(trainer, None, engine.config, {})
+    callback.on_train_begin(None, None, None)
+    assert callback.attachment is not None and callback.attachment.engine is engine
+
+    def out_of_memory(*_):
+        raise RuntimeError("out of memory")
+
+    handle = engine.module.register_forward_hook(out_of_memory)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        engine.train(1)  # train() raises: no on_train_end
+    handle.remove()
+    dropped = weakref.ref(engine)
+    trainer.model_wrapped = engine = None
+    gc.collect()
+    assert dropped() is None and callback.attachment is None
+    trainer.model_wrapped = AccumulatingEngine(profiler_config(tmp_path))
+    callback.on_train_begin(None, None, None)
+    assert callback.attachment.engine is trainer.model_wrapped
+    trainer.model_wrapped.train(1)  # its profiler takes over from the dropped engine's
+    callback._engines.close()

@@ -15,7 +15,7 @@ import ds_profutils
 import ds_profutils.zero3.fetch_profiler as module
 from ds_profutils import nvtx
 from ds_profutils._stats import FOLD_EVERY, SAMPLE_SIZE
-from ds_profutils.zero3.fetch_profiler import NUMEL_UNITS, PartitionedParameterProfiler
+from ds_profutils.zero3 import NUMEL_UNITS, PartitionedParameterProfiler
 
 
 def coordinator_sequence(seed: int, fetches: int):
@@ -203,14 +203,14 @@ def test_disabled_profiler_does_nothing():
     assert profiler.event_counters == {} and profiler.statistics() == {}
 
 
-def test_unpaired_calls_are_counted_as_dropped_not_raised():
+def test_unpaired_calls_of_a_known_event_are_counted_as_dropped_not_raised():
     """DeepSpeed's backward runs leaf-module hooks from several threads: an unmatched stop or a start of a
     running event must not raise into it.  The stop still counts the event and its numel, as DeepSpeed would."""
     profiler = PartitionedParameterProfiler(NoopTimer())
-    profiler.stop_event("forward_fetch_wait", 1)  # no start
     profiler.start_event("forward_fetch_wait")
     profiler.start_event("forward_fetch_wait")  # already running: the first start is kept
     profiler.stop_event("forward_fetch_wait", 2)
+    profiler.stop_event("forward_fetch_wait", 1)  # no start
     stats = profiler.statistics()["forward_fetch_wait"]
     assert (stats["count"], stats["numel"], stats["dropped"]) == (2, 3, 2)
     assert profiler.event_counters["forward_fetch_wait"].durations.count == 1  # the one paired call is timed
@@ -218,6 +218,29 @@ def test_unpaired_calls_are_counted_as_dropped_not_raised():
     profiler.start_event("forward_fetch_wait")
     profiler.stop_event("forward_fetch_wait", 1)
     assert profiler.statistics()["forward_fetch_wait"]["dropped"] == 0
+
+
+def test_stop_of_an_event_never_started_raises_as_deepspeeds():
+    """DeepSpeed's ``stop_event`` asserts ``unknown event <name>`` when given timers; so does ours, as an
+    error that is both an AssertionError (code written against DeepSpeed) and a ValueError."""
+    from deepspeed.runtime.zero.partitioned_param_profiler import \
+        PartitionedParameterProfiler as DeepSpeedProfiler
+
+    for cls in (DeepSpeedProfiler, PartitionedParameterProfiler):
+        with pytest.raises(AssertionError, match="unknown event forward_fetch_wait"):
+            cls(NoopTimer()).stop_event("forward_fetch_wait", 1)
+    with pytest.raises(ValueError):
+        PartitionedParameterProfiler(NoopTimer()).stop_event("forward_fetch_wait", 1)
+
+
+def test_under_attach_a_stop_of_an_event_started_before_recording_is_dropped():
+    """attach switches ``recording`` per step (``strict`` off): an event may begin before the switch, and its
+    stop must not raise into DeepSpeed's forward."""
+    profiler = PartitionedParameterProfiler(NoopTimer())
+    profiler.strict = False
+    profiler.stop_event("forward_fetch_wait", 4)
+    stats = profiler.statistics()["forward_fetch_wait"]
+    assert (stats["count"], stats["numel"], stats["dropped"]) == (1, 4, 1)
 
 
 def test_context_manager_form_stops_on_error():
@@ -353,8 +376,7 @@ def test_what_was_gathered_on_demand_against_by_prefetch_and_the_most_gathered_a
     assert profiler.gathered == {"on_demand": 40, "prefetch": 90}
     assert profiler.live_params_max == 250
     profiler.reset_events()  # DeepSpeed's reset at the next forward
-    assert (profiler.gathered, profiler.live_params_max, profiler.collectives) == ({"on_demand": 0, "prefetch": 0}, 0,
-                                                                                   {})
+    assert (profiler.gathered, profiler.live_params_max) == ({"on_demand": 0, "prefetch": 0}, 0)
 
 
 def test_built_directly_on_a_device_clock_accelerator_it_times_fetch_waits_on_the_device():

@@ -19,9 +19,9 @@ from ds_profutils.config import PartitionedParamProfilerConfig
 from ds_profutils.exceptions import InvalidArgumentError
 from ds_profutils.outputs import ProcessIdentity
 from ds_profutils.report import build_report
-from ds_profutils.zero3 import AttachError, Attachment, ZeroFetchRecorder
-from ds_profutils.zero3.attaching import ATTACHMENT_ATTR
-from ds_profutils.zero3.recorder import RECORDER_ATTR
+from ds_profutils.engine import AttachError, Attachment, StepRecorder
+from ds_profutils.engine.attaching import ATTACHMENT_ATTR
+from ds_profutils.engine.recorder import RECORDER_ATTR
 from launcher import DIST_SCRIPTS, run_deepspeed
 from report_testing import read_records_file
 
@@ -122,7 +122,7 @@ def recorder_for(engine, tmp_path, name="main", device_events=None, memory=None,
     """What ``attach`` builds on a ZeRO-3 engine, on the stand-in engine: an Attachment with a recorder."""
     settings = PartitionedParamProfilerConfig(enabled=True, output_dir=str(tmp_path), **settings)
     attachment = Attachment(engine, name, None)
-    recorder = ZeroFetchRecorder(engine, engine.coordinator, settings,
+    recorder = StepRecorder(engine, engine.coordinator, settings,
                                  name=name,
                                  identity=IDENTITY,
                                  dtype=torch.float16,
@@ -265,7 +265,7 @@ def test_log_interval_skips_steps_with_the_profiler_not_recording(tmp_path):
 
 def test_a_failing_write_is_logged_not_raised_into_training(tmp_path, monkeypatch):
     warnings = []
-    monkeypatch.setattr(ds_profutils.zero3.recorder, "warning_once", warnings.append)
+    monkeypatch.setattr(ds_profutils.engine.recorder, "warning_once", warnings.append)
     engine = Engine()
     with recorder_for(engine, tmp_path) as attached:
         recorder = attached.recorder
@@ -330,7 +330,7 @@ def test_a_recorder_does_not_keep_a_dropped_engine_alive(tmp_path):
 def test_collective_timing_is_removed_with_the_last_recorder_closed_or_collected(tmp_path, monkeypatch):
     import gc
 
-    from ds_profutils.zero3 import collectives
+    from ds_profutils.engine import collectives
 
     original = lambda *args, **kwargs: None  # noqa: E731
     backend = types.SimpleNamespace(all_reduce=original)
@@ -575,7 +575,7 @@ def test_real_engine_report_of_a_rank_subset(zero3_run):
 @pytest.fixture
 def fresh_names(monkeypatch):
     """A process that has attached no engine yet."""
-    from ds_profutils.zero3 import attaching as attach_module
+    from ds_profutils.engine import attaching as attach_module
 
     monkeypatch.setattr(attach_module, "_attached_names", {})
     monkeypatch.setattr(attach_module, "_unnamed_attached", 0)
@@ -601,6 +601,25 @@ def test_a_name_in_use_by_another_attached_engine_is_refused(fresh_names):
         fresh_names(Engine(), "critic")
     critic.close()  # a closed attachment frees its name: a new engine may record under it (and append)
     assert fresh_names(Engine(), "critic") == "critic"
+
+
+def test_close_leaves_nothing_on_the_engine_and_attaching_again_keeps_its_name(fresh_names, tmp_path):
+    """The engine's name is remembered beside it, not on it: after close() the engine holds no attribute of
+    ours, a second attach of it records under the same name (its file appended to), and remembering the
+    name keeps no dropped engine alive."""
+    import gc
+    import weakref
+
+    engine = Engine()
+    before = set(vars(engine))
+    with recorder_for(engine, tmp_path, name=fresh_names(engine, "actor")):
+        engine.train_step()
+    assert set(vars(engine)) == before
+    assert fresh_names(engine, None) == "actor"  # attached again without a name: the same file, appended
+    dropped = weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert dropped() is None
 
 
 def test_two_recorders_in_one_process_write_their_own_files(tmp_path):

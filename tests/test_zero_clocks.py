@@ -13,9 +13,10 @@ import torch
 from deepspeed.accelerator import set_accelerator
 
 import deepspeed.accelerator.real_accelerator as installed
-from ds_profutils.zero3 import collectives, recorder as recorder_module
-from ds_profutils.zero3.device_clock import DeviceEvents
+from ds_profutils.engine import collectives, recorder as recorder_module
+from ds_profutils._device_clock import DeviceEvents
 from stream_clock import StandInStream, StreamClockAccelerator, simulate_collectives
+from report_testing import read_records_file
 from test_zero_attach import Engine, read_records, recorder_for
 
 
@@ -273,6 +274,39 @@ def test_the_compute_stream_is_the_one_the_forward_started_on(tmp_path, accelera
     assert record["collective_wait_ms"] == ALL_REDUCE_MS
 
 
+def test_a_collective_belongs_to_the_engine_whose_forward_backward_or_step_runs(tmp_path, backend):
+    """Actor and critic steps interleave (RLHF): each engine's record holds its own forward's all-gather and
+    its own backward's all-reduce, as when the two train one after the other; a collective of the program's
+    own loop, outside both engines' calls, belongs to both."""
+    tensor = torch.ones(2)
+
+    def with_collectives(engine):
+        engine.module.register_forward_hook(lambda *_: backend.all_gather_into_tensor(tensor, tensor, None, False))
+        backward = engine.backward
+
+        def reducing_backward():
+            backend.all_reduce(tensor, None, None, False)
+            backward()
+
+        engine.backward = reducing_backward
+        return engine
+
+    actor, critic = with_collectives(Engine()), with_collectives(Engine())
+    with recorder_for(actor, tmp_path, name="actor"), recorder_for(critic, tmp_path, name="critic"):
+        for _ in range(2):
+            actor.forward()
+            critic.forward()
+            backend.reduce_scatter_tensor(tensor, tensor, None, None, False)  # the loop's own, between calls
+            actor.backward()
+            critic.backward()
+            actor.step()
+            critic.step()
+    for name in ("actor", "critic"):
+        records = read_records_file(tmp_path / f"zero_fetch_{name}_rank_3.jsonl")
+        assert [{op: entry["count"] for op, entry in record["collectives"].items()} for record in records] == [
+            {"all_gather_into_tensor": 1, "all_reduce": 1, "reduce_scatter_tensor": 1}] * 2, name
+
+
 def test_collective_timing_gives_back_a_wrapper_that_was_there_before(tmp_path, backend):
     def theirs(*args, **kwargs):
         return None
@@ -408,9 +442,9 @@ _KILLED_WHILE_DEVICE_TIMES_ARE_PENDING = """
 import os, signal, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
-import ds_profutils.zero3.recorder as recorder_module
+import ds_profutils.engine.recorder as recorder_module
 from ds_profutils import profiler, step_profiler
-from ds_profutils.zero3.device_clock import DeviceEvents
+from ds_profutils._device_clock import DeviceEvents
 from test_zero_attach import Engine, recorder_for
 from test_zero_clocks import FakeDevice
 

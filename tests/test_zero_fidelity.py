@@ -24,6 +24,13 @@ def straggler_run(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def interleaved_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zero_interleaved")
+    run_deepspeed(DIST_SCRIPTS / "zero_fidelity.py", ["--out", str(out), "--mode", "interleaved"])
+    return out
+
+
 def expected(out, rank):
     return json.loads((out / f"expected_rank_{rank}.json").read_text())
 
@@ -116,3 +123,17 @@ def test_the_report_names_the_slowed_rank_and_no_rank_of_a_calm_run(straggler_ru
     assert slowed["ranks_summary"][1]["straggler"] and not slowed["ranks_summary"][0]["straggler"]
     assert calm["straggler_ranks"] == []
     assert not any(row["straggler"] for row in calm["ranks_summary"].values())
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_interleaved_engines_each_keep_their_own_collectives(interleaved_run, rank):
+    """Actor and critic steps interleaved (both forwards, both backwards, both steps): each engine's records
+    hold the collectives of a run of that engine alone, step by step -- never the other engine's."""
+    def counts(name):
+        records = read_records_file(interleaved_run / "records" / f"zero_fetch_{name}_rank_{rank}.jsonl")
+        return [{op: entry["count"] for op, entry in record["collectives"].items()} for record in records]
+
+    for engine in ("actor", "critic"):
+        alone = counts(f"{engine}-alone")
+        assert len(alone) == expected(interleaved_run, rank)["steps"] and all(alone), engine
+        assert counts(engine) == alone, engine

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ds_profutils.zero3.hooks import EngineHooks, Listener
+from ds_profutils.engine.hooks import EngineHooks, Listener
 from test_zero_attach import Engine, read_records, recorder_for
 
 

@@ -1,4 +1,4 @@
-"""Adapters from the frameworks DeepSpeed users train with to the one engine hook, ``zero3.attach``.
+"""Adapters from the frameworks DeepSpeed users train with to the one engine hook, ``engine.attach``.
 
 ``ds_profutils.attach`` (:mod:`.dispatch`) takes a DeepSpeed engine, a transformers ``Trainer``
 (:mod:`.transformers`) or an Accelerate ``Accelerator`` (:mod:`.accelerate`); Lightning takes a

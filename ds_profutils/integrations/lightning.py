@@ -7,7 +7,7 @@ namespace use :mod:`ds_profutils.integrations.pytorch_lightning`.
 from lightning.pytorch import Callback
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from .dispatch import LIGHTNING_TRAINERS
+from .frameworks import LIGHTNING_TRAINERS
 from .lightning_callback import ProfUtilsCallbackMixin
 
 __all__ = ["ProfUtilsCallback"]

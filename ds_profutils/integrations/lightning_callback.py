@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .dispatch import AttachTargetError, Framework, check_release
+from .frameworks import AttachTargetError, Framework, check_release
 from .engines import FollowedEngines, FollowingCallback
 
 __all__ = ["ProfUtilsCallbackMixin"]
@@ -29,7 +29,7 @@ class ProfUtilsCallbackMixin(FollowingCallback):
     settings come from the config ``DeepSpeedStrategy`` gave DeepSpeed.
     """
 
-    framework: Framework  # the namespace's entry in the dispatcher's table, set by each subclass
+    framework: Framework  # the namespace's entry in .frameworks' table, set by each subclass
     strategy_class: type  # the namespace's DeepSpeedStrategy
 
     def __init__(self, name: Optional[str] = None, *, config: Any = None, **options: Any) -> None:

@@ -7,7 +7,7 @@ use :mod:`ds_profutils.integrations.lightning`.
 from pytorch_lightning import Callback
 from pytorch_lightning.strategies import DeepSpeedStrategy
 
-from .dispatch import LIGHTNING_TRAINERS
+from .frameworks import LIGHTNING_TRAINERS
 from .lightning_callback import ProfUtilsCallbackMixin
 
 __all__ = ["ProfUtilsCallback"]

@@ -8,6 +8,11 @@ calls at each gradient-accumulation boundary, and the forwards of every micro st
 training runs the model the engine wraps, in eval mode, so those forwards are recorded as
 ``"mode": "eval"``.  A later ``train()`` (a resume) gets a new engine, attached under the first one's
 name: its records are appended to the same file.
+
+The engine exists only once ``train()`` runs, but its ds_config is the Trainer's from the start
+(``args.hf_deepspeed_config``): ``attach(trainer)`` reads and checks our sections there, so a typo is
+a ``ConfigError`` at the ``attach`` line, not ten seconds into ``train()``.  A Trainer that does not
+train with DeepSpeed (the same script run without ``--deepspeed``) gets one warning and None.
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-from .dispatch import AttachTargetError
+from ..config import load_config, resolve_section
+from ..logging import warning_once
 from .engines import FollowedEngines, FollowingCallback
 
 __all__ = ["ProfUtilsTrainerCallback", "attach_trainer"]
@@ -51,15 +57,25 @@ class ProfUtilsTrainerCallback(FollowingCallback, TrainerCallback):
 
 
 def attach_trainer(trainer: Any, name: Optional[str] = None, *, config: Any = None,
-                   **options: Any) -> ProfUtilsTrainerCallback:
-    """Add the callback to ``trainer`` (once: attaching again returns the one already there)."""
+                   **options: Any) -> Optional[ProfUtilsTrainerCallback]:
+    """Add the callback to ``trainer`` (once: attaching again returns the one already there); None, with a
+    warning, when the Trainer does not train with DeepSpeed.  Raises ``ConfigError`` for a bad section."""
     if not getattr(trainer, "is_deepspeed_enabled", False):
-        raise AttachTargetError("ds_profutils.attach: this transformers.Trainer does not train with DeepSpeed "
-                                "(TrainingArguments(deepspeed=...) is not set, or --deepspeed was not given); "
-                                "ds_profutils profiles the DeepSpeed engine a Trainer builds")
+        warning_once("ds_profutils.attach: this transformers.Trainer does not train with DeepSpeed "
+                     "(TrainingArguments(deepspeed=...) is not set, or --deepspeed was not given), so there is "
+                     "nothing to profile: ds_profutils profiles the DeepSpeed engine a Trainer builds")
+        return None
+    loaded = load_config(config if config is not None else _ds_config(trainer))  # a bad section fails here
+    resolve_section(loaded.partitioned_param_profiler, options)  # and so does a bad keyword value
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, ProfUtilsTrainerCallback):
             return callback
     callback = ProfUtilsTrainerCallback(trainer, name, config, options)
     trainer.add_callback(callback)
     return callback
+
+
+def _ds_config(trainer: Any) -> Any:
+    """The ds_config the Trainer will give DeepSpeed (HF fills its ``"auto"`` values later; ours have none)."""
+    hf_config = getattr(trainer.args, "hf_deepspeed_config", None)
+    return hf_config.config if hf_config is not None else trainer.args.deepspeed

@@ -1,6 +1,6 @@
 """Profiled runs: one active run per process, ``step_profiler()``'s routing to it, and the plain calls
 that begin, advance and end a run (:func:`start_run`, :func:`advance`, :func:`finish_run`), which the
-profiled block makes, or an attached engine (:mod:`.engine_driven`).
+profiled block makes, or an attached engine (:mod:`ds_profutils.engine.engine_driven`).
 
 A profiled call started while another run is active (nested, or in another thread) runs unprofiled
 beside it, with one warning; the active run's step count is untouched.  The exception is a run an

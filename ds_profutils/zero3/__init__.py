@@ -1,14 +1,11 @@
-"""ZeRO-3 parameter-fetch profiling in a live DeepSpeed engine, and what else ``attach`` puts on it.
+"""What is ZeRO-3's only: the parameter-fetch profiler and what a step record says about fetches.
 
-:mod:`.fetch_profiler` is the profiler DeepSpeed's coordinator calls on every fetch (it also holds
-the step's collectives, from :mod:`.collectives`), :mod:`.recorder` writes its per-step records with
-the memory of :mod:`.memory`, :mod:`.snapshot` writes the allocator's history where memory runs out,
-:mod:`.engine_setup` applies the config's engine settings, :mod:`.hooks` follows the engine's steps,
-and :mod:`.attaching` puts them into an engine with ``attach``.
+:mod:`.fetch_profiler` is the profiler DeepSpeed's coordinator calls on every fetch, :mod:`.entries`
+builds a record's per-event entries, and :mod:`.fetches` puts the profiler in an engine's coordinator
+for the engine's recorder (:mod:`ds_profutils.engine`, which attaches it and owns the records).
 """
-from .attaching import SUPPORTED_DEEPSPEED, AttachError, Attachment, attach
-from .fetch_profiler import NUMEL_UNITS, PartitionedParameterProfiler
-from .recorder import ZeroFetchRecorder
+from .entries import NUMEL_UNITS
+from .fetch_profiler import PartitionedParameterProfiler
+from .fetches import CoordinatorFetches, StepFetches
 
-__all__ = ["NUMEL_UNITS", "SUPPORTED_DEEPSPEED", "AttachError", "Attachment", "PartitionedParameterProfiler",
-           "ZeroFetchRecorder", "attach"]
+__all__ = ["NUMEL_UNITS", "CoordinatorFetches", "PartitionedParameterProfiler", "StepFetches"]

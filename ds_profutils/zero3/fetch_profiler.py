@@ -9,23 +9,27 @@ own figures besides: per event name and in constant memory, exact count, numel, 
 time on ``time.perf_counter_ns()``, percentiles from a bounded random sample
 (:class:`ds_profutils._stats.DurationStats`), and bytes from the parameters' element size.
 
-It is also the one object that holds everything one recorded step measures: the fetch events, their
-device-clock intervals, the collectives of the step (given by :mod:`.collectives`), the most
-parameter elements gathered at once, and how much was gathered by prefetch against on demand.
+It also holds what one recorded step learns about fetches: the fetch events, their device-clock
+intervals, the most parameter elements gathered at once, and how much was gathered by prefetch
+against on demand (the step's time and collectives are the engine's, :mod:`ds_profutils.engine`).
 ``recording`` switches all of it: False costs one attribute test per call, what DeepSpeed's disabled
 profiler costs (``timers is None``).  ``attach`` installs one per engine once and switches
 ``recording`` per step; built directly, it records whenever ``timers`` is not None, as DeepSpeed's.
 
 Clocks: where the accelerator times on the device (``use_host_timers()`` False, e.g. CUDA) the fetch
 waits -- the stall the compute stream sees -- are also bracketed by device events
-(:mod:`.device_clock`); submits, prefetches and the all-gather pair DeepSpeed brackets are launches
+(:mod:`ds_profutils._device_clock`); submits, prefetches and the all-gather pair DeepSpeed brackets are launches
 (the all-gather pair wraps a copy on DeepSpeed's all-gather stream, not the NCCL kernel), so they
 stay on the host clock.
 
-Nothing here raises into DeepSpeed's forward or backward: a start of an event that is running, or a
-stop without a start (DeepSpeed runs leaf-module backward hooks from several threads), is counted
-in ``dropped`` and training goes on (DeepSpeed's would fail an assertion).  Such a stop still counts
-the event and its numel, as DeepSpeed's counters would; it only has no time.
+Nothing here raises into DeepSpeed's forward or backward on odd sequences of a known event: a start
+of an event that is running, or a stop without a start (DeepSpeed runs leaf-module backward hooks
+from several threads), is counted in ``dropped`` and training goes on.  Such a stop still counts the
+event and its numel, as DeepSpeed's counters would; it only has no time.  A stop of an event name
+never started is a caller's mistake, not a race: it raises ``AssertionError("unknown event ...")``
+as DeepSpeed's does (an :class:`~ds_profutils.exceptions.InvalidArgumentError`, which is one) --
+except under ``attach``, which switches ``recording`` per step (``strict`` False), so an event may
+begin before the switch and end after it.
 """
 from __future__ import annotations
 
@@ -36,40 +40,15 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from deepspeed.utils.timer import NoopTimer
 
+from .._device_clock import DeviceEvents, Pair, process_device_events
 from .._stats import FOLD_EVERY, DurationStats
+from ..exceptions import InvalidArgumentError
 from ..logging import log_dist
-from ..timer import _Timer as HostTimer
 from ..nvtx import nvtx_range
-from .device_clock import DeviceEvents, Pair, process_device_events
+from ..timer import _Timer as HostTimer
+from .entries import DEVICE_TIMED, NUMEL_UNITS, device_entry, event_entry
 
-__all__ = [
-    "DEVICE_TIMED", "NUMEL_UNITS", "SIDE_STREAM_SUFFIX", "PartitionedParameterProfiler", "device_entry", "event_entry",
-    "pair_ns", "pairs_clock"
-]
-
-NUMEL_UNITS: Dict[str, str] = {
-    "forward_fetch_submit": "shard",
-    "forward_fetch_wait": "shard",
-    "backward_fetch_submit": "shard",
-    "backward_fetch_wait": "shard",
-    "forward_prefetch_submit": "full",
-    "backward_prefetch_submit": "full",
-    "forward_all_gather": "full",
-    "backward_all_gather": "full",
-}
-"""What DeepSpeed 0.19's coordinator counts as an event's numel.
-
-Fetch and wait events count this rank's shard (``partition_numel``); prefetch and all-gather events
-count the whole parameters (``ds_numel``).  Records name the unit so nobody adds the two.
-"""
-
-DEVICE_TIMED = frozenset({"forward_fetch_wait", "backward_fetch_wait"})
-"""Events timed on the device clock where there is one: the waits the compute stream sees."""
-
-SIDE_STREAM_SUFFIX = "@side-stream"
-"""Appended to a collective called from a stream other than the one the step's forward started on
-(ZeRO-3's gradient reduce-scatter with ``overlap_comm`` runs in its own stream): its time inside the
-collective is its own, and none of it is a stall of the compute stream."""
+__all__ = ["PartitionedParameterProfiler"]
 
 # What an event tells about where an all-gather inside it comes from (DeepSpeed's coordinator opens a
 # submit event, gathers, and closes it): on demand (a fetch submit) or ahead of need (a prefetch submit).
@@ -80,23 +59,7 @@ _KINDS = {
     "forward_prefetch_submit": _PREFETCH, "backward_prefetch_submit": _PREFETCH,
 }
 
-_NS_PER_MS = 1e6
-_PERCENTILES = {"p50_ms": 50, "p95_ms": 95}
 _FROM_ACCELERATOR: Any = object()  # device_events default: as the accelerator's timers decide
-
-
-class _Collective:
-    """One collective op's calls in a step, on one kind of stream: blocking calls and async ones apart.
-
-    Times are kept twice: the host's measure, and device intervals where there is a device clock.
-    """
-
-    __slots__ = ("count", "async_count", "blocking_ns", "async_ns", "blocking_pairs", "async_pairs")
-
-    def __init__(self) -> None:
-        self.count = self.async_count = self.blocking_ns = self.async_ns = 0
-        self.blocking_pairs: List[Pair] = []
-        self.async_pairs: List[Pair] = []
 
 
 class PartitionedParameterProfiler:
@@ -165,6 +128,9 @@ class PartitionedParameterProfiler:
             device_events = process_device_events(get_accelerator())
         self.device_events = device_events
         self.recording = timers is not None
+        # Built directly, recording never changes, so a stop of a name never started is the caller's mistake.
+        # attach switches recording per step: an event may straddle the switch, and is counted in dropped.
+        self.strict = True
         self.logging_enabled = True  # attach lets DeepSpeed's per-forward log_events() through at print steps only
         self._trace_ranges = False
         self.event_counters: Dict[str, PartitionedParameterProfiler.EventCounter] = {}
@@ -172,8 +138,6 @@ class PartitionedParameterProfiler:
         self._open_ranges: Dict[str, nvtx_range] = {}
         # What one step measures besides the events (attach fills in available_params).
         self.available_params: Optional[Callable[[], int]] = None  # the coordinator's count of gathered elements
-        self.compute_stream: Any = None  # the stream the step's forward started on (device clock)
-        self.collectives: Dict[tuple, _Collective] = {}
         self.live_params_max = 0
         self.gathered = {_ON_DEMAND: 0, _PREFETCH: 0}
         self.trace_cache_invalidations = 0
@@ -216,6 +180,8 @@ class PartitionedParameterProfiler:
         end_ns = perf_counter_ns()
         counter = self.event_counters.get(name)
         if counter is None:
+            if self.strict:  # never started: a caller's mistake, which DeepSpeed's asserts on
+                raise InvalidArgumentError(f"unknown event {name}")
             counter = self._new_counter(name)
         counter.count += 1
         counter.num_elem += num_elem
@@ -308,33 +274,12 @@ class PartitionedParameterProfiler:
                 pass
             scope.__exit__(None, None, None)
 
-    # ---- collectives (called by .collectives while recording) ----------------------------------------
-
-    def add_collective(self, op: str, stream: Any, is_async: bool, host_ns: int, pair: Optional[Pair]) -> None:
-        """One collective of this step: ``host_ns`` and ``pair`` time it on its own stream (``stream``, the
-        stream it was issued on; None on the host clock).  An async one is counted at its wait."""
-        side = stream is not None and stream != self.compute_stream
-        totals = self.collectives.get((op, side))
-        if totals is None:
-            totals = self.collectives[(op, side)] = _Collective()
-        totals.count += 1
-        if is_async:
-            totals.async_count += 1
-            totals.async_ns += host_ns
-            if pair is not None:
-                totals.async_pairs.append(pair)
-        else:
-            totals.blocking_ns += host_ns
-            if pair is not None:
-                totals.blocking_pairs.append(pair)
-
     # ---- DeepSpeed's step interface ------------------------------------------------------------------
 
     def reset_events(self) -> None:
         """Zero every counter (DeepSpeed calls this at the start of each forward)."""
         for counter in self.event_counters.values():
             counter.reset()
-        self.collectives = {}
         self.live_params_max = 0
         self.gathered = {_ON_DEMAND: 0, _PREFETCH: 0}
         self.trace_cache_invalidations = 0
@@ -390,45 +335,3 @@ class PartitionedParameterProfiler:
 def _needs_extras(counter: "PartitionedParameterProfiler.EventCounter") -> bool:
     """Whether an event always has more to do than the host clock: device events, a timer, all-gathers."""
     return counter.device_pairs is not None or counter.timer is not None or counter.kind is not None
-
-
-def device_entry(name: str, host: Dict[str, Any], pairs: List[Pair], element_size: Optional[int]) -> Dict[str, Any]:
-    """Event ``name``'s entry on the device clock: its device intervals (the host's measure of each whose
-    device time is not known), with the host's total kept as ``host_time_ms``."""
-    durations = DurationStats(name)
-    for pair in pairs:
-        durations.add(pair_ns(pair))
-    entry = event_entry(name, host["count"], host["numel"], host["dropped"], durations, pairs_clock(pairs),
-                        element_size)
-    entry["host_time_ms"] = host["time_ms"]
-    return entry
-
-
-def pair_ns(pair: Pair) -> float:
-    """A pair's device time once known, else the host time measured beside it."""
-    return pair.device_ns if pair.resolved else pair.host_ns
-
-
-def pairs_clock(pairs: List[Pair]) -> str:
-    """``"device"`` when every pair's device time is known, else ``"host-fallback"``."""
-    return "device" if all(pair.resolved for pair in pairs) else "host-fallback"
-
-
-def event_entry(name: str, count: int, numel: int, dropped: int, durations: DurationStats, clock: str,
-                element_size: Optional[int]) -> Dict[str, Any]:
-    """One event's record entry: DeepSpeed's count and numel, bytes, and the durations in ms on ``clock``."""
-    total, low, high = durations.figures()
-    entry: Dict[str, Any] = {
-        "count": count,
-        "numel": numel,
-        "numel_unit": NUMEL_UNITS.get(name),
-        "bytes": None if element_size is None else numel * element_size,
-        "time_ms": total / _NS_PER_MS,
-        "min_ms": None if low is None else low / _NS_PER_MS,
-        "max_ms": None if high is None else high / _NS_PER_MS,
-    }
-    for key, value in zip(_PERCENTILES, durations.percentiles(*_PERCENTILES.values())):
-        entry[key] = None if value is None else value / _NS_PER_MS
-    entry["dropped"] = dropped
-    entry["clock"] = clock
-    return entry

@@ -18,7 +18,7 @@ import torch
 
 from ds_profutils.config import load_config
 from ds_profutils.timer import SynchronizedWallClockTimer
-from ds_profutils.zero3.engine_setup import TIMER_HOLDERS, apply_engine_settings
+from ds_profutils.engine.engine_setup import TIMER_HOLDERS, apply_engine_settings
 
 
 def make_engine(stage: int):

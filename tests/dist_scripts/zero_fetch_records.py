@@ -22,7 +22,7 @@ import torch
 
 import ds_profutils
 from ds_profutils.timer import SynchronizedWallClockTimer
-from ds_profutils.zero3 import AttachError
+from ds_profutils.engine import AttachError
 
 TRAIN_STEPS = 4
 EVAL_AFTER_STEP = 2  # an eval forward between train steps 2 and 3 (0-based), written at the next forward

@@ -15,6 +15,11 @@ waits on its device, as a GPU job's host does, so two ranks sharing two busy cor
 "slowed" trains with rank 1 sleeping 30 ms more in forward, engine "slowed-backward" with rank 1
 sleeping 30 ms more in backward only, then engine "calm" trains with no rank slowed.
 
+``--mode interleaved``: the real CPU accelerator; an actor and a critic (ZeRO-3 engines of different
+sizes) train one after the other (engines "actor-alone", "critic-alone"), then two new ones ("actor",
+"critic") train with their steps interleaved as an RLHF loop runs them: both forwards, both backwards,
+both optimizer steps.
+
 Records go to ``{out}/records``.
 """
 import argparse
@@ -31,7 +36,7 @@ from deepspeed.accelerator import get_accelerator, set_accelerator
 from deepspeed.comm import comm
 
 import ds_profutils
-from ds_profutils.zero3.collectives import ALWAYS_BLOCKING, ASYNC_OP_POSITION
+from ds_profutils.engine.collectives import ALWAYS_BLOCKING, ASYNC_OP_POSITION
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
 from stream_clock import StandInStream, StreamClockAccelerator, simulate_collectives  # noqa: E402
@@ -182,10 +187,28 @@ def straggler_mode(records: Path, rank: int) -> dict:
     return {"slowed_rank": 1, "slow_ms": SLOW_SECONDS * 1e3}
 
 
+def interleaved_mode(records: Path, rank: int) -> dict:
+    generator = torch.Generator().manual_seed(rank)
+    for name, width in (("actor-alone", 32), ("critic-alone", 96)):
+        engine = engine_for(width, records)
+        with ds_profutils.attach(engine, name=name):
+            for _ in range(STEPS):
+                micro_step(engine, generator)
+    engines = (engine_for(32, records), engine_for(96, records))
+    with ds_profutils.attach(engines[0], name="actor"), ds_profutils.attach(engines[1], name="critic"):
+        for _ in range(STEPS):
+            losses = [engine(torch.randn(4, 16, generator=generator)).pow(2).mean() for engine in engines]
+            for engine, loss in zip(engines, losses):
+                engine.backward(loss)
+            for engine in engines:
+                engine.step()
+    return {"steps": STEPS}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--mode", choices=("device", "straggler"), required=True)
+    parser.add_argument("--mode", choices=("device", "straggler", "interleaved"), required=True)
     parser.add_argument("--local_rank", type=int, default=-1)
     args = parser.parse_args()
     if args.mode == "device":
@@ -193,7 +216,8 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     rank = torch.distributed.get_rank()
     records = args.out / "records"
-    expected = (device_mode if args.mode == "device" else straggler_mode)(records, rank)
+    mode = {"device": device_mode, "straggler": straggler_mode, "interleaved": interleaved_mode}[args.mode]
+    expected = mode(records, rank)
     (args.out / f"expected_rank_{rank}.json").write_text(json.dumps(expected))
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from deepspeed.utils.timer import NoopTimer
 
-from ds_profutils.zero3.device_clock import DeviceEvents
+from ds_profutils._device_clock import DeviceEvents
 from ds_profutils.zero3.fetch_profiler import PartitionedParameterProfiler
 from test_zero_attach import Engine, read_records, recorder_for
 

@@ -7,10 +7,10 @@ import torch
 
 from ds_profutils.config import MemorySnapshotConfig
 from ds_profutils.outputs import ProcessIdentity
-from ds_profutils.zero3 import snapshot
-from ds_profutils.zero3.attaching import _StepSnapshots
-from ds_profutils.zero3.hooks import EngineHooks
-from ds_profutils.zero3.memory import StepMemory
+from ds_profutils.engine import snapshot
+from ds_profutils.engine.attaching import _StepSnapshots
+from ds_profutils.engine.hooks import EngineHooks
+from ds_profutils.engine.memory import StepMemory
 from test_zero_attach import Engine, read_records, recorder_for
 
 MB = 2**20

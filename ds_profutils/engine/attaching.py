@@ -2,12 +2,11 @@
 
 DeepSpeed 0.19's ZeRO-3 parameter coordinator times every fetch through a profiler object that is
 switched off in source (``ENABLE_PROFILER = False``).  ``attach`` puts our
-``PartitionedParameterProfiler`` in its place on the engine's coordinator, without editing DeepSpeed,
-and a :class:`~.recorder.ZeroFetchRecorder` writes one JSON line per step and rank.  It also applies
-the config's engine settings (:mod:`.engine_setup`), the memory snapshot (:mod:`.snapshot`) and the
-torch profiler driven by the engine's steps
-(:mod:`ds_profutils.torch_profiler.engine_driven`), all following the engine through one set of
-hooks (:mod:`.hooks`).  An engine it does not know is
+``PartitionedParameterProfiler`` in its place on the engine's coordinator, without editing DeepSpeed
+(:class:`ds_profutils.zero3.CoordinatorFetches`), and a :class:`~.recorder.StepRecorder` writes one
+JSON line per step and rank.  It also applies the config's engine settings (:mod:`.engine_setup`),
+the memory snapshot (:mod:`.snapshot`) and the torch profiler driven by the engine's steps
+(:mod:`.engine_driven`), all following the engine through one set of hooks (:mod:`.hooks`).  An engine it does not know is
 refused, untouched.  :class:`Attachment` is what it returns: ``close()`` takes everything off again.
 """
 from __future__ import annotations
@@ -26,26 +25,28 @@ from ..config import ProfUtilsConfig, check_ranks, load_config, resolve_section
 from ..exceptions import InvalidArgumentError
 from ..logging import log_dist, logger, warning_once
 from ..outputs import ENGINE_NAME, MAIN_ENGINE, ProcessIdentity, fetch_records_file, process_identity
-from ..torch_profiler.engine_driven import EngineDrivenProfiler
+from .._device_clock import process_device_events
+from ..zero3 import PartitionedParameterProfiler
+from ..zero3.fetches import PROFILER_ATTR
 from . import snapshot
-from .device_clock import process_device_events
+from .engine_driven import EngineDrivenProfiler
 from .engine_setup import apply_engine_settings
-from .fetch_profiler import PartitionedParameterProfiler
 from .hooks import EngineHooks, Listener
 from .memory import StepMemory
-from .recorder import PROFILER_ATTR, ZeroFetchRecorder
+from .recorder import StepRecorder
 
-__all__ = ["ATTACHMENT_ATTR", "AttachError", "Attachment", "SUPPORTED_DEEPSPEED", "attach"]
+__all__ = ["ATTACHMENT_ATTR", "AttachError", "Attachment", "SUPPORTED_DEEPSPEED", "attach", "continue_series"]
 
 ATTACHMENT_ATTR = "_ds_profutils_attachment"
 """The engine attribute holding its attachment while attached, so ``attach`` twice returns the same one."""
-NAME_ATTR = "_ds_profutils_engine_name"
-"""The engine attribute holding the name it records under (kept after close: attaching again appends)."""
 SUPPORTED_DEEPSPEED = SpecifierSet(">=0.19.0,<0.20")
 """DeepSpeed releases whose coordinator layout ``attach`` knows (one coordinator per engine, its
 profiler in the name-mangled ``__profiler`` attribute, DeepSpeed's event names)."""
 
 _attached_names: Dict[str, "weakref.ref[Attachment]"] = {}  # names whose engines are attached now
+# The name each engine records under, kept after close (attaching again appends), held beside the engine
+# rather than on it: close() leaves nothing on the engine, and a dropped engine is not kept alive.
+_engine_names: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 _started_files: Set[Path] = set()  # record files this process started: attaching again appends
 _unnamed_attached = 0
 
@@ -113,7 +114,7 @@ def _engine_name(engine: Any, requested: Optional[str]) -> str:
     attachment was closed may be taken again (its file is then appended to: a resumed ``train()``).
     """
     global _unnamed_attached
-    name = getattr(engine, NAME_ATTR, None)
+    name = _engine_names.get(engine)
     if name is None:
         if requested is None:
             name = MAIN_ENGINE if _unnamed_attached == 0 else f"engine{_unnamed_attached}"
@@ -123,13 +124,19 @@ def _engine_name(engine: Any, requested: Optional[str]) -> str:
                                        f"(the first unnamed engine's), got {requested!r}")
         else:
             name = requested
-        setattr(engine, NAME_ATTR, name)
+        _engine_names[engine] = name
     holder = _attached_names.get(name)
     other = holder() if holder is not None else None
     if other is not None and not other.closed and other.engine is not engine:
         raise InvalidArgumentError(f"attach: an engine named {name!r} is already attached in this process; "
                                    f"give each engine its own name=")
     return name
+
+
+def continue_series(engine: Any, name: str) -> None:
+    """``engine`` continues the records of ``name`` (a framework's next engine for a resumed run): attached
+    without a name, it records under ``name`` and appends to its file.  An engine named already keeps its name."""
+    _engine_names.setdefault(engine, name)
 
 
 class _StepSnapshots(Listener):
@@ -166,14 +173,14 @@ class Attachment:
     def __init__(self, engine: Any, name: Optional[str], undo_settings: Optional[Callable[[], None]]) -> None:
         self.engine = engine
         self.name = name
-        self.recorder: Optional[ZeroFetchRecorder] = None
+        self.recorder: Optional[StepRecorder] = None
         self._hooks: Optional[EngineHooks] = None
         self._undo_settings = undo_settings
         self._closers: List[Callable[[], None]] = []
         self.closed = False
         setattr(engine, ATTACHMENT_ATTR, self)
         if name is not None:
-            setattr(engine, NAME_ATTR, name)
+            _engine_names[engine] = name
             _attached_names[name] = weakref.ref(self)
 
     def add(self, listener: Listener, close: Callable[[], None]) -> None:
@@ -276,13 +283,13 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
                      config: ProfUtilsConfig) -> None:
     engine, name = attachment.engine, attachment.name
     path = fetch_records_file(settings.output_dir, identity.rank, name).resolve()
-    recorder = ZeroFetchRecorder(engine, coordinator, settings,
-                                 name=name,
-                                 identity=identity,
-                                 dtype=engine.get_data_types()[0],
-                                 device_events=process_device_events(get_accelerator()),
-                                 memory=StepMemory(get_accelerator()) if settings.memory else None,
-                                 append=path in _started_files)
+    recorder = StepRecorder(engine, coordinator, settings,
+                            name=name,
+                            identity=identity,
+                            dtype=engine.get_data_types()[0],
+                            device_events=process_device_events(get_accelerator()),
+                            memory=StepMemory(get_accelerator()) if settings.memory else None,
+                            append=path in _started_files)
     _started_files.add(path)
     attachment.recorder = recorder
     attachment.add(recorder, recorder.close)

@@ -10,7 +10,7 @@ It is the decorator's run, driven by other calls:
   its schedule counts the engine's optimizer steps from there;
 * a step ends when ``engine.step()`` returns having taken an optimizer step (the boundary of gradient
   accumulation), and is named ``ProfilerStep#N`` by the engine's global step, as the fetch records are;
-* the window in flight is written at ``close()``, at process exit (:mod:`.calls`), and on interruption: a SIGTERM or
+* the window in flight is written at ``close()``, at process exit (:mod:`ds_profutils.torch_profiler.calls`), and on interruption: a SIGTERM or
   SIGINT waits for the next optimizer step as with the decorator, and where none comes in time the
   exception the signal guard raises is caught leaving the engine's forward, backward or step, and
   the window is written there, before the program's own cleanup runs (a barrier in a ``finally``
@@ -25,10 +25,10 @@ import torch
 from ..config import ProfilerConfig
 from ..logging import logger
 from ..outputs import process_identity
-from ..zero3.hooks import Listener
-from .calls import advance, finish_run, start_run
-from .run import ProfilerRun
-from .writer import show_comms_summary
+from ..torch_profiler.calls import advance, finish_run, start_run
+from ..torch_profiler.run import ProfilerRun
+from ..torch_profiler.writer import show_comms_summary
+from .hooks import Listener
 
 __all__ = ["EngineDrivenProfiler"]
 

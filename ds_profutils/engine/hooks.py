@@ -14,6 +14,11 @@ Removing them restores exactly what was there: an instance attribute another wra
 engine before is put back, none is left where there was none.  A wrapper put over ours after attach
 keeps calling ours, which then passes calls through untouched.
 
+The hooks also say which engine is running now (:data:`running`): the one whose forward, backward or
+step the process is inside, so a collective issued there is that engine's (two engines' steps
+interleave in actor/critic loops).  It is process-wide, not per thread: DeepSpeed's backward hooks run
+on autograd's threads on behalf of the engine's backward.
+
 A listener's error never reaches the training loop: it is logged and that listener is stopped
 (:meth:`Listener.stop_after_error`), the engine goes on.  An exception raised by a signal handler
 while a listener ran (torch's DataLoader SIGCHLD handler, a program's own) is not the listener's: it
@@ -28,9 +33,22 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-__all__ = ["EngineHooks", "Listener", "raised_by_signal_handler"]
+__all__ = ["EngineHooks", "Listener", "raised_by_signal_handler", "running"]
 
 _ABSENT = object()
+
+
+class _Running:
+    """``engine_id``: ``id()`` of the engine whose forward, backward or step runs now; None outside all."""
+
+    __slots__ = ("engine_id", )
+
+    def __init__(self) -> None:
+        self.engine_id: Optional[int] = None
+
+
+running = _Running()
+"""Which engine runs now (see the module doc); read by the collective wrappers on every collective."""
 
 
 class Listener:
@@ -87,10 +105,14 @@ class EngineHooks:
         self.engine = engine
         self.listeners: List[Listener] = []
         self._active = True
+        self._engine_id = id(engine)
+        self._outside: Optional[int] = None  # the engine running when this one's forward started
         module = engine.module
         self._handles = [
             module.register_forward_pre_hook(self._forward_started, prepend=True),
             module.register_forward_hook(self._forward_ended),
+            # also when the forward raises: no later collective is this engine's by mistake
+            module.register_forward_hook(self._forward_left, always_call=True),
         ]
         self._wrapped: List[tuple] = []  # (attribute, what the instance held before, our wrapper)
         self._wrap("backward", self._around_backward)
@@ -120,6 +142,8 @@ class EngineHooks:
         """Take every hook off and restore what the engine held (see the module doc)."""
         self._active = False
         self.listeners = []
+        if running.engine_id == self._engine_id:  # removed inside its own forward (a listener failed there)
+            running.engine_id = self._outside
         for handle in self._handles:
             handle.remove()
         engine = self.engine
@@ -152,20 +176,33 @@ class EngineHooks:
 
     def _forward_started(self, module: torch.nn.Module, args: Any) -> None:
         if self._active:
+            self._outside, running.engine_id = running.engine_id, self._engine_id
             self._tell("forward_started", module)
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._active:
             self._tell("forward_ended", module)
 
+    def _forward_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if running.engine_id == self._engine_id:
+            running.engine_id = self._outside
+
     def _around_backward(self, backward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        result = self._around_call(backward, *args, **kwargs)
+        outside, running.engine_id = running.engine_id, self._engine_id
+        try:
+            result = self._around_call(backward, *args, **kwargs)
+        finally:
+            running.engine_id = outside
         self._tell("backward_ended")
         return result
 
     def _around_step(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        self._tell("step_started")
-        result = self._around_call(step, *args, **kwargs)
+        outside, running.engine_id = running.engine_id, self._engine_id
+        try:
+            self._tell("step_started")
+            result = self._around_call(step, *args, **kwargs)
+        finally:
+            running.engine_id = outside
         self._tell("step_ended")  # not on an exception: that step did not finish
         return result
 

@@ -1,5 +1,8 @@
 """Intervals on the device clock, read without ever synchronizing the device on the hot path.
 
+One pool per process serves the ZeRO-3 fetch profiler (:mod:`ds_profutils.zero3`) and the engine's
+step records and collectives (:mod:`ds_profutils.engine`), so it lives below both.
+
 With NCCL, ``Work.wait()`` returns once the compute stream has been told to wait for the all-gather,
 so a fetch wait timed on the host holds only the launch.  The stall the compute stream really sees is
 between two events recorded on it.  Where ``get_accelerator().use_host_timers()`` is False (how
@@ -19,7 +22,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional
 
-__all__ = ["DeviceEvents", "Pair", "process_device_events"]
+__all__ = ["DeviceEvents", "Pair", "pair_ns", "pairs_clock", "process_device_events"]
 
 _NS_PER_MS = 1e6
 
@@ -37,6 +40,16 @@ class Pair:
     @property
     def resolved(self) -> bool:
         return self.device_ns is not None
+
+
+def pair_ns(pair: Pair) -> float:
+    """A pair's device time once known, else the host time measured beside it."""
+    return pair.device_ns if pair.resolved else pair.host_ns
+
+
+def pairs_clock(pairs: List[Pair]) -> str:
+    """``"device"`` when every pair's device time is known, else ``"host-fallback"``."""
+    return "device" if all(pair.resolved for pair in pairs) else "host-fallback"
 
 
 class DeviceEvents:

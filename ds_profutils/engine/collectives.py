@@ -3,7 +3,9 @@
 Which rank the others wait for is seen in the collectives they share: a rank that arrives late spends
 the least time inside them, its peers spend that much longer waiting there.  So every call through
 ``deepspeed.comm``'s backend object (``cdb``, which every ``deepspeed.comm`` collective calls once) is
-timed while a profiler records, and handed to that :class:`~.fetch_profiler.PartitionedParameterProfiler`:
+timed while an engine records, and handed to the :class:`~.step.StepRecord` of the engine whose forward,
+backward or step is running (:data:`.hooks.running`; outside every engine's calls, to every engine
+recording then):
 
 * a blocking call, from its start to its end on the stream it is issued on: device events recorded on
   that stream around the call where the accelerator times on the device (with NCCL a blocking call
@@ -13,10 +15,10 @@ timed while a profiler records, and handed to that :class:`~.fetch_profiler.Part
   waiting stream; on the host clock the time blocked in ``wait()`` (the host cannot see when the
   collective itself ended, and launch-to-wait would count the compute in between).
 
-The profiler tells the compute stream (the one its step's forward started on) from side streams
+The record tells the compute stream (the one its step's forward started on) from side streams
 (ZeRO-3's gradient reduce-scatter with ``overlap_comm``): only blocking calls on the compute stream
 stall it.  DeepSpeed's comms logger is not built upon: it synchronizes the device after every
-collective.  The wrappers are installed while at least one profiler is attached and removed with the
+collective.  The wrappers are installed while at least one engine is recorded and removed with the
 last one.
 """
 from __future__ import annotations
@@ -25,10 +27,11 @@ import weakref
 from time import perf_counter_ns
 from typing import Any, Callable, Dict, List, Optional
 
-from .device_clock import DeviceEvents
-from .fetch_profiler import PartitionedParameterProfiler
+from .._device_clock import DeviceEvents
+from .hooks import running
+from .step import EngineCollectives
 
-__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "attach_profiler"]
+__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "attach_engine"]
 
 ASYNC_OP_POSITION: Dict[str, int] = {
     "all_reduce": 3,
@@ -59,10 +62,10 @@ class _TimedWork:
     Everything else is the handle's own (DeepSpeed wraps handles the same way, e.g. its StagedWork).
     """
 
-    def __init__(self, work: Any, op: str, stream: Any, start: Any, profilers: List[PartitionedParameterProfiler],
+    def __init__(self, work: Any, op: str, stream: Any, start: Any, engines: List[EngineCollectives],
                  events: Optional[DeviceEvents]) -> None:
         self._work, self._op, self._stream, self._start = work, op, stream, start
-        self._profilers, self._events = profilers, events
+        self._engines, self._events = engines, events
         self._timed = False
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
@@ -74,15 +77,15 @@ class _TimedWork:
         host_ns = perf_counter_ns() - began
         events, start = self._events, self._start
         self._start = None
-        recording = [profiler for profiler in self._profilers if profiler.recording]
+        recording = [engine.step for engine in self._engines if engine.step is not None]
         pair = None
         if events is not None:
             if recording:
                 pair = events.pair(start, events.mark(), host_ns)
             else:
                 events.release(start)
-        for profiler in recording:
-            profiler.add_collective(self._op, self._stream, True, host_ns, pair)
+        for step in recording:
+            step.add_collective(self._op, self._stream, True, host_ns, pair)
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -94,16 +97,16 @@ class _TimedWork:
 
 
 class _Monitor:
-    """The wrappers installed on one backend object, and the profilers attached to them."""
+    """The wrappers installed on one backend object, and the engines recorded through them."""
 
     def __init__(self, backend: Any, device_events: Optional[DeviceEvents],
                  current_stream: Optional[Callable[[], Any]]) -> None:
         self.backend = backend
         self.device_events = device_events
         self.current_stream = current_stream
-        # Weakly: a profiler reaches its engine's modules through the coordinator, and a dropped engine
-        # must not be kept alive by the process-wide wrappers.
-        self.profilers: List["weakref.ref[PartitionedParameterProfiler]"] = []
+        # Weakly: a recorder reaches its engine, and a dropped engine must not be kept alive by the
+        # process-wide wrappers.
+        self.engines: List["weakref.ref[EngineCollectives]"] = []
         self._before: Dict[str, Any] = {}  # what the backend instance held under each name wrapped
         self._wrappers: Dict[str, Callable[..., Any]] = {}
         for op in [*ASYNC_OP_POSITION, *ALWAYS_BLOCKING]:
@@ -116,8 +119,7 @@ class _Monitor:
     def _timed(self, op: str, method: Callable[..., Any], async_position: Optional[int]) -> Callable[..., Any]:
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            recording = [profiler for profiler in map(weakref.ref.__call__, self.profilers)
-                         if profiler is not None and profiler.recording]
+            recording = self._recording()
             if not recording:
                 return method(*args, **kwargs)
             is_async = _is_async(args, kwargs, async_position)
@@ -139,15 +141,24 @@ class _Monitor:
                 return _TimedWork(result, op, stream, start, recording, events)
             host_ns = perf_counter_ns() - began
             pair = events.pair(start, events.mark(), host_ns) if events is not None else None
-            for profiler in recording:
-                profiler.add_collective(op, stream, False, host_ns, pair)
+            for engine in recording:
+                if engine.step is not None:
+                    engine.step.add_collective(op, stream, False, host_ns, pair)
             return result
 
         return timed
 
+    def _recording(self) -> List[EngineCollectives]:
+        """The engines a collective issued now belongs to: the running one if it records, else (outside
+        every engine's calls) every engine recording."""
+        engines = [engine for engine in map(weakref.ref.__call__, self.engines)
+                   if engine is not None and engine.step is not None]
+        now = running.engine_id
+        return engines if now is None else [engine for engine in engines if engine.engine_id == now]
+
     def remove(self) -> None:
         """Give the backend back as it was: a wrapper put there before ours stays; ours, if wrapped since by
-        someone else, stays in the chain (it times nothing once no profiler is attached)."""
+        someone else, stays in the chain (it times nothing once no engine is recorded)."""
         attributes = vars(self.backend)
         for op, wrapper in self._wrappers.items():
             if attributes.get(op) is not wrapper:
@@ -167,10 +178,10 @@ def _is_async(args: tuple, kwargs: Dict[str, Any], position: Optional[int]) -> b
 _monitor: Optional[_Monitor] = None
 
 
-def attach_profiler(profiler: PartitionedParameterProfiler) -> Callable[[], None]:
-    """Time the collectives of ``profiler``'s recorded steps from now on; return the call that stops it.
+def attach_engine(engine: EngineCollectives, device_events: Optional[DeviceEvents]) -> Callable[[], None]:
+    """Time the collectives of ``engine``'s recorded steps from now on; return the call that stops it.
 
-    The first profiler attached installs the wrappers on ``deepspeed.comm``'s backend; the call returned
+    The first engine attached installs the wrappers on ``deepspeed.comm``'s backend; the call returned
     by the last one removes them.  Without a backend (``init_distributed`` not called) nothing is timed.
     """
     global _monitor
@@ -180,23 +191,22 @@ def attach_profiler(profiler: PartitionedParameterProfiler) -> Callable[[], None
     if backend is None:
         return lambda: None
     if _monitor is None or _monitor.backend is not backend:
-        events = profiler.device_events
         current_stream = None
-        if events is not None:
+        if device_events is not None:
             from deepspeed.accelerator import get_accelerator
 
             current_stream = get_accelerator().current_stream
-        _monitor = _Monitor(backend, events, current_stream)
+        _monitor = _Monitor(backend, device_events, current_stream)
     monitor = _monitor
-    ref = weakref.ref(profiler)
-    monitor.profilers.append(ref)
+    ref = weakref.ref(engine)
+    monitor.engines.append(ref)
 
     def detach() -> None:
         global _monitor
-        if ref not in monitor.profilers:
+        if ref not in monitor.engines:
             return
-        monitor.profilers.remove(ref)
-        if not monitor.profilers:
+        monitor.engines.remove(ref)
+        if not monitor.engines:
             monitor.remove()
             if _monitor is monitor:
                 _monitor = None

@@ -1,0 +1,125 @@
+"""One step record being filled, for an engine of any ZeRO stage, and the engine's share of collectives.
+
+A :class:`StepRecord` is what the recorder opens at a forward start: the fields read then, the
+step's clocks, every collective of the step (given by :mod:`.collectives`), and, on ZeRO-3 with the
+fetch profiler, what the step learned about fetches (:class:`ds_profutils.zero3.StepFetches`).
+Nothing in it depends on ZeRO-3: without fetches a record holds the step time and its collectives.
+
+A collective belongs to the engine whose forward, backward or step is running when it is issued
+(actor and critic steps interleave in RLHF loops), told by :mod:`.hooks`; one issued outside every
+engine's calls (a loss all-reduce in the program's loop) belongs to every engine recording then, as
+no engine can be told from another there.  :class:`EngineCollectives` is the engine's place in the
+process-wide wrappers: its ``step`` is the record collectives go to, None while nothing is recorded.
+"""
+from __future__ import annotations
+
+from time import perf_counter_ns
+from typing import Any, Dict, List, Optional
+
+from .._device_clock import Pair, pair_ns, pairs_clock
+
+__all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "StepRecord"]
+
+SIDE_STREAM_SUFFIX = "@side-stream"
+"""Appended to a collective called from a stream other than the one the step's forward started on
+(ZeRO-3's gradient reduce-scatter with ``overlap_comm`` runs in its own stream): its time inside the
+collective is its own, and none of it is a stall of the compute stream."""
+_NS_PER_MS = 1e6
+
+
+class _Collective:
+    """One collective op's calls in a step, on one kind of stream: blocking calls and async ones apart.
+
+    Times are kept twice: the host's measure, and device intervals where there is a device clock.
+    """
+
+    __slots__ = ("count", "async_count", "blocking_ns", "async_ns", "blocking_pairs", "async_pairs")
+
+    def __init__(self) -> None:
+        self.count = self.async_count = self.blocking_ns = self.async_ns = 0
+        self.blocking_pairs: List[Pair] = []
+        self.async_pairs: List[Pair] = []
+
+
+class StepRecord:
+    """One record being filled: what was read at the forward start, and what its step measured."""
+
+    def __init__(self, fields: Dict[str, Any], start_mark: Any, compute_stream: Any) -> None:
+        self.fields = fields
+        self.start_ns = self.end_ns = perf_counter_ns()
+        self.start_mark, self.end_mark = start_mark, None
+        self.compute_stream = compute_stream  # the stream the forward started on (device clock), else None
+        self.forward_done = self.backward_done = self.step_done = False
+        self.collectives: Dict[tuple, _Collective] = {}
+        self.fetches: Any = None  # ZeRO-3's StepFetches, once the step is finished
+        self.step_pair: Optional[Pair] = None
+
+    def complete(self, closing: bool) -> bool:
+        """Whether this record holds a whole step: its ``step()`` returned, or its forward ended and no
+        ``step()`` was to come -- an eval forward, or a second forward started before one ``step()``
+        (a micro step before the accumulation boundary, which ended when its backward returned).  At
+        close, a train forward whose backward never returned was cut short (SIGTERM in its backward,
+        an exception): not a whole step."""
+        if self.step_done or self.backward_done:
+            return True
+        return self.forward_done and (not closing or self.fields["mode"] == "eval")
+
+    def add_collective(self, op: str, stream: Any, is_async: bool, host_ns: int, pair: Optional[Pair]) -> None:
+        """One collective of this step: ``host_ns`` and ``pair`` time it on its own stream (``stream``, the
+        stream it was issued on; None on the host clock).  An async one is counted at its wait."""
+        side = stream is not None and stream != self.compute_stream
+        totals = self.collectives.get((op, side))
+        if totals is None:
+            totals = self.collectives[(op, side)] = _Collective()
+        totals.count += 1
+        if is_async:
+            totals.async_count += 1
+            totals.async_ns += host_ns
+            if pair is not None:
+                totals.async_pairs.append(pair)
+        else:
+            totals.blocking_ns += host_ns
+            if pair is not None:
+                totals.blocking_pairs.append(pair)
+
+    def pairs(self) -> List[Pair]:
+        """Every device interval the record waits for before it is written."""
+        found = self.fetches.pairs() if self.fetches is not None else []
+        for totals in self.collectives.values():
+            found += totals.blocking_pairs + totals.async_pairs
+        return found + ([self.step_pair] if self.step_pair is not None else [])
+
+    def timing(self) -> Dict[str, Any]:
+        """The record's step time and collectives, in ms, on the clock each was measured on."""
+        step_ns = pair_ns(self.step_pair) if self.step_pair else self.end_ns - self.start_ns
+        entries = {}
+        for (op, side), totals in self.collectives.items():
+            blocking_ms = _total_ms(totals.blocking_pairs, totals.blocking_ns)
+            inside_ms = blocking_ms + _total_ms(totals.async_pairs, totals.async_ns)
+            pairs = totals.blocking_pairs + totals.async_pairs
+            entries[op + SIDE_STREAM_SUFFIX if side else op] = {
+                "count": totals.count, "async": totals.async_count, "time_ms": inside_ms,
+                "exposed_ms": 0.0 if side else blocking_ms, "stream": "side" if side else "compute",
+                "clock": pairs_clock(pairs) if pairs else "host"
+            }
+        return {
+            "step_time_ms": step_ns / _NS_PER_MS,
+            "collectives": entries,
+            "collective_ms": sum(entry["time_ms"] for entry in entries.values()),
+            "collective_wait_ms": sum(entry["exposed_ms"] for entry in entries.values()),
+        }
+
+
+class EngineCollectives:
+    """One recorded engine's place in the collective wrappers (see the module doc)."""
+
+    __slots__ = ("engine_id", "step", "__weakref__")
+
+    def __init__(self, engine: Any) -> None:
+        self.engine_id = id(engine)  # what the hooks say is running; never the engine itself (kept alive)
+        self.step: Optional[StepRecord] = None
+
+
+def _total_ms(pairs: List[Pair], host_ns: int) -> float:
+    """Intervals on the device clock where there are any, else the host's total."""
+    return (sum(map(pair_ns, pairs)) if pairs else host_ns) / _NS_PER_MS
