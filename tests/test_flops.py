@@ -59,6 +59,7 @@ def test_tokens_and_samples_follow_the_documented_rule():
     floats = torch.randn(3, 5)
     assert inspect_batch((), {"input_ids": ids, "attention_mask": mask})[1:] == (28, 4)
     assert inspect_batch((floats, ids), {})[1:] == (28, 4)  # the first integer tensor argument
+    assert inspect_batch((torch.zeros(2, 3, dtype=torch.int32), ), {"input_ids": ids})[1:] == (28, 4)  # named wins
     assert inspect_batch((mask, floats), {})[1:] == (None, 4)  # a bool mask holds no tokens; samples: the first
     assert inspect_batch((floats, ), {})[1:] == (None, 3)  # a float batch gives samples only
     assert inspect_batch((), {"pixel_values": floats})[1:] == (None, 3)

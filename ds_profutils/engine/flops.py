@@ -42,6 +42,10 @@ where there are no tokens), ``flops_source`` ``"scaled"`` rather than ``"counted
 log line.  Linear scaling is exact for the dense layers and underestimates attention, whose FLOPs
 grow with the square of the sequence length.
 
+With activation checkpointing the forward recomputed in the backward is counted too: the figure is
+what the hardware computed (as FlopCounterMode over the same micro step says), above the model FLOPs
+of PaLM's MFU definition by about one forward.
+
 Tokens and samples of a micro step, where its inputs show them: the token tensor is the keyword
 argument ``input_ids`` when it is a tensor, else the first positional argument that is an integer
 tensor (not bool); ``tokens`` is its element count (padding included, as the FLOPs count it) and
@@ -121,9 +125,7 @@ def inspect_batch(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[tup
     Each tensor's ``shape`` is read once (building a ``torch.Size`` is most of the cost of a known step).
     """
     shapes: List[Any] = []
-    ids = kwargs.get("input_ids")
-    tokens = ids.shape if isinstance(ids, torch.Tensor) else None
-    first = None
+    tokens = first = None
     for value in args:
         if isinstance(value, torch.Tensor):
             shape = value.shape
@@ -140,6 +142,8 @@ def inspect_batch(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[tup
             shapes.append((name, shape))
             if first is None:
                 first = shape
+            if name == "input_ids":
+                tokens = shape  # named, so it wins over a positional integer tensor
     if tokens is not None:
         return tuple(shapes), math.prod(tokens), (tokens[0] if tokens else 1)
     return tuple(shapes), None, (None if first is None else first[0] if first else 1)
