@@ -84,7 +84,8 @@ def main() -> None:
     base = statistics.median(plain)
     print(f"tiny GPT-2 micro step (4 x 64 tokens, forward and backward, 1 thread), median of {reps}, interleaved:")
     print(f"  (a) no counter          {base * 1e3:8.2f} ms")
-    print(f"  (b) known shape         {statistics.median(known) * 1e3:8.2f} ms  {statistics.median(known) / base:5.2f}x")
+    print(f"  (b) known shape         {statistics.median(known) * 1e3:8.2f} ms  "
+          f"{statistics.median(known) / base:5.2f}x")
     print(f"  (c) new shape, counted  {statistics.median(counted) * 1e3:8.2f} ms  "
           f"{statistics.median(counted) / base:5.2f}x")
     args, kwargs = (), {"input_ids": ids, "labels": ids}

@@ -598,9 +598,10 @@ def test_unknown_step_metrics_variable_says_the_fields(monkeypatch):
     with pytest.raises(ConfigError) as excinfo:
         load_config({})
     assert problem_lines(excinfo) == [
-        "DS_PROFUTILS_STEP_METRICS_MONITOR: unknown variable (did you mean DS_PROFUTILS_STEP_METRICS_MONITOR_INTERVAL?); "
-        "step_metrics settings are DS_PROFUTILS_STEP_METRICS_<FIELD> with FIELD one of CONSOLE, ENABLED, LOG_INTERVAL, "
-        "MEMORY, MONITOR_INTERVAL, OUTPUT_DIR, PEAK_TFLOPS, RANKS"]
+        "DS_PROFUTILS_STEP_METRICS_MONITOR: unknown variable "
+        "(did you mean DS_PROFUTILS_STEP_METRICS_MONITOR_INTERVAL?); step_metrics settings are "
+        "DS_PROFUTILS_STEP_METRICS_<FIELD> with FIELD one of CONSOLE, ENABLED, LOG_INTERVAL, MEMORY, "
+        "MONITOR_INTERVAL, OUTPUT_DIR, PEAK_TFLOPS, RANKS"]
 
 
 def test_step_metrics_keyword_arguments_merge_in_the_order(monkeypatch):

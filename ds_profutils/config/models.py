@@ -2,10 +2,10 @@
 
 Our sections (``profiler``, ``nvtx``, ``partitioned_param_profiler``, ``memory_snapshot``,
 ``step_metrics``) sit beside DeepSpeed's own keys, which DeepSpeed tolerates.  Each rejects unknown
-keys, so a typo inside a section fails at start instead of silently switching a feature off.  Of DeepSpeed's keys, two change what we do and are
-read here: ``wall_clock_breakdown`` (ds_profutils' timers replace DeepSpeed's) and ``comms_logger``
-(whose ``"enabled": false`` then really means off).  Others, such as ``timers`` and
-``steps_per_print``, DeepSpeed applies itself; we do not read them.
+keys, so a typo inside a section fails at start instead of silently switching a feature off.  Of
+DeepSpeed's keys, two change what we do and are read here: ``wall_clock_breakdown`` (ds_profutils'
+timers replace DeepSpeed's) and ``comms_logger`` (whose ``"enabled": false`` then really means off).
+Others, such as ``timers`` and ``steps_per_print``, DeepSpeed applies itself; we do not read them.
 """
 from __future__ import annotations
 
@@ -212,7 +212,8 @@ class ProfUtilsConfig(BaseModel):
     """Everything ds_profutils reads from one ds_config.json.
 
     ``profiler``, ``partitioned_param_profiler``, ``memory_snapshot`` and ``step_metrics`` are off
-    (``enabled=False``) when their section is absent; ``nvtx`` is None when absent, which leaves ``instrument_w_nvtx`` behaving as DeepSpeed's.
+    (``enabled=False``) when their section is absent; ``nvtx`` is None when absent, which leaves
+    ``instrument_w_nvtx`` behaving as DeepSpeed's.
     ``comms_logger`` reads as off when absent, and then DeepSpeed's own logger is left in place
     (:attr:`has_comms_logger_section`).
     """
