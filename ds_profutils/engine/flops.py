@@ -13,7 +13,9 @@ times a plain micro step (every operator passes through the mode's Python dispat
   a shape is new, takes in the whole forward.  ZeRO-3's parameter gathers in DeepSpeed's hooks run
   inside it and count no FLOPs (they move data).
 * :meth:`~FlopCounter.forward_ended` from the module's forward hook, with the forward's output.
-* :meth:`~FlopCounter.backward_ended` when ``engine.backward()`` returns.
+* :meth:`~FlopCounter.backward_ended` when ``engine.backward()`` returns, and again when
+  ``engine.step()`` starts (a no-op after ``engine.backward()``; after a torch-style backward it
+  switches the counting mode off before the optimizer step rather than at the next forward).
 * :meth:`~FlopCounter.figures` when the micro step's record closes (at ``backward_ended``, at the
   end of ``engine.step()``, at an eval forward's end), before the next ``forward_started``.
 * :meth:`~FlopCounter.discard` when an error leaves the forward, backward or step, and at detach.
