@@ -244,3 +244,15 @@ def test_counts_on_zero_2_and_3_engines_match_flop_counter_mode(tmp_path):
         assert found["eval"]["flops"] == pytest.approx(found["eval_reference"], rel=0.10), name
     assert findings["gpt2-3"]["counted"]["tokens"] == 32 and findings["gpt2-3"]["counted"]["samples"] == 2
     assert findings["mlp-2"]["counted"]["tokens"] is None and findings["mlp-2"]["counted"]["samples"] == 2
+
+
+def test_a_step_without_a_backward_keeps_no_backward_count():
+    """backward_ended at step_started after a forward whose outputs no backward reached: nothing kept."""
+    model = mlp()
+    counter = wired(model)
+    x = torch.randn(8, 16)
+    model(x)
+    counter.backward_ended()  # the hub at step_started; no backward ran
+    assert not counter.counting and counter.counted_shapes == 0 and counter.figures().flops is None
+    train_step(model, counter, x)
+    assert counter.figures().flops == reference(lambda: model(x).pow(2).mean().backward())

@@ -100,7 +100,7 @@ class _Count(NamedTuple):
 class _MicroStep:
     """The micro step in progress: its key and batch, and its count once known."""
 
-    __slots__ = ("key", "tokens", "samples", "grad", "count", "counting", "forward_flops")
+    __slots__ = ("key", "tokens", "samples", "grad", "count", "counting", "forward_flops", "backward_reached")
 
     def __init__(self, key: tuple, tokens: Optional[int], samples: Optional[int], grad: bool) -> None:
         self.key = key
@@ -110,6 +110,7 @@ class _MicroStep:
         self.count: Optional[_Count] = None
         self.counting = False
         self.forward_flops: Optional[int] = None
+        self.backward_reached = False  # a backward reached this forward's outputs
 
     @property
     def size(self) -> Optional[int]:
@@ -228,12 +229,13 @@ class FlopCounter:
             self._leave()
 
     def backward_ended(self) -> None:
-        """``engine.backward()`` returned: the count is complete (if the autograd callback has not already
-        taken it) and the counting mode goes off."""
+        """``engine.backward()`` returned (or ``engine.step()`` starts): the count is complete, if the
+        autograd callback has not already taken it, and the counting mode goes off.  A count whose
+        forward no backward reached is dropped (counted again next time)."""
         micro = self._current
         if self._mode is None:
             return
-        if micro is not None and micro.counting and micro.count is None and micro.forward_flops is not None:
+        if micro is not None and micro.counting and micro.count is None and micro.backward_reached:
             self._keep(micro, self._mode.get_total_flops(), backward=True)
         self._leave()
 
@@ -280,6 +282,7 @@ class FlopCounter:
 
     def _backward_reached(self, micro: _MicroStep, _grad: Any) -> None:
         """The backward reached the counted forward's outputs (maybe on an autograd device thread)."""
+        micro.backward_reached = True
         torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._backward_done, micro))
 
     def _backward_done(self, micro: _MicroStep) -> None:
