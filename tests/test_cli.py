@@ -63,8 +63,8 @@ def test_check_config_prints_resolved_settings(path, capsys):
     assert [line.split(":")[0] for line in effects.splitlines()] == ["  nvtx", "  comms_logger"]
     ours, _, theirs = out.partition("applied by DeepSpeed, not read by ds_profutils:\n")
     keys = [line.split(":")[0] for line in ours.splitlines()[1:] if not line.startswith("    ")]
-    assert keys == ["  profiler", "  nvtx", "  partitioned_param_profiler", "  memory_snapshot", "  wall_clock_breakdown",
-                    "  comms_logger"]
+    assert keys == ["  profiler", "  nvtx", "  partitioned_param_profiler", "  memory_snapshot", "  step_metrics",
+                    "  wall_clock_breakdown", "  comms_logger"]
     raw = json.loads(path.read_text())
     assert [line.split(":")[0] for line in theirs.splitlines() if not line.startswith("    ")] == \
         [f"  {key}" for key in ("timers", "steps_per_print") if key in raw]
@@ -224,7 +224,8 @@ def test_world_size_must_be_at_least_one(capsys):
 
 
 @pytest.mark.parametrize("key, meant", [("profiller", "profiler"), ("Profiler", "profiler"), ("nvxt", "nvtx"),
-                                        ("partition_param_profiler", "partitioned_param_profiler")])
+                                        ("partition_param_profiler", "partitioned_param_profiler"),
+                                        ("step_metric", "step_metrics"), ("stepmetrics", "step_metrics")])
 def test_a_misspelt_section_is_an_error_with_did_you_mean(tmp_path, capsys, key, meant):
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, key: {"enabled": True}}))
@@ -238,7 +239,8 @@ def test_a_misspelt_section_is_an_error_with_did_you_mean(tmp_path, capsys, key,
 def test_deepspeeds_own_keys_near_our_names_are_not_misspellings(tmp_path, capsys):
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "flops_profiler": {"enabled": False},
-                                "comms_logger": {"enabled": False}, "profiler": {"enabled": False}}))
+                                "comms_logger": {"enabled": False}, "profiler": {"enabled": False},
+                                "steps_per_print": 10, "step_metrics": {"enabled": False}}))
     assert main(["check-config", str(path)]) == 0, capsys.readouterr().err
 
 
@@ -282,3 +284,22 @@ def test_an_output_dir_that_cannot_be_written_is_an_error(tmp_path, capsys):
     assert main(["check-config", str(path)]) == EXIT_INVALID
     err = capsys.readouterr().err
     assert err.startswith(f'{path}: partitioned_param_profiler.output_dir: "/sys" cannot be written: /sys: '), err
+
+
+def test_check_config_checks_step_metrics_ranks_and_output_dir(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2},  # any stage: no stage-3 check
+                                "step_metrics": {"enabled": True, "ranks": [0, 3], "output_dir": str(tmp_path / "m")}}))
+    assert main(["check-config", "--world-size", "4", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "  step_metrics:\n    enabled: true\n" in out and "    peak_tflops: null\n    monitor_interval: 10\n" in out
+    assert not (tmp_path / "m").exists()  # checked, not created
+    assert main(["check-config", "--world-size", "2", str(path)]) == EXIT_INVALID
+    assert capsys.readouterr().err == (f"{path}: step_metrics.ranks: ranks [3] are outside the world size 2; "
+                                       "expected global ranks 0..1, or null for all ranks\n")
+    path.write_text(json.dumps({"step_metrics": {"enabled": True, "output_dir": str(blocker / "m")}}))
+    assert main(["check-config", str(path)]) == EXIT_INVALID
+    assert capsys.readouterr().err == (f'{path}: step_metrics.output_dir: "{blocker}/m" cannot be created: {blocker} '
+                                       "is not a directory\n")

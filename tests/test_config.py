@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ds_profutils.config import (BOOL_FALSE, BOOL_TRUE, SUMMARY_SORT_KEYS, ConfigError, ConfigProblem, NvtxConfig,
-                                 PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, check_ranks,
-                                 load_config, resolve_section)
+                                 PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, StepMetricsConfig,
+                                 check_ranks, load_config, resolve_section)
 
 REPO = Path(__file__).resolve().parent.parent
 DS_CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
@@ -375,7 +375,7 @@ def test_unknown_env_variables_are_errors(monkeypatch):
                             "DS_PROFUTILS_PROFILER_ACTIVE?); profiler settings are DS_PROFUTILS_PROFILER_<FIELD> "
                             "with FIELD one of ACTIVE, ENABLED, ")
     assert second == ("DS_PROFUTILS_PROFILR_ENABLED: unknown variable; expected DS_PROFUTILS_<SECTION>_<FIELD> "
-                      "with SECTION one of PROFILER, NVTX, PARTITIONED_PARAM_PROFILER, MEMORY_SNAPSHOT")
+                      "with SECTION one of PROFILER, NVTX, PARTITIONED_PARAM_PROFILER, MEMORY_SNAPSHOT, STEP_METRICS")
 
 
 def test_env_and_file_problems_are_reported_together(monkeypatch):
@@ -502,3 +502,126 @@ def test_check_config_says_the_memory_snapshot_needs_cuda(tmp_path, capsys):
     path.write_text(json.dumps({"memory_snapshot": {"enabled": True, "output_dir": str(tmp_path)}}))
     assert check_files([str(path)])
     assert "note: memory_snapshot writes only on a CUDA accelerator" in capsys.readouterr().out
+
+
+# --- step_metrics ------------------------------------------------------------------------------------
+
+RECORD_KEYS = {"enabled", "output_dir", "ranks", "log_interval", "memory"}
+
+
+def test_step_metrics_is_off_when_absent_and_has_its_defaults():
+    assert load_config({}).step_metrics == load_config({"step_metrics": {}}).step_metrics == StepMetricsConfig(
+        enabled=False, output_dir="./profiler_logs", ranks=None, log_interval=1, memory=True, peak_tflops=None,
+        monitor_interval=10, console=True)
+    config = load_config({"step_metrics": {"enabled": True, "peak_tflops": 400, "monitor_interval": 4,
+                                           "console": False, "ranks": [1, 0, 1], "log_interval": 2}})
+    assert config.step_metrics.enabled and config.step_metrics.peak_tflops == 400.0
+    assert (config.step_metrics.monitor_interval, config.step_metrics.console) == (4, False)
+    assert config.step_metrics.ranks == [0, 1] and config.step_metrics.reporting_rank == 0
+    assert config.step_metrics.profiles_rank(1) and not config.partitioned_param_profiler.enabled
+
+
+def test_the_record_keys_mean_the_same_in_both_sections_that_switch_records_on():
+    shared = set(StepMetricsConfig.model_fields) & set(PartitionedParamProfilerConfig.model_fields)
+    assert shared == RECORD_KEYS
+    for key in RECORD_KEYS:
+        theirs, ours = PartitionedParamProfilerConfig.model_fields[key], StepMetricsConfig.model_fields[key]
+        assert (theirs.annotation, theirs.default, theirs.metadata) == (ours.annotation, ours.default, ours.metadata)
+    assert set(StepMetricsConfig.model_fields) - RECORD_KEYS == {"peak_tflops", "monitor_interval", "console"}
+
+
+@pytest.mark.parametrize("section", ["partitioned_param_profiler", "step_metrics"])
+@pytest.mark.parametrize("values, line", [
+    ({"log_interval": 0}, "log_interval: 0 is not allowed; expected an integer >= 1"),
+    ({"output_dir": ""}, 'output_dir: "" is not allowed; expected a non-empty string'),
+    ({"ranks": [0, -1]}, "ranks: [0, -1] is not allowed; expected global ranks >= 0, or null for all ranks"),
+    ({"memory": "yes"}, 'memory: "yes" is not allowed; expected true or false'),
+    ({"enabled": 1}, "enabled: 1 is not allowed; expected true or false"),
+])
+def test_shared_record_keys_are_checked_alike(section, values, line):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({section: values})
+    assert problem_lines(excinfo) == [f"{section}.{line}"]
+
+
+@pytest.mark.parametrize("values, line", [
+    ({"peak_tflops": 0}, "step_metrics.peak_tflops: 0 is not allowed; expected a number > 0.0"),
+    ({"peak_tflops": -312}, "step_metrics.peak_tflops: -312 is not allowed; expected a number > 0.0"),
+    ({"peak_tflops": "989"}, 'step_metrics.peak_tflops: "989" is not allowed; expected a number'),
+    ({"monitor_interval": 0}, "step_metrics.monitor_interval: 0 is not allowed; expected an integer >= 1"),
+    ({"monitor_interval": 2.5}, "step_metrics.monitor_interval: 2.5 is not allowed; expected an integer"),
+    ({"console": "on"}, 'step_metrics.console: "on" is not allowed; expected true or false'),
+    ({"trace_ranges": True}, "step_metrics.trace_ranges: unknown key; allowed keys: console, enabled, log_interval, "
+     "memory, monitor_interval, output_dir, peak_tflops, ranks"),
+    ({"monitor_intervall": 5}, "step_metrics.monitor_intervall: unknown key (did you mean monitor_interval?); "
+     "allowed keys: console, enabled, log_interval, memory, monitor_interval, output_dir, peak_tflops, ranks"),
+    ("on", 'step_metrics: "on" is not allowed; expected an object'),
+])
+def test_bad_step_metrics_values_name_key_value_and_what_is_allowed(values, line):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({"step_metrics": values})
+    assert problem_lines(excinfo) == [line]
+
+
+def test_step_metrics_from_the_environment(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_ENABLED", "on")
+    monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_PEAK_TFLOPS", " 989.5")
+    monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_MONITOR_INTERVAL", "4")
+    monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_CONSOLE", "0")
+    monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_RANKS", "1,0")
+    config = load_config({})  # an absent section switched on by ..._ENABLED: created with its defaults
+    assert config.step_metrics == StepMetricsConfig(enabled=True, peak_tflops=989.5, monitor_interval=4,
+                                                    console=False, ranks=[0, 1])
+    monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_PEAK_TFLOPS", "null")
+    assert load_config({"step_metrics": {"peak_tflops": 312}}).step_metrics.peak_tflops is None  # the last word
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_PEAK_TFLOPS", "312")  # the profiler's figure reads the same way
+    assert load_config({}).profiler.peak_tflops == 312.0
+
+
+@pytest.mark.parametrize("text, line", [
+    ("fast", 'DS_PROFUTILS_STEP_METRICS_PEAK_TFLOPS: "fast" is not allowed; expected a number, or null '
+     "(sets step_metrics.peak_tflops)"),
+    ("inf", 'DS_PROFUTILS_STEP_METRICS_PEAK_TFLOPS: "inf" is not allowed; expected a number, or null '
+     "(sets step_metrics.peak_tflops)"),
+    ("0", "DS_PROFUTILS_STEP_METRICS_PEAK_TFLOPS: 0.0 is not allowed; expected a number > 0.0 "
+     "(sets step_metrics.peak_tflops)"),
+])
+def test_a_bad_peak_from_the_environment_names_the_variable(monkeypatch, text, line):
+    monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_PEAK_TFLOPS", text)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({})
+    assert problem_lines(excinfo) == [line]
+
+
+def test_unknown_step_metrics_variable_says_the_fields(monkeypatch):
+    monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_MONITOR", "3")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({})
+    assert problem_lines(excinfo) == [
+        "DS_PROFUTILS_STEP_METRICS_MONITOR: unknown variable "
+        "(did you mean DS_PROFUTILS_STEP_METRICS_MONITOR_INTERVAL?); step_metrics settings are "
+        "DS_PROFUTILS_STEP_METRICS_<FIELD> with FIELD one of CONSOLE, ENABLED, LOG_INTERVAL, MEMORY, "
+        "MONITOR_INTERVAL, OUTPUT_DIR, PEAK_TFLOPS, RANKS"]
+
+
+def test_step_metrics_keyword_arguments_merge_in_the_order(monkeypatch):
+    section = load_config({"step_metrics": {"monitor_interval": 5}}).step_metrics
+    assert resolve_section(section, {"peak_tflops": 100.0, "console": None}) == StepMetricsConfig(
+        monitor_interval=5, peak_tflops=100.0)
+    with pytest.raises(ConfigError, match=r"step_metrics\.monitor_interval: 0 is not allowed"):
+        resolve_section(section, {"monitor_interval": 0})
+    monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_MONITOR_INTERVAL", "7")
+    assert resolve_section(section, {"monitor_interval": 2}).monitor_interval == 7
+
+
+def test_step_metrics_ranks_outside_the_world():
+    with pytest.raises(ConfigError, match=r"step_metrics\.ranks: ranks \[2\] are outside the world size 2"):
+        check_ranks("step_metrics.ranks", load_config({"step_metrics": {"ranks": [0, 2]}}).step_metrics.ranks, 2)
+
+
+def test_misspelt_step_metrics_is_warned(ds_caplog, fresh_warnings, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    load_config({"step_metric": {"enabled": True}, "steps_per_print": 10})  # DeepSpeed's own key is not one
+    assert [r.getMessage() for r in ds_caplog.records if r.levelname == "WARNING"] == [
+        'ds_profutils: top-level key "step_metric" is not one of our sections (did you mean step_metrics?); '
+        "DeepSpeed ignores unknown keys, so its settings are never read and step_metrics stays off"]

@@ -11,7 +11,8 @@ from .env import BOOL_FALSE, BOOL_TRUE, ENV_PREFIX, environment_overrides
 from .errors import ConfigError, ConfigProblem
 from .loading import ConfigSource, load_config, raw_settings, resolve_section
 from .models import (DEEPSPEED_APPLIED_KEYS, SECTIONS, SUMMARY_SORT_KEYS, CommsLoggerSettings, MemorySnapshotConfig,
-                     NvtxConfig, PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, check_ranks)
+                     NvtxConfig, PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, StepMetricsConfig,
+                     check_ranks)
 
 __all__ = [
     "BOOL_FALSE",
@@ -29,6 +30,7 @@ __all__ = [
     "ProfUtilsConfig",
     "SECTIONS",
     "SUMMARY_SORT_KEYS",
+    "StepMetricsConfig",
     "check_ranks",
     "environment_overrides",
     "load_config",

@@ -105,10 +105,9 @@ def _output_dir_problem(key: str, directory: str) -> Optional[ConfigProblem]:
 def output_dir_problems(config: ProfUtilsConfig) -> List[ConfigProblem]:
     """Each enabled section's ``output_dir`` that cannot be created or written (a disabled one writes nothing)."""
     problems = []
-    for name, section in (("profiler", config.profiler), ("partitioned_param_profiler",
-                                                          config.partitioned_param_profiler),
-                          ("memory_snapshot", config.memory_snapshot)):
-        if section.enabled:
+    for name in SECTIONS:
+        section = getattr(config, name)
+        if getattr(section, "output_dir", None) is not None and section.enabled:
             problem = _output_dir_problem(f"{name}.output_dir", section.output_dir)
             if problem is not None:
                 problems.append(problem)

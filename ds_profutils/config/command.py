@@ -34,7 +34,8 @@ def _render(settings: Mapping[str, Any], indent: str = "") -> List[str]:
     return lines
 
 
-_RANK_KEYS = (("profiler", "ranks"), ("profiler", "summary_ranks"), ("partitioned_param_profiler", "ranks"))
+_RANK_KEYS = (("profiler", "ranks"), ("profiler", "summary_ranks"), ("partitioned_param_profiler", "ranks"),
+              ("step_metrics", "ranks"))
 
 
 def _rank_problems(sections: Mapping[str, Any], world_size: int) -> List[ConfigProblem]:

@@ -8,6 +8,7 @@ by :mod:`.loading`, which decides when the environment is applied.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
@@ -59,6 +60,17 @@ _ENV_READERS: Dict[Any, Tuple[Callable[[str], Any], str]] = {
 }
 
 
+def _parse_optional_number(text: str) -> Optional[float]:
+    """A number (``312``, ``989.5``), or ``null`` for none: a non-finite value is no setting of ours."""
+    word = text.strip()
+    if word.lower() == "null":
+        return None
+    value = float(word)  # ValueError for anything else
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
 def _parse_ranks(text: str) -> Optional[List[int]]:
     return None if text.strip().lower() == "all" else [_parse_int(part) for part in text.split(",")]
 
@@ -72,6 +84,8 @@ def _env_reader(annotation: Any) -> Tuple[Callable[[str], Any], str]:
         return _parse_ranks, "comma-separated integers, or all"
     if annotation == List[int]:  # a list of global steps
         return _parse_integers, "comma-separated integers (empty for none)"
+    if annotation == Optional[float]:  # a figure such as peak_tflops, null for none
+        return _parse_optional_number, "a number, or null"
     return _ENV_READERS.get(annotation, (str, "a string"))  # str, or a type whose own checks say more
 
 

@@ -1,11 +1,11 @@
 """The sections ds_profutils reads from a ds_config.json, as typed models.
 
-Our sections (``profiler``, ``nvtx``, ``partitioned_param_profiler``) sit beside DeepSpeed's own keys,
-which DeepSpeed tolerates.  Each rejects unknown keys, so a typo inside a section fails at start
-instead of silently switching a feature off.  Of DeepSpeed's keys, two change what we do and are
-read here: ``wall_clock_breakdown`` (ds_profutils' timers replace DeepSpeed's) and ``comms_logger``
-(whose ``"enabled": false`` then really means off).  Others, such as ``timers`` and
-``steps_per_print``, DeepSpeed applies itself; we do not read them.
+Our sections (``profiler``, ``nvtx``, ``partitioned_param_profiler``, ``memory_snapshot``,
+``step_metrics``) sit beside DeepSpeed's own keys, which DeepSpeed tolerates.  Each rejects unknown
+keys, so a typo inside a section fails at start instead of silently switching a feature off.  Of
+DeepSpeed's keys, two change what we do and are read here: ``wall_clock_breakdown`` (ds_profutils'
+timers replace DeepSpeed's) and ``comms_logger`` (whose ``"enabled": false`` then really means off).
+Others, such as ``timers`` and ``steps_per_print``, DeepSpeed applies itself; we do not read them.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ __all__ = [
     "SECTIONS",
     "SUMMARY_SORT_KEYS",
     "Section",
+    "StepMetricsConfig",
     "check_ranks",
 ]
 
@@ -144,16 +145,35 @@ class NvtxConfig(Section):
     domain: str = Field(DEEPSPEED_NVTX_DOMAIN, min_length=1)
 
 
-class PartitionedParamProfilerConfig(_RecordsOnRanks, Section):
-    """The ``"partitioned_param_profiler"`` section: ZeRO-3 parameter-fetch records."""
+class _StepRecordSection(_RecordsOnRanks, Section):
+    """The keys of every section that switches on the per-step records (one file per engine and rank).
+
+    Either section may switch the records on, and the engine writes one file whichever did: the keys
+    that decide where, on which ranks, how often and with what memory figures are declared once here so
+    that both sections mean the same by them.
+    """
 
     enabled: bool = False
     output_dir: str = Field("./profiler_logs", min_length=1)
     ranks: RankList = None
     log_interval: int = Field(1, ge=1, description="write one record every this many optimizer steps")
-    trace_ranges: bool = True
     memory: bool = Field(True, description="per-step peak memory in each record (resets the accelerator's peak "
                          "statistics at each phase boundary)")
+
+
+class PartitionedParamProfilerConfig(_StepRecordSection):
+    """The ``"partitioned_param_profiler"`` section: ZeRO-3 parameter-fetch records."""
+
+    trace_ranges: bool = True
+
+
+class StepMetricsConfig(_StepRecordSection):
+    """The ``"step_metrics"`` section: per-step records for any ZeRO stage, FLOPs and MFU, and live figures."""
+
+    peak_tflops: Optional[float] = Field(None, gt=0, description="the accelerator's dense peak, for MFU; null: "
+                                         "from the table of known accelerators, else no MFU")
+    monitor_interval: int = Field(10, ge=1, description="send the live figures every this many optimizer steps")
+    console: bool = Field(True, description="one line of the live figures on rank 0's console")
 
 
 class MemorySnapshotConfig(Section):
@@ -191,8 +211,9 @@ class CommsLoggerSettings(BaseModel):
 class ProfUtilsConfig(BaseModel):
     """Everything ds_profutils reads from one ds_config.json.
 
-    ``profiler`` and ``partitioned_param_profiler`` are off (``enabled=False``) when their section is
-    absent; ``nvtx`` is None when absent, which leaves ``instrument_w_nvtx`` behaving as DeepSpeed's.
+    ``profiler``, ``partitioned_param_profiler``, ``memory_snapshot`` and ``step_metrics`` are off
+    (``enabled=False``) when their section is absent; ``nvtx`` is None when absent, which leaves
+    ``instrument_w_nvtx`` behaving as DeepSpeed's.
     ``comms_logger`` reads as off when absent, and then DeepSpeed's own logger is left in place
     (:attr:`has_comms_logger_section`).
     """
@@ -204,6 +225,7 @@ class ProfUtilsConfig(BaseModel):
     partitioned_param_profiler: PartitionedParamProfilerConfig = Field(
         default_factory=PartitionedParamProfilerConfig)
     memory_snapshot: MemorySnapshotConfig = Field(default_factory=MemorySnapshotConfig)
+    step_metrics: StepMetricsConfig = Field(default_factory=StepMetricsConfig)
     wall_clock_breakdown: bool = False
     comms_logger: CommsLoggerSettings = Field(default_factory=CommsLoggerSettings)
 
@@ -229,5 +251,6 @@ SECTIONS: Dict[str, Type[Section]] = {
     "nvtx": NvtxConfig,
     "partitioned_param_profiler": PartitionedParamProfilerConfig,
     "memory_snapshot": MemorySnapshotConfig,
+    "step_metrics": StepMetricsConfig,
 }
 """Our own sections, by their key in ds_config: the only ones environment variables may override."""
