@@ -38,9 +38,9 @@ def monitor_sink(engine: Any) -> Optional[DeepSpeedMonitorSink]:
     return DeepSpeedMonitorSink(monitor) if monitor is not None and getattr(monitor, "enabled", False) else None
 
 
-def _format(figures: Dict[str, float], key: str, template: str) -> Optional[str]:
+def _format(figures: Dict[str, float], key: str, template: str, scale: float = 1) -> Optional[str]:
     value = figures.get(f"ds_profutils/{key}")
-    return None if value is None else template.format(value)
+    return None if value is None else template.format(value * scale)
 
 
 def console_line(events: Sequence[Event]) -> str:
@@ -54,8 +54,8 @@ def console_line(events: Sequence[Event]) -> str:
     parts = [
         _format(figures, "step_ms", "step {:.1f} ms"),
         " ".join(filter(None, [iteration, gap])) or None,
-        _format(figures, "tflops", "{:.1f} TFLOP/s"),
-        _format(figures, "mfu", "MFU {:.1%}"),
+        _format(figures, "tflops", "{:.3g} TFLOP/s"),
+        _format(figures, "mfu", "MFU {:.3g}%", scale=100),
         _format(figures, "tokens_per_s", "{:,.0f} tok/s"),
         _format(figures, "exposed_wait_share", "wait {:.0%}"),
         _format(figures, "peak_allocated_gib", "peak {:.1f} GiB"),

@@ -1,0 +1,82 @@
+"""Live metrics across 2 ranks under the deepspeed launcher (gloo): one gather per interval brings rank 1's
+figures to rank 0, which writes the events through DeepSpeed's own csv_monitor
+(tests/dist_scripts/live_metrics_job.py: rank 1 sleeps 80 ms between steps)."""
+import csv
+import json
+import re
+
+import pytest
+
+from ds_profutils.engine.live import EVENT_NAMES
+from launcher import DIST_SCRIPTS, run_deepspeed
+
+INTERVAL_ENDS = [3, 7, 11]  # 12 steps numbered from 0, monitor_interval 4
+
+
+@pytest.fixture(scope="module")
+def live_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("live_job")
+    proc = run_deepspeed(DIST_SCRIPTS / "live_metrics_job.py", ["--out", str(out)])
+    return out, proc.stdout
+
+
+def series(out, name):
+    """The (step, value) rows DeepSpeed's csv_monitor wrote for one event name."""
+    path = out / "csv" / "live" / f"{name.replace('/', '_')}.csv"
+    with open(path) as file:
+        rows = list(csv.reader(file))
+    assert rows[0] == ["step", name.split("/")[-1]]
+    return [(int(step), float(value)) for step, value in rows[1:]]
+
+
+def test_every_event_in_deepspeeds_csv_monitor_once_per_interval(live_job):
+    out, _ = live_job
+    # no memory figure was given: every other event is there
+    for name in set(EVENT_NAMES) - {"ds_profutils/peak_allocated_gib"}:
+        assert [step for step, _ in series(out, name)] == INTERVAL_ENDS, name
+    assert not (out / "csv" / "live" / "ds_profutils_peak_allocated_gib.csv").exists()
+
+
+def test_rank_one_named_straggler_and_its_gap_seen(live_job):
+    out, _ = live_job
+    assert [value for _, value in series(out, "ds_profutils/straggler_rank")] == [1, 1, 1]
+    # the 80 ms rank 1 sleeps between steps is in every rank's iteration (rank 0 waits in the all-reduce)
+    # and in rank 1's gap, the largest
+    assert all(value >= 75 for _, value in series(out, "ds_profutils/iteration_ms"))
+    assert all(value >= 75 for _, value in series(out, "ds_profutils/gap_ms"))
+    # rank 0's step holds the wait: the slowest rank's step time shows it
+    assert all(value >= 75 for _, value in series(out, "ds_profutils/step_ms"))
+    assert all(0.5 < value < 1 for _, value in series(out, "ds_profutils/exposed_wait_share"))
+
+
+def test_mfu_and_throughput_from_both_ranks(live_job):
+    out, _ = live_job
+    found = json.loads((out / "findings.json").read_text())
+    iteration = dict(series(out, "ds_profutils/iteration_ms"))
+    for (step, tflops), (_, mfu), (_, tokens_per_s) in zip(series(out, "ds_profutils/tflops"),
+                                                           series(out, "ds_profutils/mfu"),
+                                                           series(out, "ds_profutils/tokens_per_s")):
+        assert mfu == pytest.approx(tflops / found["peak_tflops"])
+        # 4 steps of ~iteration_ms each: per rank 4 * flops over the interval, both ranks' tokens
+        wall_s = 4 * iteration[step] / 1e3
+        assert tflops == pytest.approx(4 * found["flops"] / wall_s / 1e12, rel=0.25)
+        assert tokens_per_s == pytest.approx(2 * 4 * found["tokens"] / wall_s, rel=0.25)
+
+
+def test_the_deferred_path_sends_every_interval_once_with_its_own_step(live_job):
+    out, _ = live_job
+    found = json.loads((out / "findings.json").read_text())
+    deferred = found["deferred"]
+    assert [{step for _, _, step in write} for write in deferred] == [{s} for s in INTERVAL_ENDS]
+    assert found["deferred_before_close"] < len(INTERVAL_ENDS)  # at least the last one came at close
+    for write in deferred:
+        assert dict((name, value) for name, value, _ in write)["ds_profutils/straggler_rank"] == 1
+
+
+def test_one_console_line_per_interval_on_rank_zero_only(live_job):
+    _, stdout = live_job
+    lines = [line for line in stdout.splitlines() if "ds_profutils step" in line]
+    assert len(lines) == len(INTERVAL_ENDS), lines  # both ranks printing would make twice as many
+    assert all("straggler rank 1" in line for line in lines), lines
+    assert all(float(re.search(r"MFU ([\d.e+-]+)%", line).group(1)) > 0 for line in lines), lines
+    assert [int(line.split("ds_profutils step ")[1].split(":")[0]) for line in lines] == INTERVAL_ENDS
