@@ -53,7 +53,8 @@ def train(tmp_path: Path, report_to) -> "transformers.Trainer":
             self.live = None
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.live.step_finished(figures(state.global_step))
+            # numbered apart from the Trainer's steps: the points must carry the events' own step
+            self.live.step_finished(figures(1000 + state.global_step))
 
     torch.manual_seed(0)
     data = [{"x": torch.randn(4), "labels": torch.randn(())} for _ in range(12)]
@@ -70,7 +71,7 @@ def test_trainer_report_to_tensorboard_gets_a_point_every_interval(tmp_path):
     trainer = train(tmp_path, ["tensorboard"])
     found = scalars(tmp_path)
     for name in EVENT_NAMES:
-        assert [step for step, _ in found[f"train/{name}"]] == [2, 4, 6], name
+        assert [step for step, _ in found[f"train/{name}"]] == [1002, 1004, 1006], name
     assert [value for _, value in found["train/ds_profutils/step_ms"]] == [10.0, 10.0, 10.0]
     assert found["train/ds_profutils/mfu"][0][1] == pytest.approx(2 * 1e9 / 0.024 / 1e12 / 100.0)
     # the Trainer's own logging is undisturbed: its loss every step, nothing of ours in its history

@@ -8,7 +8,7 @@ one interval's events (``(name, value, global_step)``, one global step).
 """
 from __future__ import annotations
 
-import dataclasses
+import copy
 from typing import Any, Dict, List, Tuple
 
 __all__ = ["AccelerateSink", "LightningSink", "TrainerSink"]
@@ -45,7 +45,8 @@ class TrainerSink:
         if not callbacks:
             return
         logs, global_step = _values(events)
-        state = dataclasses.replace(self.trainer.state, global_step=global_step)
+        state = copy.copy(self.trainer.state)  # not dataclasses.replace: __post_init__ re-reads callbacks
+        state.global_step = global_step
         for callback in callbacks:
             callback.on_log(self.trainer.args, state, TrainerControl(), logs=dict(logs))
 
