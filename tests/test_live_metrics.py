@@ -176,15 +176,19 @@ def test_a_failing_sink_is_loud_once_and_the_others_go_on(ds_caplog):
     assert len(errors) == 1 and "Broken" in errors[0].getMessage() and "disk full" in errors[0].getMessage()
 
 
-def test_deepspeed_monitor_sink_only_where_a_monitor_is_enabled():
+def test_deepspeed_monitor_sink_only_where_a_monitor_is_enabled_on_deepspeeds_samples_axis():
     written = []
-    monitor = SimpleNamespace(enabled=True, write_events=written.append)
+    engine = SimpleNamespace(monitor=SimpleNamespace(enabled=True, write_events=written.append), global_steps=8,
+                             global_samples=64, train_batch_size=lambda: 8)
     assert monitor_sink(SimpleNamespace(monitor=SimpleNamespace(enabled=False))) is None
     assert monitor_sink(SimpleNamespace()) is None
-    sink = monitor_sink(SimpleNamespace(monitor=monitor))
-    metrics = live(interval=1, peak_tflops=100.0, sinks=[sink, None])  # None: an engine without a monitor, passed as is
-    metrics.step_finished(figures(7))
-    assert [name for name, _, _ in written[0]] == list(EVENT_NAMES) and {s for _, _, s in written[0]} == {7}
+    sink = monitor_sink(engine)
+    metrics = live(interval=1, peak_tflops=100.0, sinks=[sink, None])  # None: an engine without a monitor
+    metrics.step_finished(figures(7))  # the 8th step (numbered from 0) ended: 64 samples trained
+    engine.global_steps, engine.global_samples = 10, 80
+    sink.write([("ds_profutils/step_ms", 1.0, 7)])  # step 7's events written 2 steps later (deferred)
+    assert [name for name, _, _ in written[0]] == list(EVENT_NAMES)
+    assert [{step for _, _, step in write} for write in written] == [{64}, {64}]
 
 
 @pytest.mark.parametrize("interval", [0, -1, 2.0, True, None])

@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, List, Tuple
 
-__all__ = ["AccelerateSink", "LightningSink", "TrainerSink"]
+from ..engine.live import Event
 
-Event = Tuple[str, float, int]
+__all__ = ["AccelerateSink", "LightningSink", "TrainerSink"]
 
 
 def _values(events: List[Event]) -> Tuple[Dict[str, float], int]:

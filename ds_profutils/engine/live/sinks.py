@@ -22,20 +22,30 @@ class LiveSink(Protocol):
 
 class DeepSpeedMonitorSink:
     """DeepSpeed's ``MonitorMaster`` (``engine.monitor``): every monitor the ds_config enables
-    (``tensorboard``, ``wandb``, ``csv_monitor``, ``comet``) gets the events as DeepSpeed's own."""
+    (``tensorboard``, ``wandb``, ``csv_monitor``, ``comet``) gets the events beside DeepSpeed's own.
 
-    def __init__(self, monitor: Any) -> None:
-        self.monitor = monitor
+    On DeepSpeed's step axis: its monitors' events carry ``engine.global_samples`` (its
+    ``Train/Samples/...`` series; Comet's writer calls the field ``engine_global_samples``), and W&B drops
+    a point whose step is below one already logged.  An event's global step (the step as the records
+    number it: ``engine.global_steps`` when it began) becomes the samples trained when it ended, counted
+    back from the engine's present ones, since a deferred interval is written after later steps.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
 
     def write(self, events: List[Event]) -> None:
-        self.monitor.write_events(events)
+        engine = self.engine
+        later_steps = engine.global_steps - (events[0][2] + 1)
+        samples = engine.global_samples - later_steps * engine.train_batch_size()
+        engine.monitor.write_events([(name, value, samples) for name, value, _ in events])
 
 
 def monitor_sink(engine: Any) -> Optional[DeepSpeedMonitorSink]:
     """The engine's monitor as a sink, or None where the ds_config enables none (DeepSpeed builds a
     ``MonitorMaster`` for every engine; its ``enabled`` says whether any monitor is on)."""
     monitor = getattr(engine, "monitor", None)
-    return DeepSpeedMonitorSink(monitor) if monitor is not None and getattr(monitor, "enabled", False) else None
+    return DeepSpeedMonitorSink(engine) if monitor is not None and getattr(monitor, "enabled", False) else None
 
 
 def _format(figures: Dict[str, float], key: str, template: str, scale: float = 1) -> Optional[str]:
