@@ -6,8 +6,8 @@ inside that all-reduce are timed as the recorder times a step and its collective
 between steps, so rank 0 waits for it inside the all-reduce (the figures are measured, not made up).
 One LiveMetrics (``monitor_interval`` 4, console on) writes to the engine's monitor; a second, fed the
 same figures, takes the deferred path (read an interval late, the rest at close) into a list.  Rank 0
-writes what it saw to ``{out}/findings.json``; each rank its wall time per interval to
-``{out}/walls_rank_{rank}.json``.
+writes what it saw to ``{out}/findings.json``; each rank its wall time per interval and
+its step and collective times per step to ``{out}/rank_{rank}.json``.
 """
 import argparse
 import json
@@ -64,6 +64,7 @@ def main() -> None:
     flops = 3 * 2 * BATCH * (SIZE * SIZE + SIZE)  # forward and backward of the two layers
     last_end = None
     walls = []  # this rank's wall time per interval: its iteration times (the first step: its step time)
+    collectives, steps = [], []
     for step in range(STEPS):
         if rank == 1:
             time.sleep(SLEEP_S)  # a slow input pipeline: between steps, outside the step
@@ -77,6 +78,8 @@ def main() -> None:
         step_ms = (end - start) * 1e3
         iteration_ms = None if last_end is None else (end - last_end) * 1e3
         last_end = end
+        collectives.append(collective_ms)
+        steps.append(step_ms)
         if step % INTERVAL == 0:
             walls.append(0.0)
         walls[-1] += step_ms if iteration_ms is None else iteration_ms
@@ -89,7 +92,8 @@ def main() -> None:
     deferred_before_close = len(kept.writes)
     live.close()
     deferred.close()
-    (out / f"walls_rank_{rank}.json").write_text(json.dumps(walls))
+    (out / f"rank_{rank}.json").write_text(json.dumps({"walls_ms": walls, "collective_ms": collectives,
+                                                                 "step_ms": steps}))
     if rank == 0:
         (out / "findings.json").write_text(
             json.dumps({"deferred": kept.writes, "deferred_before_close": deferred_before_close, "flops": flops,
