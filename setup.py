@@ -38,6 +38,7 @@ setup(
         "lightning": ["lightning>=2.0,<3"],
         "test": ["pytest>=7", "matplotlib>=3.5", "transformers>=5.0,<6", "accelerate>=1.0,<2", "lightning>=2.0,<3",
                  "pytorch-lightning>=2.0,<3",
+                 "tensorboard>=2.10",  # the live metrics' sink tests read TensorBoard event files back
                  "nvtx>=0.2"],  # the tests take both paths: with and without nvtx
         "plot": ["matplotlib>=3.5"],
         # Not a requirement: with the nvtx package importable, DeepSpeed's CUDA accelerator pushes its

@@ -1,0 +1,134 @@
+"""One monitoring interval: a rank's figures packed for the gather, and rank 0's events from all ranks'.
+
+Every rank packs its interval into one flat list of floats (NaN for a figure it does not know), so the
+cross-rank exchange is a single small tensor per interval.  Rank 0 unpacks the ranks' rows and turns
+them into the events, each taken over ranks and steps as :data:`EVENT_NAMES` documents (and
+docs/live_metrics.md says for users).  Nothing here imports torch: the rules are plain arithmetic and are
+tested without a process group.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import median
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..._straggler import step_straggler
+
+__all__ = ["EVENT_NAMES", "Event", "StepFigures", "interval_events", "pack_interval"]
+
+Event = Tuple[str, float, int]
+"""``(name, value, global_step)``: what DeepSpeed's ``MonitorMaster.write_events`` takes, and every sink."""
+
+EVENT_NAMES: Dict[str, str] = {
+    "ds_profutils/step_ms": "median over the interval's steps of each rank's step time (forward start to the "
+                            "end of engine.step()), the largest over ranks",
+    "ds_profutils/iteration_ms": "median over the interval's steps of each rank's iteration time (end of the "
+                                 "previous optimizer step to the end of this one), the largest over ranks",
+    "ds_profutils/gap_ms": "median over the interval's steps of each rank's time outside forward, backward and "
+                           "step (data loading, callbacks, logging), the largest over ranks",
+    "ds_profutils/tflops": "model TFLOP/s per rank: each rank's FLOPs of the interval over its wall time (the "
+                           "sum of its iteration times), averaged over the ranks that count FLOPs",
+    "ds_profutils/mfu": "tflops over the accelerator's peak TFLOP/s (a fraction, 0.041 = 4.1%)",
+    "ds_profutils/tokens_per_s": "all ranks' tokens of the interval over its wall time (the slowest rank's)",
+    "ds_profutils/exposed_wait_share": "time blocked in collectives and fetch waits over step time, summed over "
+                                       "all ranks and the interval's steps (a fraction)",
+    "ds_profutils/peak_allocated_gib": "highest peak allocated memory of any rank in any step of the interval, GiB",
+    "ds_profutils/straggler_rank": "the rank the others waited for in more than half of the interval's steps "
+                                   "(the report's step rule), -1 when none",
+}
+"""Every event LiveMetrics sends, in the order sent, and over which ranks and steps it is taken.  An event
+whose inputs are unknown (no FLOPs counted, no peak, no tokens, no memory figure) is left out."""
+
+_GIB = float(1 << 30)
+_NAN = float("nan")
+
+
+@dataclass
+class StepFigures:
+    """One optimizer step on this rank, as the recorder hands it to :meth:`LiveMetrics.step_finished`."""
+
+    global_step: int
+    step_ms: float  # forward start to end of engine.step(), all micro steps of the step
+    iteration_ms: Optional[float]  # end of the previous optimizer step to end of this one (None for the first)
+    gap_ms: Optional[float]  # iteration_ms minus the time inside forward/backward/step
+    flops: Optional[int]  # model FLOPs of the step's micro steps (forward+backward), None if unknown
+    tokens: Optional[int]
+    samples: Optional[int]
+    exposed_wait_ms: float  # time blocked in collectives/fetch waits
+    collective_ms: float  # time inside collectives (incl. waiting for late peers)
+    peak_allocated_bytes: Optional[int]
+
+
+# Positions of the per-rank totals after the two per-step columns (step_ms, collective_ms).
+_ITERATION, _GAP, _WALL, _FLOPS, _TOKENS, _WAIT, _STEP_SUM, _PEAK = range(8)
+_TOTALS = 8
+
+
+def _known_sum(values: Sequence[Optional[float]]) -> float:
+    """The sum, or NaN when any value is unknown (a partial sum would pass for the whole)."""
+    return _NAN if any(value is None for value in values) else float(sum(values))
+
+
+def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
+    """This rank's interval as ``2 * len(steps) + 8`` floats: per step its step and collective times (the
+    straggler rule needs each step across ranks), then its medians and sums; NaN where unknown."""
+    iterations = [step.iteration_ms for step in steps if step.iteration_ms is not None]
+    gaps = [step.gap_ms for step in steps if step.gap_ms is not None]
+    peaks = [step.peak_allocated_bytes for step in steps if step.peak_allocated_bytes is not None]
+    # the first step after attach has no iteration time: its step time is the best known part of it
+    wall = sum(step.step_ms if step.iteration_ms is None else step.iteration_ms for step in steps)
+    totals = [
+        median(iterations) if iterations else _NAN,
+        median(gaps) if gaps else _NAN,
+        wall,
+        _known_sum([step.flops for step in steps]),
+        _known_sum([step.tokens for step in steps]),
+        sum(step.exposed_wait_ms for step in steps),
+        sum(step.step_ms for step in steps),
+        max(peaks) if peaks else _NAN,
+    ]
+    return [step.step_ms for step in steps] + [step.collective_ms for step in steps] + totals
+
+
+def _largest(values: Sequence[float]) -> Optional[float]:
+    known = [value for value in values if not math.isnan(value)]
+    return max(known) if known else None
+
+
+def interval_straggler(rows: Sequence[Sequence[float]], steps: int) -> int:
+    """The rank that was the step straggler in more than half of the interval's steps, else -1."""
+    counts = [0] * len(rows)
+    for index in range(steps):
+        straggler = step_straggler([row[steps + index] for row in rows], [row[index] for row in rows])
+        if straggler is not None:
+            counts[straggler] += 1
+    most = max(range(len(rows)), key=counts.__getitem__)
+    return most if 2 * counts[most] > steps else -1
+
+
+def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: int,
+                    peak_tflops: Optional[float]) -> List[Event]:
+    """Rank 0's events for one interval of ``steps`` steps from every rank's packed row (row r = rank r)."""
+    totals = [row[2 * steps:2 * steps + _TOTALS] for row in rows]
+    figures: Dict[str, Optional[float]] = {
+        "ds_profutils/step_ms": max(median(row[:steps]) for row in rows),
+        "ds_profutils/iteration_ms": _largest([total[_ITERATION] for total in totals]),
+        "ds_profutils/gap_ms": _largest([total[_GAP] for total in totals]),
+    }
+    wall_s = max(total[_WALL] for total in totals) / 1e3
+    rates = [total[_FLOPS] / (total[_WALL] / 1e3) / 1e12 for total in totals
+             if not math.isnan(total[_FLOPS]) and total[_WALL] > 0]
+    tflops = sum(rates) / len(rates) if rates else None
+    figures["ds_profutils/tflops"] = tflops
+    figures["ds_profutils/mfu"] = tflops / peak_tflops if tflops is not None and peak_tflops else None
+    tokens = [total[_TOKENS] for total in totals]
+    known_tokens = wall_s > 0 and not any(math.isnan(value) for value in tokens)
+    figures["ds_profutils/tokens_per_s"] = sum(tokens) / wall_s if known_tokens else None
+    step_sum = sum(total[_STEP_SUM] for total in totals)
+    figures["ds_profutils/exposed_wait_share"] = (sum(total[_WAIT] for total in totals) / step_sum
+                                                  if step_sum > 0 else None)
+    peak = _largest([total[_PEAK] for total in totals])
+    figures["ds_profutils/peak_allocated_gib"] = peak / _GIB if peak is not None else None
+    figures["ds_profutils/straggler_rank"] = interval_straggler(rows, steps)
+    return [(name, value, global_step) for name, value in figures.items() if value is not None]

@@ -1,0 +1,83 @@
+"""Where the live events go: DeepSpeed's monitor and one console line (the frameworks' sinks live in
+:mod:`ds_profutils.integrations.live_sinks`, beside the adapters that know the framework objects).
+
+A sink is anything with ``write(events)``; LiveMetrics calls it on rank 0 only, once per interval, with
+all of the interval's events (one global step).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Protocol, Sequence
+
+from .interval import Event
+
+__all__ = ["ConsoleSink", "DeepSpeedMonitorSink", "LiveSink", "console_line", "monitor_sink"]
+
+
+class LiveSink(Protocol):
+    """A destination of the live events."""
+
+    def write(self, events: List[Event]) -> None:
+        """Send one interval's events ``(name, value, global_step)``."""
+
+
+class DeepSpeedMonitorSink:
+    """DeepSpeed's ``MonitorMaster`` (``engine.monitor``): every monitor the ds_config enables
+    (``tensorboard``, ``wandb``, ``csv_monitor``, ``comet``) gets the events beside DeepSpeed's own.
+
+    On DeepSpeed's step axis: its monitors' events carry ``engine.global_samples`` (its
+    ``Train/Samples/...`` series; Comet's writer calls the field ``engine_global_samples``), and W&B drops
+    a point whose step is below one already logged.  An event's global step (the step as the records
+    number it: ``engine.global_steps`` when it began) becomes the samples trained when it ended, counted
+    back from the engine's present ones, since a deferred interval is written after later steps.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def write(self, events: List[Event]) -> None:
+        engine = self.engine
+        later_steps = engine.global_steps - (events[0][2] + 1)
+        samples = engine.global_samples - later_steps * engine.train_batch_size()
+        engine.monitor.write_events([(name, value, samples) for name, value, _ in events])
+
+
+def monitor_sink(engine: Any) -> Optional[DeepSpeedMonitorSink]:
+    """The engine's monitor as a sink, or None where the ds_config enables none (DeepSpeed builds a
+    ``MonitorMaster`` for every engine; its ``enabled`` says whether any monitor is on)."""
+    monitor = getattr(engine, "monitor", None)
+    return DeepSpeedMonitorSink(engine) if monitor is not None and getattr(monitor, "enabled", False) else None
+
+
+def _format(figures: Dict[str, float], key: str, template: str, scale: float = 1) -> Optional[str]:
+    value = figures.get(f"ds_profutils/{key}")
+    return None if value is None else template.format(value * scale)
+
+
+def console_line(events: Sequence[Event]) -> str:
+    """One short line for rank 0's console, the figures it has in the events' order; e.g.
+    ``ds_profutils step 40: step 123.4 ms, iteration 130.1 ms (gap 6.7), 12.3 TFLOP/s, MFU 4.1%,
+    5,120 tok/s, wait 8%, peak 1.2 GiB, straggler rank 1``."""
+    figures = {name: value for name, value, _ in events}
+    iteration = _format(figures, "iteration_ms", "iteration {:.1f} ms")
+    gap = _format(figures, "gap_ms", "(gap {:.1f})")
+    straggler = figures.get("ds_profutils/straggler_rank")
+    parts = [
+        _format(figures, "step_ms", "step {:.1f} ms"),
+        " ".join(filter(None, [iteration, gap])) or None,
+        _format(figures, "tflops", "{:.3g} TFLOP/s"),
+        _format(figures, "mfu", "MFU {:.3g}%", scale=100),
+        _format(figures, "tokens_per_s", "{:,.0f} tok/s"),
+        _format(figures, "exposed_wait_share", "wait {:.0%}"),
+        _format(figures, "peak_allocated_gib", "peak {:.1f} GiB"),
+        None if straggler is None else "no straggler" if straggler < 0 else f"straggler rank {straggler:.0f}",
+    ]
+    step = events[0][2] if events else "?"
+    return f"ds_profutils step {step}: " + ", ".join(part for part in parts if part)
+
+
+class ConsoleSink:
+    """Prints :func:`console_line` to stdout (rank 0 only, as every sink): the one output of a job that
+    reports nowhere else."""
+
+    def write(self, events: List[Event]) -> None:
+        print(console_line(events), flush=True)

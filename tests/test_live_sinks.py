@@ -1,0 +1,114 @@
+"""The live events in the frameworks' own reporting (ds_profutils.integrations.live_sinks), read back from
+the files those write: a transformers Trainer with ``report_to=["tensorboard"]``, Accelerate's TensorBoard
+tracker, Lightning's CSV and TensorBoard loggers."""
+import csv
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ds_profutils.engine.live import EVENT_NAMES, LiveMetrics, StepFigures
+from ds_profutils.integrations.live_sinks import AccelerateSink, LightningSink, TrainerSink
+
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+EVENTS = [("ds_profutils/step_ms", 12.5, 8), ("ds_profutils/mfu", 0.25, 8), ("ds_profutils/tokens_per_s", 640.0, 8)]
+
+
+def scalars(logdir: Path) -> dict:
+    """{tag: [(step, value), ...]} of every TensorBoard event file under ``logdir``."""
+    found = {}
+    for events_file in sorted(logdir.rglob("events.out.tfevents.*")):
+        accumulator = event_accumulator.EventAccumulator(str(events_file))
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            found.setdefault(tag, []).extend((event.step, event.value) for event in accumulator.Scalars(tag))
+    return found
+
+
+class Regression(torch.nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x, labels):
+        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
+
+
+def figures(global_step: int) -> StepFigures:
+    return StepFigures(global_step=global_step, step_ms=10.0, iteration_ms=12.0, gap_ms=2.0, flops=10**9,
+                       tokens=32, samples=2, exposed_wait_ms=1.0, collective_ms=1.0, peak_allocated_bytes=1 << 20)
+
+
+def train(tmp_path: Path, report_to) -> "transformers.Trainer":
+    """A tiny Trainer run of 6 steps, logging every step, fed to LiveMetrics (interval 2) after each step
+    as the recorder would, into a TrainerSink."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    class FeedLive(TrainerCallback):
+
+        def __init__(self):
+            self.live = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            # numbered apart from the Trainer's steps: the points must carry the events' own step
+            self.live.step_finished(figures(1000 + state.global_step))
+
+    torch.manual_seed(0)
+    data = [{"x": torch.randn(4), "labels": torch.randn(())} for _ in range(12)]
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=report_to, max_steps=6, logging_steps=1,
+                             per_device_train_batch_size=2, use_cpu=True, save_strategy="no", disable_tqdm=True)
+    feed = FeedLive()
+    trainer = Trainer(model=Regression(), args=args, train_dataset=data, callbacks=[feed])
+    feed.live = LiveMetrics(SimpleNamespace(monitor_interval=2, console=False), 100.0, [TrainerSink(trainer)])
+    trainer.train()
+    return trainer
+
+
+def test_trainer_report_to_tensorboard_gets_a_point_every_interval(tmp_path):
+    trainer = train(tmp_path, ["tensorboard"])
+    found = scalars(tmp_path)
+    for name in EVENT_NAMES:
+        assert [step for step, _ in found[f"train/{name}"]] == [1002, 1004, 1006], name
+    assert [value for _, value in found["train/ds_profutils/step_ms"]] == [10.0, 10.0, 10.0]
+    assert found["train/ds_profutils/mfu"][0][1] == pytest.approx(2 * 1e9 / 0.024 / 1e12 / 100.0)
+    # the Trainer's own logging is undisturbed: its loss every step, nothing of ours in its history
+    assert [step for step, _ in found["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    assert not any(key.startswith("ds_profutils/") for entry in trainer.state.log_history for key in entry)
+    assert trainer.state.global_step == 6
+
+
+def test_trainer_reporting_nowhere_gets_nothing_and_goes_on(tmp_path):
+    trainer = train(tmp_path, "none")
+    assert trainer.state.global_step == 6 and not list(tmp_path.rglob("events.out.tfevents.*"))
+
+
+def test_accelerate_trackers_once_initialized(tmp_path):
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(log_with="tensorboard", project_dir=str(tmp_path), cpu=True)
+    sink = AccelerateSink(accelerator)
+    sink.write([("ds_profutils/step_ms", 99.0, 4)])  # no init_trackers yet: nowhere to report, no error
+    accelerator.init_trackers("live")
+    sink.write(EVENTS)
+    accelerator.end_training()
+    found = scalars(tmp_path)
+    assert {tag: points for tag, points in found.items()} == {name: [(8, value)] for name, value, _ in EVENTS}
+
+
+def test_lightning_loggers(tmp_path):
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    trainer = Trainer(logger=[CSVLogger(tmp_path / "csv"), TensorBoardLogger(tmp_path / "tb")], accelerator="cpu",
+                      devices=1, enable_progress_bar=False, enable_model_summary=False)
+    LightningSink(trainer).write(EVENTS)
+    for logger in trainer.loggers:
+        logger.save()
+        logger.finalize("success")
+    rows = list(csv.DictReader(open(next((tmp_path / "csv").rglob("metrics.csv")))))
+    assert [(int(row["step"]), float(row["ds_profutils/step_ms"])) for row in rows] == [(8, 12.5)]
+    assert scalars(tmp_path / "tb")["ds_profutils/tokens_per_s"] == [(8, 640.0)]
+    LightningSink(Trainer(logger=False, accelerator="cpu", devices=1)).write(EVENTS)  # no logger: nothing to do
