@@ -96,7 +96,7 @@ def _add_timeline(subparsers: argparse._SubParsersAction) -> None:
         "recorded. Exits 1 when DIR has no trace.")
     parser.add_argument("directory", type=Path, metavar="DIR", help="output_dir of the run (trace_rank_*.json)")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.json", help="the merged trace")
-    parser.set_defaults(handler=_handler(".report.timeline_command"))
+    parser.set_defaults(handler=_handler(".timeline.command"))
 
 
 def _add_diff(subparsers: argparse._SubParsersAction) -> None:
@@ -117,7 +117,7 @@ def _add_diff(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ranks", type=_positive_int, default=8, metavar="N",
                         help="ranks listed per engine; with more ranks, the N whose figures changed most")
     parser.add_argument("--top", type=_positive_int, default=10, metavar="N", help="operators listed from the traces")
-    parser.set_defaults(handler=_handler(".report.diff_command"))
+    parser.set_defaults(handler=_handler(".diff.command"))
 
 
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (_add_check_config, _add_report, _add_timeline,

@@ -11,9 +11,9 @@ import pytest
 
 from ds_profutils.cli import main
 from ds_profutils.report import ReportError
-from ds_profutils.report.diff_build import build_diff
-from ds_profutils.report.diff_stats import compare, mann_whitney_p, warmup_steps
-from ds_profutils.report.diff_text import render_diff
+from ds_profutils.diff.build import build_diff
+from ds_profutils.diff.stats import compare, mann_whitney_p, warmup_steps
+from ds_profutils.diff.text import render_diff
 
 from report_testing import event, record, write_records, write_trace
 
@@ -274,7 +274,7 @@ def test_operators_whose_self_time_changed_most_come_from_the_traces(tmp_path, r
 
 
 def test_events_later_than_the_reorder_window_are_counted_not_nested(tmp_path, monkeypatch):
-    from ds_profutils.report import diff_ops
+    from ds_profutils.diff import ops as diff_ops
 
     monkeypatch.setattr(diff_ops, "REORDER_WINDOW", 1)
     nested_trace(tmp_path / "trace.json", 80.0, steps=3, reverse=True)

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from ds_profutils.cli import main
-from ds_profutils.report.diff_build import build_diff
-from ds_profutils.report.diff_text import render_diff
+from ds_profutils.diff.build import build_diff
+from ds_profutils.diff.text import render_diff
 
 from launcher import DIST_SCRIPTS, run_deepspeed
 

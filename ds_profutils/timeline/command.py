@@ -1,4 +1,4 @@
-"""``ds-profutils timeline DIR -o FILE.json``: what it prints (the merge itself is :mod:`.timeline`).
+"""``ds-profutils timeline DIR -o FILE.json``: what it prints (the merge itself is :mod:`.merge`).
 
 stdout says what was written and how the clocks were aligned; stderr names the traces that end early
 (their events up to there are merged) or cannot be placed on a clock (left out).
@@ -10,8 +10,8 @@ import os
 import sys
 
 from ..outputs import atomic_path, trace_files
-from .build import earlier_run, newest_world_size
-from .timeline import align, scan_trace, write_timeline
+from ..report.build import earlier_run, newest_world_size
+from .merge import align, scan_trace, write_timeline
 
 __all__ = ["run"]
 

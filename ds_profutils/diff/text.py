@@ -1,6 +1,6 @@
 """``ds-profutils diff`` as text: per engine, the verdict first, then where the change went.
 
-Tables are the report's (:mod:`.text`); beyond ``max_ranks`` ranks, the ranks whose change differs
+Tables are the report's (:mod:`ds_profutils.report.text`); beyond ``max_ranks`` ranks, the ranks whose change differs
 most from the typical rank's; ``--json`` has every number.
 """
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, List, Mapping, Optional, Sequence
 
-from .diff_summary import MEMORY, PARTS
-from .text import _table, _wrap, rank_ranges
+from .summary import MEMORY, PARTS
+from ..report.text import _table, _wrap, rank_ranges
 
 __all__ = ["render_diff"]
 

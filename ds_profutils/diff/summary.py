@@ -1,6 +1,6 @@
 """What ``ds-profutils diff`` keeps of one run: the report's figures, reduced to what is compared.
 
-Each run is read by the report itself (:func:`.build.build_report`: the same readers, the same
+Each run is read by the report itself (:func:`ds_profutils.report.build.build_report`: the same readers, the same
 straggler verdict), then reduced, per engine, to one value per recorded train step (step time and its
 parts as the mean over ranks, so the parts add up to the step; the memory peak as the highest rank's),
 per rank the medians after warm-up, the straggler verdict, and the per-step event and collective
@@ -14,10 +14,10 @@ from pathlib import Path
 from statistics import fmean, median
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from .build import build_report
-from .diff_settings import run_settings
-from .diff_stats import warmup_steps
-from .steps import Matrix, StepView
+from ..report.build import build_report
+from .settings import run_settings
+from .stats import warmup_steps
+from ..report.steps import Matrix, StepView
 
 __all__ = ["MEMORY", "PARTS", "SERIES", "summarize_run"]
 
@@ -82,7 +82,7 @@ def _engine(engine: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def summarize_run(directory: Path, top_ops: int) -> Dict[str, Any]:
-    """One run's figures as the diff compares them; raises :class:`.build.ReportError` where the report would."""
+    """One run's figures as the diff compares them; raises :class:`ds_profutils.report.build.ReportError` where the report would."""
     report = build_report(directory, top_ops)
     return {
         "directory": str(directory),

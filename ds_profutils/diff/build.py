@@ -3,7 +3,7 @@
 Engines are matched by name; where each run has exactly one engine and the names differ, those two
 are compared (and ``matched_by`` says so).  Per engine: the step time and each part of it (busy, fetch
 wait, blocking collective wait, and the memory peak where both runs' records carry it) with its own
-change and test (:mod:`.diff_stats`), the per-rank medians that show on which ranks a change
+change and test (:mod:`.stats`), the per-rank medians that show on which ranks a change
 happened, the report's straggler verdict of each run, the fetch events and collectives per step, and
 the settings that differ.  Where both runs have traces: the operators whose self time per step
 changed most, from the trace of the lowest rank traced in both.
@@ -14,11 +14,11 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .diff_ops import self_times
-from .diff_settings import settings_differences
-from .diff_stats import ALPHA, MIN_CHANGE, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
-from .diff_summary import MEMORY, PARTS, SERIES, summarize_run
-from .traces import TraceFormatError
+from .ops import self_times
+from .settings import settings_differences
+from .stats import ALPHA, MIN_CHANGE, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
+from .summary import MEMORY, PARTS, SERIES, summarize_run
+from ..report.traces import TraceFormatError
 
 __all__ = ["build_diff"]
 
@@ -151,7 +151,7 @@ def _run_notes(summary: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def build_diff(base_directory: Path, new_directory: Path, top: int = 10) -> Dict[str, Any]:
-    """Every figure ``ds-profutils diff`` shows, as data.  Raises :class:`.build.ReportError` (naming the
+    """Every figure ``ds-profutils diff`` shows, as data.  Raises :class:`ds_profutils.report.build.ReportError` (naming the
     directory) where a directory holds no run."""
     base = summarize_run(base_directory, top)
     new = summarize_run(new_directory, top)

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import orjson
 
 from ..outputs import fetch_records_files, trace_files
-from .traces import TraceFormatError, iter_trace
+from ..report.traces import TraceFormatError, iter_trace
 
 __all__ = ["run_settings", "settings_differences"]
 
