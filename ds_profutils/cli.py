@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from .version import __version__
+
 __all__ = ["EXIT_INVALID", "build_parser", "main"]
 
 # argparse exits with 2 on a usage error; a config that fails the check is the same kind of mistake.
@@ -128,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``ds-profutils`` argument parser with every subcommand registered."""
     parser = argparse.ArgumentParser(prog="ds-profutils",
                                      description="Tools for profiling DeepSpeed training with ds_profutils.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_subcommand in _SUBCOMMANDS:
         add_subcommand(subparsers)

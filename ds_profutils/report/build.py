@@ -17,7 +17,7 @@ from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, S
                     host_stragglers, is_straggler, step_view, straggler_rule)
 from .traces import TraceFormatError, summarize_trace
 
-__all__ = ["ReportError", "build_report"]
+__all__ = ["ReportError", "build_report", "directory_problem", "earlier_run", "newest_world_size"]
 
 TORN = "ends in a torn line (the job stopped mid-write?); the complete records before it are read"
 
@@ -202,11 +202,25 @@ def _traces(found: Mapping[int, Path], top_ops: int, incomplete: List[Dict[str, 
     traces: Dict[int, Any] = {}
     for rank, path in found.items():
         try:
-            traces[rank] = summarize_trace(path, top_ops)
+            traces[rank] = summary = summarize_trace(path, top_ops)
         except (OSError, TraceFormatError) as exc:
             incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": path.name,
-                               "reason": f"does not parse to its end ({exc})"})
+                               "reason": f"not read: {getattr(exc, 'strerror', None) or exc}"})
+            continue
+        if summary["incomplete"] is not None:
+            incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": path.name,
+                               "reason": f"incomplete: {summary['incomplete']}; its {summary['events']:,} events "
+                                         "up to the cut are read"})
     return traces
+
+
+def directory_problem(directory: Path) -> Optional[str]:
+    """Why ``directory`` cannot be a run's output_dir (None: it can): absent, or a file."""
+    if directory.is_dir():
+        return None
+    if directory.exists():
+        return f"{directory} is a file, not a directory: name the run's output_dir"
+    return f"{directory}: no such directory"
 
 
 def newest_world_size(files: Iterable[Tuple[Path, Optional[float], Optional[int]]]) -> Optional[int]:
@@ -269,8 +283,9 @@ def _where_to_look(directory: Path) -> str:
 def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     """Every number the report shows, as data (what ``--json`` prints)."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise ReportError(f"{directory}: no such directory")
+    problem = directory_problem(directory)
+    if problem is not None:
+        raise ReportError(problem)
     record_files = fetch_records_files(directory)
     traces_found = trace_files(directory)
     if not record_files and not traces_found:
@@ -294,6 +309,9 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     _trace_gaps({rank: path for rank, path in traces_found.items() if rank not in earlier}, traces, incomplete)
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
                    if summary["step_numbering"] == "global"}
+    if not traces and not any(f.complete_records for f in files):
+        unread = "; ".join(f"{entry['file']}: {entry['reason']}" for entry in incomplete if entry["file"])
+        raise ReportError(f"{directory}: nothing readable ({unread})")
     names = sorted({f.engine for f in files}, key=lambda name: (name != MAIN_ENGINE, name))  # the main engine first
     joined = _joined_engine(names)
     engines = {name: _engine_report(name, [f for f in files if f.engine == name],
