@@ -28,7 +28,7 @@ def test_a_rank_slowed_in_forward_is_a_slower_step_beyond_noise_from_the_others_
     engine = diff["engines"]["main"]
     assert engine["engine"] == {"base": "main", "new": "slowed"}
     step = engine["step_ms"]
-    assert step["significant"] and 10.0 < step["change"] < 35.0 and step["p_value"] < 1e-6
+    assert step["significant"] and 10.0 < step["change"] < 35.0  # a verdict at the documented level, not an extreme p
     # Rank 1 spent the 20 ms computing (busy); rank 0 spent them waiting for it.
     waiting, slowed = engine["ranks"][0]["change"], engine["ranks"][1]["change"]
     assert waiting["fetch_wait_ms"] + waiting["collective_wait_ms"] > waiting["busy_ms"] + 10.0

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .ops import self_times
 from .settings import settings_differences
-from .stats import ALPHA, MIN_CHANGE, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
+from .stats import ALPHA, MIN_CHANGE, MIN_STEPS, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
 from .summary import MEMORY, PARTS, SERIES, summarize_run
 from ..report.traces import TraceFormatError
 
@@ -160,8 +160,11 @@ def build_diff(base_directory: Path, new_directory: Path, top: int = 10) -> Dict
                                   (base["settings"][base_name], new["settings"][new_name]))
                for base_name, new_name in pairs}
     return {
-        "test": {"text": significance_rule(), "name": "Mann-Whitney U, two-sided, normal approximation", "alpha": ALPHA,
-                 "min_change": MIN_CHANGE, "warmup_steps": WARMUP_STEPS, "warmup_share": WARMUP_SHARE},
+        "test": {"text": significance_rule(),
+                 "name": "difference of means on effective steps (autocorrelation time: the larger of the "
+                         "bias-corrected AR(1) and Geyer's initial positive sequence estimates); Student's t, Welch, "
+                         "two-sided", "alpha": ALPHA, "min_change": MIN_CHANGE, "min_steps": MIN_STEPS,
+                 "warmup_steps": WARMUP_STEPS, "warmup_share": WARMUP_SHARE},
         "base": _run_notes(base),
         "new": _run_notes(new),
         "matched_by": matched_by,

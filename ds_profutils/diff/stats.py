@@ -1,22 +1,34 @@
 """Whether a figure changed between two runs beyond run-to-run noise: the warm-up rule and the test.
 
-Per-step figures are not normal (a few slow steps: a garbage collection, a checkpoint, a neighbour's
-job), so the test compares ranks, not means: a two-sided Mann-Whitney U test, normal approximation
-with tie and continuity correction, in pure Python (``ds-profutils diff`` imports no scipy and starts
-in a fraction of a second).  With thousands of steps the test alone finds a 0.3 % shift nobody should
-act on, so a change counts only where the test says so at p < ``ALPHA`` AND the medians differ by at
-least ``MIN_CHANGE`` of a stated scale (the figure's own base median, or the step time's for a part
-of the step).  A few steps after warm-up are needed to reach that level at all: 6 in each run where
-both have as many, 3 in one run beside thousands in the other; with 2 or fewer in a run, never.
+Per-step figures are not independent: real step times drift (thermal throttling, length-bucketed
+batches, a neighbour's load), so consecutive steps are alike and 300 steps hold far fewer independent
+looks.  A test that takes them for independent (Mann-Whitney's U, which this replaces) called two runs
+of one unchanged job changed in 7-9 % of pairs at a nominal 1 %.  So the difference of the two runs'
+means is divided by its standard error with each run's steps counted as *effective steps* ``n / tau``:
+``tau``, the run's integrated autocorrelation time, is the larger of two estimates, the lag-1 AR(1) one
+(``(1 + r) / (1 - r)``, ``r`` corrected for its small-sample bias) and Geyer's initial positive sequence
+(which follows drift of any shape), kept between 1 and ``n``; the p-value is Student's t with Welch's
+degrees of freedom on the effective steps, in pure Python (``ds-profutils diff`` imports no scipy).
+Slow steps (a garbage collection, a checkpoint) widen the standard error more than they move the mean,
+so they make the test more careful, not less.  Simulated in ``tests/test_diff_drift.py``: AR(1) runs
+(correlation 0.9, 3 % spread, 300 steps) are called changed in 0.5 % of unchanged pairs and a 6 % slower
+run is found in 94 %.
+
+With thousands of steps the test alone finds a 0.3 % shift nobody should act on, so a change counts
+only where the test says so at p < ``ALPHA`` AND the medians differ by at least ``MIN_CHANGE`` of a
+stated scale (the figure's own base median, or the step time's for a part of the step).
 """
 from __future__ import annotations
 
 import math
+import operator
 from statistics import fmean, median
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["ALPHA", "MIN_CHANGE", "WARMUP_SHARE", "WARMUP_STEPS", "compare", "mann_whitney_p", "percentile",
-           "significance_rule", "warmup_steps"]
+from .student import t_two_sided_p
+
+__all__ = ["ALPHA", "MIN_CHANGE", "MIN_STEPS", "WARMUP_SHARE", "WARMUP_STEPS", "compare", "drift_test", "effective_steps",
+           "percentile", "significance_rule", "warmup_steps"]
 
 ALPHA = 0.01
 """A change is beyond noise where the test's two-sided p-value is below this ..."""
@@ -26,6 +38,10 @@ WARMUP_STEPS = 2
 """The first recorded train steps of each run left out: at least this many ..."""
 WARMUP_SHARE = 0.10
 """... or this share of the run's recorded train steps (rounded up), whichever is more."""
+MIN_STEPS = 3
+"""Steps after warm-up each run needs for the test (fewer: no p-value, never a change)."""
+_MAX_LAG = 2000  # Geyer's sequence stops far earlier on any series that does not drift for thousands of steps
+_MAX_LAG1 = 0.99  # a lag-1 correlation is taken as at most this (tau <= 199): a run of one repeated value
 
 
 def warmup_steps(steps: int) -> int:
@@ -36,37 +52,66 @@ def warmup_steps(steps: int) -> int:
 def significance_rule() -> str:
     """The rule in words, as the output states it."""
     return (f"per-step figures after warm-up (the first {WARMUP_STEPS} recorded train steps or "
-            f"{WARMUP_SHARE:.0%}, whichever is more) compared by a two-sided Mann-Whitney U test (normal "
-            f"approximation, tie- and continuity-corrected); a change is significant where p < {ALPHA:g} and the "
-            f"medians differ by >= {MIN_CHANGE:.0%} (of the base median; for a part of the step, of the base "
-            f"median step time)")
+            f"{WARMUP_SHARE:.0%}, whichever is more): the difference of the runs' means over its standard error, "
+            f"each run's steps counted as effective steps (steps / tau, tau its autocorrelation time: the larger of the bias-corrected lag-1 AR(1) estimate and Geyer's "
+            f"initial positive sequence), so that drifting steps are not taken for independent ones; Student's t "
+            f"with Welch's degrees of freedom on the effective steps; a change is significant where p < {ALPHA:g} "
+            f"and the medians differ by >= {MIN_CHANGE:.0%} (of the base median; for a part of the step, of the "
+            f"base median step time)")
 
 
-def mann_whitney_p(base: Sequence[float], new: Sequence[float]) -> Optional[float]:
-    """Two-sided p-value that ``base`` and ``new`` come from one distribution; None with fewer than 2 of either."""
-    n1, n2 = len(base), len(new)
-    if n1 < 2 or n2 < 2:
-        return None
-    pooled = sorted([(value, True) for value in base] + [(value, False) for value in new])
-    total = n1 + n2
-    base_rank_sum = 0.0
-    ties = 0  # sum of t^3 - t over groups of t equal values
-    start = 0
-    while start < total:
-        end = start
-        while end + 1 < total and pooled[end + 1][0] == pooled[start][0]:
-            end += 1
-        mean_rank = (start + end) / 2 + 1  # ranks are 1-based; equal values share their mean rank
-        base_rank_sum += mean_rank * sum(1 for _, from_base in pooled[start:end + 1] if from_base)
-        group = end - start + 1
-        ties += group ** 3 - group
-        start = end + 1
-    u = base_rank_sum - n1 * (n1 + 1) / 2
-    variance = n1 * n2 / 12 * ((total + 1) - ties / (total * (total - 1)))
-    if variance <= 0:  # every value equal
-        return 1.0
-    z = max(0.0, abs(u - n1 * n2 / 2) - 0.5) / math.sqrt(variance)
-    return math.erfc(z / math.sqrt(2))
+def effective_steps(values: Sequence[float]) -> Tuple[Optional[float], float]:
+    """(lag-1 autocorrelation, effective steps ``n / tau``) of a series in step order; tau >= 1, so a run never
+    counts as more steps than it has.  (None, n) for a series too short or too flat to estimate it from."""
+    count = len(values)
+    mean = fmean(values) if count else 0.0
+    centred = [value - mean for value in values]
+    total = sum(value * value for value in centred)
+    if count < 3 or total <= 0.0:
+        return None, float(count)
+
+    def lag(k: int) -> float:
+        return sum(map(operator.mul, centred, centred[k:])) / total  # zip stops at the shorter: count - k terms
+
+    lag1 = lag(1)
+    corrected = min(_MAX_LAG1, max(0.0, lag1 + (1 + 4 * lag1) / count))  # Kendall's bias of the lag-1 estimate
+    tau = (1 + corrected) / (1 - corrected)
+    # Geyer's initial positive sequence: tau = -1 + 2 * sum of the pair sums rho(2m) + rho(2m + 1), taken while
+    # positive and kept non-increasing (past that point the sample autocorrelations are noise).
+    geyer, previous, pair = -1.0, math.inf, 0
+    while 2 * pair + 1 < min(count, _MAX_LAG):
+        term = 1.0 + lag1 if pair == 0 else lag(2 * pair) + lag(2 * pair + 1)
+        if term <= 0.0:
+            break
+        previous = min(previous, term)
+        geyer += 2 * previous
+        pair += 1
+    tau = min(max(tau, geyer, 1.0), float(count))  # a run is at least one independent look, at most its steps
+    return lag1, count / tau
+
+
+def drift_test(base: Sequence[float], new: Sequence[float]) -> Dict[str, Any]:
+    """The two-sided p-value that ``base`` and ``new`` come from one drifting process, with the figures it used
+    (per run: lag-1 autocorrelation and effective steps); p None with fewer than ``MIN_STEPS`` of
+    either (a run's correlation cannot be estimated from fewer)."""
+    if len(base) < MIN_STEPS or len(new) < MIN_STEPS:
+        return {"p_value": None, "autocorrelation": {"base": None, "new": None},
+                "effective_steps": {"base": None, "new": None}}
+    runs = (base, new)
+    found = [effective_steps(run) for run in runs]
+    spread = []  # per run, the variance of its mean: the values' variance over its effective steps
+    for run, (_, steps) in zip(runs, found):
+        mean = fmean(run)
+        spread.append(sum((value - mean) ** 2 for value in run) / (len(run) - 1) / steps)
+    difference = fmean(new) - fmean(base)
+    error = spread[0] + spread[1]
+    if error <= 0.0:  # each run one value: a change where they differ
+        p_value = 1.0 if difference == 0 else 0.0
+    else:
+        freedom = error ** 2 / sum(part ** 2 / max(steps - 1, 1.0) for part, (_, steps) in zip(spread, found))
+        p_value = t_two_sided_p(difference / math.sqrt(error), freedom)
+    return {"p_value": p_value, "autocorrelation": {"base": found[0][0], "new": found[1][0]},
+            "effective_steps": {"base": found[0][1], "new": found[1][1]}}
 
 
 def percentile(values: Sequence[float], share: float) -> float:
@@ -91,7 +136,8 @@ def compare(base: Sequence[float], new: Sequence[float], scale: Optional[float] 
     shown beside the medians; the means of the parts of a step add up to the step's.
     """
     before, after = _summary(base), _summary(new)
-    p_value = mann_whitney_p(base, new)
+    test = drift_test(base, new)
+    p_value = test["p_value"]
     low, high = before["median"], after["median"]
     change = None if low is None or high is None else high - low
     if scale is None:
@@ -100,4 +146,5 @@ def compare(base: Sequence[float], new: Sequence[float], scale: Optional[float] 
                    and abs(change) >= MIN_CHANGE * abs(scale) and change != 0)
     return {"base": low, "new": high, "change": change, "ratio": high / low if change is not None and low else None,
             "p_value": p_value, "significant": significant, "steps": {"base": len(base), "new": len(new)},
+            "autocorrelation": test["autocorrelation"], "effective_steps": test["effective_steps"],
             "mean": {"base": before["mean"], "new": after["mean"]}, "p90": {"base": before["p90"], "new": after["p90"]}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, List, Mapping, Optional, Sequence
 
+from .stats import MIN_STEPS
 from .summary import MEMORY, PARTS
 from ..report.text import _table, _wrap, rank_ranges
 
@@ -45,12 +46,24 @@ def _verdict(step_ms: Mapping[str, Any]) -> str:
         said = ("SLOWER" if step_ms["change"] > 0 else "FASTER") + ", beyond noise"
     elif step_ms["p_value"] is None:
         said = (f"too few steps after warm-up to test ({step_ms['steps']['base']} and {step_ms['steps']['new']}; the "
-                "test needs 2 or more in each)")
+                f"test needs {MIN_STEPS} or more in each)")
     else:
         said = "no significant change"
     return (f"Step time: {step_ms['base']:.3f} -> {step_ms['new']:.3f} ms median ({change}): {said}; p90 "
             f"{step_ms['p90']['base']:.3f} -> {step_ms['p90']['new']:.3f}, mean {step_ms['mean']['base']:.3f} -> "
-            f"{step_ms['mean']['new']:.3f}")
+            f"{step_ms['mean']['new']:.3f}{_drift(step_ms)}")
+
+
+def _drift(figure: Mapping[str, Any]) -> str:
+    """The figures the test used: each run's lag-1 autocorrelation and effective steps out of its steps."""
+    if figure["p_value"] is None:
+        return ""
+    said = []
+    for run in ("base", "new"):
+        lag1 = figure["autocorrelation"][run]
+        said.append(f"{run.upper()} autocorrelation {'-' if lag1 is None else f'{lag1:.2f}'}, "
+                    f"{figure['effective_steps'][run]:.1f} effective of {figure['steps'][run]} steps")
+    return "; tested on " + " and ".join(said)
 
 
 def _parts(engine: Mapping[str, Any]) -> List[str]:
