@@ -14,7 +14,8 @@ from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
 from .memory import memory_report
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
-                    host_stragglers, is_straggler, step_view, straggler_rule)
+                    host_stragglers, is_straggler, reach, step_view, steps_to_name,
+                    straggler_rule)
 from .traces import TraceFormatError, summarize_trace
 
 __all__ = ["ReportError", "build_report", "directory_problem", "earlier_run", "newest_world_size"]
@@ -184,7 +185,8 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "old_format_records": sum(records.old_format for records in files),
         "comms_logger_records": sum(records.comms_logger for records in files),
         "straggler_figure": view.arrival,
-        "straggler_test": {"steps": view.tested_steps, "chance_per_step": 1 / ranks if ranks else None,
+        "straggler_test": {"steps": view.tested_steps, "steps_to_name": steps_to_name(view.tested_steps, ranks),
+                           "reach": reach(view), "chance_per_step": 1 / ranks if ranks else None,
                            "rank_level": STRAGGLER_LEVEL / ranks if ranks else None,
                            "host_level": STRAGGLER_LEVEL / len(hosts_summary) if hosts_summary else None},
         "straggler_ranks": [rank for rank in view.ranks if is_straggler(view, rank)],
@@ -331,7 +333,14 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
                            "min_spread_share_of_median_step": STRAGGLER_STEP_SHARE,
                            "test": "one-sided exact binomial: straggler steps against 1/ranks per tested step "
                                    "(a host: its share of the ranks)",
-                           "level": STRAGGLER_LEVEL, "rank_level": "level / ranks", "host_level": "level / hosts"},
+                           "level": STRAGGLER_LEVEL, "rank_level": "level / ranks", "host_level": "level / hosts",
+                           "reach": {name: {"tested_steps": engine["straggler_test"]["steps"],
+                                            "ranks": len(engine["ranks"]),
+                                            "steps_to_name": engine["straggler_test"]["steps_to_name"],
+                                            "text": engine["straggler_test"]["reach"]}
+                                     for name, engine in engines.items()},
+                           "below_threshold": "a rank slower by less than the per-step threshold is never a step "
+                                              "straggler and is not flagged"},
         "hosts": {host: sorted(ranks) for host, ranks in sorted(hosts.items())},
         "incomplete": sorted(incomplete, key=lambda entry: (entry["kind"], entry["engine"] or "", entry["rank"])),
         "problems": [{"engine": records.engine, "rank": records.rank, "file": Path(records.path).name,

@@ -32,7 +32,8 @@ from .chance import binomial_upper_tail
 from .records import FileRecords
 
 __all__ = ["ARRIVAL_FIGURES", "STRAGGLER_LEVEL", "STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_STEP_SHARE", "Matrix",
-           "StepView", "chance_p_value", "host_stragglers", "is_straggler", "step_view", "straggler_rule"]
+           "StepView", "chance_p_value", "host_stragglers", "is_straggler", "reach", "step_view", "steps_to_name",
+           "straggler_rule"]
 
 STRAGGLER_MIN_SPREAD_MS = 2.0
 """A step has a straggler only when max - min time inside its collectives across ranks is at least this ..."""
@@ -58,6 +59,37 @@ def straggler_rule() -> str:
             f"slow rank names one in at most {STRAGGLER_LEVEL:.1%} of runs); with ranks on several hosts, a host is "
             f"flagged STRAGGLER HOST by the same test against its share of the ranks, p <= "
             f"{STRAGGLER_LEVEL:.1%} / hosts")
+
+
+def steps_to_name(tested_steps: int, ranks: int) -> Optional[int]:
+    """The fewest of ``tested_steps`` a rank must be the step straggler in to be named (None: no count is
+    enough, too few steps).  The tail shrinks as the count grows, so a bisection finds it."""
+    if ranks < 2 or tested_steps < 1:
+        return None
+    level = STRAGGLER_LEVEL / ranks
+    if binomial_upper_tail(tested_steps, tested_steps, 1 / ranks) > level:
+        return None
+    low, high = 1, tested_steps  # the answer is in [low, high]
+    while low < high:
+        middle = (low + high) // 2
+        if binomial_upper_tail(middle, tested_steps, 1 / ranks) <= level:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def reach(view: "StepView") -> str:
+    """What the test can see in this run, in words: how many steps name a rank, and what it cannot see."""
+    ranks, tested = len(view.ranks), view.tested_steps
+    needed = steps_to_name(tested, ranks)
+    thresholds = [value for value in view.threshold_ms if value is not None]
+    threshold = f" (here {median(thresholds):.1f} ms at the median step)" if thresholds else ""
+    named = (f"a rank is named when it is the step straggler in at least {needed} of the {tested} tested steps of "
+             f"{ranks} ranks" if needed is not None else
+             f"no rank can be named: {tested} tested steps of {ranks} ranks are too few for any count to pass")
+    return (f"{named}; a rank slower by less than the per-step threshold{threshold} is never a step straggler, so "
+            "it is not flagged however many steps it lasts (its own busy time in the ranks table shows it)")
 
 
 class Matrix:

@@ -135,6 +135,7 @@ def _stragglers(engine: Mapping[str, Any]) -> List[str]:
         lines += _wrap(f"No straggler{' rank' if engine['straggler_hosts'] else ''}: no rank was the step straggler "
                        f"more often than chance allows in the {steps} steps"
                        + (f" (step stragglers: {detail}{', ...' if len(occasional) > 5 else ''})." if detail else "."))
+    lines += _wrap(f"Reach of the test: {test['reach']}.")
     for host in engine["straggler_hosts"]:
         row = hosts[host]
         if row["straggler_steps"] == sum(summary[rank]["straggler_steps"] for rank in set(row["ranks"]) & set(named)):
