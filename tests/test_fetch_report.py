@@ -246,7 +246,7 @@ def test_ranks_limit_decides_between_a_row_per_rank_and_one_across_ranks(tmp_pat
 
 
 def test_prose_is_wrapped_but_never_between_a_number_and_its_unit():
-    from ds_profutils.report.text import _wrap
+    from ds_profutils.report.tables import wrap as _wrap
 
     words = "their waiting beyond its own in those steps:" + " word" * 12
     assert len(words + " 96.6") <= 110 < len(words + " 96.6 ms")  # plain wrapping would split "96.6 ms"

@@ -1,6 +1,6 @@
 """``ds-profutils diff`` as text: per engine, the verdict first, then where the change went.
 
-Tables are the report's (:mod:`ds_profutils.report.text`); beyond ``max_ranks`` ranks, the ranks whose change differs
+Tables are the report's (:mod:`ds_profutils.report.tables`); beyond ``max_ranks`` ranks, the ranks whose change differs
 most from the typical rank's; ``--json`` has every number.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from .stats import MIN_STEPS
 from .summary import MEMORY, PARTS
-from ..report.text import _table, _wrap, rank_ranges
+from ..report.tables import rank_ranges, table, wrap
 
 __all__ = ["render_diff"]
 
@@ -74,12 +74,12 @@ def _parts(engine: Mapping[str, Any]) -> List[str]:
         rows.append((_LABELS[name], _shown(figure["base"], name), _shown(figure["new"], name),
                      _signed(figure["change"], name), _percent(figure["ratio"]), _signed(mean_change, name),
                      _p(figure["p_value"]), "SIGNIFICANT" if figure["significant"] else ""))
-    lines = ["", *_wrap("The step and its parts (per step: the mean over ranks, ms; medians, and the change of the "
+    lines = ["", *wrap("The step and its parts (per step: the mean over ranks, ms; medians, and the change of the "
                         "means, which add up to the step's; busy = step - fetch wait - blocking collective wait):")]
-    lines += _table(("", "BASE median", "NEW median", "change", "change %", "mean change", "p-value", ""), rows)
+    lines += table(("", "BASE median", "NEW median", "change", "change %", "mean change", "p-value", ""), rows)
     where = engine["where"]
     if where:
-        lines += _wrap("Where (per part that changed significantly, the ranks whose median changed most that way): "
+        lines += wrap("Where (per part that changed significantly, the ranks whose median changed most that way): "
                        + "; ".join(f"{_LABELS[part].strip()}: " + ", ".join(
                            f"rank {moved['rank']} {_signed(moved['change'], part)}" for moved in ranks)
                                    for part, ranks in where.items() if ranks))
@@ -99,7 +99,7 @@ def _straggler(engine: Mapping[str, Any]) -> List[str]:
                                             if counts.get(rank) is not None else "") for rank in ranks) or "none"
         hosts = straggler["hosts"][run]
         said.append(f"{run.upper()} {named}" + (f"; host {', '.join(hosts)}" if hosts and not ranks else ""))
-    return _wrap("Straggler (the report's verdict): " + "; ".join(said))
+    return wrap("Straggler (the report's verdict): " + "; ".join(said))
 
 
 _RANK_COLUMNS = ("step_ms", *PARTS)
@@ -140,14 +140,14 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
         note = (f"; {limit} of {len(ranks)} ranks shown: those whose change differs most from the typical rank's "
                 "(every rank: --json)")
         rows.append(("median of all", None, None, *(_signed(typical[column], column) for column in columns), ""))
-    caption = _wrap(f"Ranks (median per step after warm-up, ms; change = NEW - BASE){note}:")
-    return ["", *caption, *_table(headers, rows)]
+    caption = wrap(f"Ranks (median per step after warm-up, ms; change = NEW - BASE){note}:")
+    return ["", *caption, *table(headers, rows)]
 
 
 def _settings(differences: Sequence[Mapping[str, Any]], what: str) -> List[str]:
     if not differences:
         return []
-    return _wrap(f"{what} that differ: " + "; ".join(f"{d['setting']} {d['base']} -> {d['new']}" for d in differences))
+    return wrap(f"{what} that differ: " + "; ".join(f"{d['setting']} {d['base']} -> {d['new']}" for d in differences))
 
 
 def _size_change(row: Mapping[str, Any]) -> str:
@@ -166,7 +166,7 @@ def _tidy(value: Any) -> Any:
 def _events(engine: Mapping[str, Any]) -> List[str]:
     lines = []
     if engine["events"]:
-        lines += ["", *_wrap("Fetch events per train step (median across ranks; numel as DeepSpeed counts it; rows "
+        lines += ["", *wrap("Fetch events per train step (median across ranks; numel as DeepSpeed counts it; rows "
                              "whose count or size changed first, most first, then by the change of their time):")]
         rows = []
         for name, row in engine["events"].items():
@@ -174,7 +174,7 @@ def _events(engine: Mapping[str, Any]) -> List[str]:
             sizes = (_tidy(side.get(key)) for key in ("count", "numel_per_event", "bytes") for side in (before, after))
             rows.append((name, (row["base"] or row["new"])["numel_unit"], *sizes, before.get("time_ms"),
                          after.get("time_ms"), _size_change(row), _signed(row["time_change_ms"])))
-        lines += _table(("event", "unit", "BASE count", "NEW count", "BASE numel/event", "NEW numel/event",
+        lines += table(("event", "unit", "BASE count", "NEW count", "BASE numel/event", "NEW numel/event",
                          "BASE bytes", "NEW bytes", "BASE ms", "NEW ms", "size changed", "ms change"), rows)
     if engine["collectives"]:
         lines += ["", "Blocking collectives per train step (median across ranks; the most changed first):"]
@@ -183,7 +183,7 @@ def _events(engine: Mapping[str, Any]) -> List[str]:
             before, after = row["base"] or {}, row["new"] or {}
             rows.append((op, _tidy(before.get("count")), _tidy(after.get("count")), before.get("time_ms"),
                          after.get("time_ms"), _size_change(row), _signed(row["time_change_ms"])))
-        lines += _table(("collective", "BASE count", "NEW count", "BASE ms", "NEW ms", "count changed", "ms change"),
+        lines += table(("collective", "BASE count", "NEW count", "BASE ms", "NEW ms", "count changed", "ms change"),
                         rows)
     return lines
 
@@ -192,10 +192,10 @@ def _engine(name: str, engine: Mapping[str, Any], max_ranks: int) -> List[str]:
     names = engine["engine"]
     title = name if names["base"] == names["new"] else f"{names['base']} (BASE) / {names['new']} (NEW)"
     steps, warmup = engine["steps"], engine["warmup_steps"]
-    lines = ["", *_wrap(f"== engine {title}: {steps['base']:,} train steps in BASE, {steps['new']:,} in NEW; left out "
+    lines = ["", *wrap(f"== engine {title}: {steps['base']:,} train steps in BASE, {steps['new']:,} in NEW; left out "
                         f"as warm-up: the first {warmup['base']} and {warmup['new']}; ranks in both: "
                         f"{rank_ranges(engine['ranks'])}")]
-    lines += _wrap(_verdict(engine["step_ms"]))
+    lines += wrap(_verdict(engine["step_ms"]))
     lines += _straggler(engine)
     lines += _settings(engine["settings"], "Settings")
     if engine["step_ms"]["base"] is not None and engine["step_ms"]["new"] is not None:
@@ -209,18 +209,18 @@ def _operators(operators: Optional[Mapping[str, Any]]) -> List[str]:
     if not operators:
         return []
     steps = operators["steps"]
-    lines = ["", *_wrap(f"Operators whose self time changed most (trace of rank {operators['rank']}; per profiled "
+    lines = ["", *wrap(f"Operators whose self time changed most (trace of rank {operators['rank']}; per profiled "
                         f"step: {steps['base']} in BASE, {steps['new']} in NEW; ms):")]
     late = {run: count for run, count in operators["late_events"].items() if count}
     if late:
-        lines += _wrap("(" + ", ".join(f"{count:,} events of {run.upper()}" for run, count in late.items())
+        lines += wrap("(" + ", ".join(f"{count:,} events of {run.upper()}" for run, count in late.items())
                        + " came too far out of order to be nested: counted as top-level)")
     rows = []
     for row in operators["ops"]:
         before, after = row["base"] or {}, row["new"] or {}
         rows.append((row["name"], row["cat"], _tidy(before.get("count")), _tidy(after.get("count")),
                      before.get("self_ms"), after.get("self_ms"), _signed(row["change_ms"])))
-    lines += _table(("operator", "category", "BASE calls", "NEW calls", "BASE self ms", "NEW self ms", "change"), rows)
+    lines += table(("operator", "category", "BASE calls", "NEW calls", "BASE self ms", "NEW self ms", "change"), rows)
     return lines
 
 
@@ -233,20 +233,20 @@ def _run_notes(run: str, notes: Mapping[str, Any]) -> List[str]:
         said.append(f"{notes['problems']:,} bad lines skipped")
     if not said:
         return []
-    return _wrap(f"{run}: {'; '.join(said)} (ds-profutils report {notes['directory']} names them)")
+    return wrap(f"{run}: {'; '.join(said)} (ds-profutils report {notes['directory']} names them)")
 
 
 def render_diff(diff: Mapping[str, Any], max_ranks: int = 8) -> str:
     """The comparison as text, at most ``max_ranks`` ranks per table."""
     lines = [f"ds-profutils diff: BASE {diff['base']['directory']} -> NEW {diff['new']['directory']}"]
-    lines += _wrap(f"Test: {diff['test']['text']}.")
+    lines += wrap(f"Test: {diff['test']['text']}.")
     lines += _run_notes("BASE", diff["base"]) + _run_notes("NEW", diff["new"])
     if diff["matched_by"] != "name":
         pair = next(iter(diff["engines"].values()))["engine"]
-        lines += _wrap(f"Engines: {pair['base']} of BASE compared with {pair['new']} of NEW ({diff['matched_by']}).")
+        lines += wrap(f"Engines: {pair['base']} of BASE compared with {pair['new']} of NEW ({diff['matched_by']}).")
     for run in ("base", "new"):
         if diff["unmatched"][run]:
-            lines += _wrap(f"Only in {run.upper()}, not compared: engine {', '.join(diff['unmatched'][run])}")
+            lines += wrap(f"Only in {run.upper()}, not compared: engine {', '.join(diff['unmatched'][run])}")
     lines += _settings(diff["trace_settings"], "Trace settings")
     for name, engine in diff["engines"].items():
         lines += _engine(name, engine, max_ranks)

@@ -2,7 +2,7 @@
 
 :mod:`.records` and :mod:`.traces` read the files, :mod:`.steps` joins them per step and finds the
 straggler (tested against chance by :mod:`.chance`), :mod:`.memory` finds the memory peaks and jumps,
-:mod:`.build` computes the tables, :mod:`.text`, :mod:`.jsonout` and :mod:`.plot` show
+:mod:`.build` computes the tables, :mod:`.text` (from the blocks of :mod:`.tables`), :mod:`.jsonout` and :mod:`.plot` show
 them, :mod:`.command` is the subcommand.  The readers are shared: :mod:`ds_profutils.diff` compares two
 runs through them and :mod:`ds_profutils.timeline` merges the ranks' traces (both import this package,
 never the reverse).

@@ -15,7 +15,7 @@ from .memory import memory_report
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
                     host_stragglers, is_straggler, reach, step_view, steps_to_name,
-                    straggler_rule)
+                    straggler_rule, tflops)
 from .traces import TraceFormatError, summarize_trace
 
 __all__ = ["ReportError", "build_report", "directory_problem", "earlier_run", "newest_world_size"]
@@ -111,6 +111,7 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
         rank = records.rank
         exposed = [fetch + other for fetch, other in zip(records.fetch_wait_ms, records.collective_wait_ms)]
         total_step_ms = sum(records.step_ms)
+        achieved = _median_of(tflops(records))
         table[rank] = {
             "host": max(records.hosts, key=records.hosts.__getitem__),
             "records": dict(records.modes),
@@ -121,6 +122,10 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
             "exposed_wait_ms_median": _median_of(exposed),
             "collective_ms_median": _median_of(records.collective_ms),
             "busy_ms_median": _median_of(step - wait for step, wait in zip(records.step_ms, exposed)),
+            "iteration_ms_median": _median_of(records.iteration_ms),
+            "gap_ms_median": _median_of(records.gap_ms),
+            "tflops_median": achieved,
+            "mfu_median": achieved / records.peak_tflops if achieved is not None and records.peak_tflops else None,
             **_mean_split(records),
             "exposed_wait_share": sum(exposed) / total_step_ms if total_step_ms > 0 else None,
             "straggler_steps": view.straggler_steps.get(rank, 0),
@@ -129,7 +134,24 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
             "straggler_p_value": view.p_values.get(rank),
             "straggler": is_straggler(view, rank),
         }
+    for rank, row in table.items():
+        row["late_by_gap"] = _late_by_gap(table, rank, view) if row["straggler"] else None
     return table
+
+
+def _late_by_gap(table: Mapping[int, Mapping[str, Any]], rank: int, view: StepView) -> bool:
+    """Whether a straggler's lateness is its time between steps: its gap (``gap_ms``) stands out from the other
+    ranks' by a step straggler's threshold while its busy time does not (a slow input pipeline, not slow
+    compute)."""
+    others = [row for other, row in table.items() if other != rank]
+    gaps = [row["gap_ms_median"] for row in others if row["gap_ms_median"] is not None]
+    busy = [row["busy_ms_median"] for row in others if row["busy_ms_median"] is not None]
+    thresholds = [value for value in view.threshold_ms if value is not None]
+    own = table[rank]
+    if not gaps or not busy or not thresholds or own["gap_ms_median"] is None or own["busy_ms_median"] is None:
+        return False
+    threshold = median(thresholds)
+    return own["gap_ms_median"] - median(gaps) >= threshold and own["busy_ms_median"] - median(busy) < threshold
 
 
 def _host_table(ranks_summary: Mapping[int, Mapping[str, Any]], view: StepView) -> Dict[str, Dict[str, Any]]:
@@ -184,6 +206,8 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "clocks": _sum_counts(records.clocks for records in files),
         "old_format_records": sum(records.old_format for records in files),
         "comms_logger_records": sum(records.comms_logger for records in files),
+        "superseded_records": sum(records.superseded for records in files),
+        "segments": max((records.segment + 1 for records in files), default=1),
         "straggler_figure": view.arrival,
         "straggler_test": {"steps": view.tested_steps, "steps_to_name": steps_to_name(view.tested_steps, ranks),
                            "reach": reach(view), "chance_per_step": 1 / ranks if ranks else None,
@@ -195,9 +219,15 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "hosts_summary": hosts_summary,
         "events": _event_tables(with_records),
         "collectives": _collective_table(with_records),
-        "memory": memory_report(with_records),
+        "memory": memory_report(with_records, _profiled_steps(with_records, trace_steps)),
         "steps": view,
     }
+
+
+def _profiled_steps(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[int, float]]) -> Dict[int, set]:
+    """Per rank, the global steps its torch profiler was active in: from its records' ``profiler_active`` where
+    they say, else from its trace's ``ProfilerStep#N`` (numbered globally)."""
+    return {records.rank: records.profiler_steps or set(trace_steps.get(records.rank, ())) for records in files}
 
 
 def _traces(found: Mapping[int, Path], top_ops: int, incomplete: List[Dict[str, Any]]) -> Dict[int, Any]:
