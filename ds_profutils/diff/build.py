@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from .ops import self_times
 from .settings import settings_differences
 from .stats import ALPHA, MIN_CHANGE, MIN_STEPS, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
-from .summary import MEMORY, PARTS, SERIES, summarize_run
+from .summary import ITERATION, MEMORY, PARTS, SERIES, summarize_run
 from ..report.traces import TraceFormatError
 
 __all__ = ["build_diff"]
@@ -97,6 +97,12 @@ def _engine(base: Mapping[str, Any], new: Mapping[str, Any], names: Tuple[str, s
     memory = {run: _after_warmup(engine, MEMORY) for run, engine in (("base", base), ("new", new))}
     if memory["base"] and memory["new"]:
         parts[MEMORY] = compare(memory["base"], memory["new"])
+    iteration: Dict[str, Any] = {}  # where both runs carry them; the gap's 2 % is of the base iteration
+    for name in ITERATION:
+        before, after = _after_warmup(base, name), _after_warmup(new, name)
+        if before and after:
+            scale = (iteration.get("iteration_ms") or {}).get("base") if name == "gap_ms" else None
+            iteration[name] = compare(before, after, scale=scale)
     ranks = _ranks(base["ranks"], new["ranks"])
     return {
         "engine": {"base": names[0], "new": names[1]},
@@ -104,6 +110,7 @@ def _engine(base: Mapping[str, Any], new: Mapping[str, Any], names: Tuple[str, s
         "warmup_steps": {"base": base["warmup"], "new": new["warmup"]},
         "step_ms": step_ms,
         "parts": parts,
+        "iteration": iteration,
         "memory": {"base": bool(memory["base"]), "new": bool(memory["new"])},
         "straggler": {"base": base["stragglers"], "new": new["stragglers"],
                       "hosts": {"base": base["straggler_hosts"], "new": new["straggler_hosts"]},
@@ -159,7 +166,12 @@ def build_diff(base_directory: Path, new_directory: Path, top: int = 10) -> Dict
     engines = {base_name: _engine(base["engines"][base_name], new["engines"][new_name], (base_name, new_name),
                                   (base["settings"][base_name], new["settings"][new_name]))
                for base_name, new_name in pairs}
+    warnings = [f"engine {name}: the runs trained models of different sizes (model_numel {setting['base']:,} -> "
+                f"{setting['new']:,}): this compares two different jobs"
+                for name, engine in engines.items() for setting in engine["settings"]
+                if setting["setting"] == "model_numel" and setting["base"] is not None and setting["new"] is not None]
     return {
+        "warnings": warnings,
         "test": {"text": significance_rule(),
                  "name": "difference of means on effective steps (autocorrelation time: the larger of the "
                          "bias-corrected AR(1) and Geyer's initial positive sequence estimates); Student's t, Welch, "

@@ -87,6 +87,7 @@ def run_settings(directory: Path, report: Mapping[str, Any]) -> Dict[Optional[st
             "micro steps per optimizer step": (round(engine["records"].get("train", 0) / optimizer_steps, 2)
                                                if optimizer_steps else None),
             "comms logger on": engine["comms_logger_records"] > 0,
+            "model_numel": engine["model_numel"],  # the model's full parameter count, where the records say
             **(_record_settings(files[min(files)]) if files else {}),
         }
     traces = trace_files(directory)

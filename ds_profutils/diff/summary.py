@@ -19,13 +19,16 @@ from .settings import run_settings
 from .stats import warmup_steps
 from ..report.steps import Matrix, StepView
 
-__all__ = ["MEMORY", "PARTS", "SERIES", "summarize_run"]
+__all__ = ["ITERATION", "MEMORY", "PARTS", "SERIES", "summarize_run"]
 
 PARTS = ("busy_ms", "fetch_wait_ms", "collective_wait_ms")
 """The parts of a step (busy = step - fetch wait - blocking collective wait): they add up to the step."""
 MEMORY = "peak_allocated_bytes"
 """A step's memory peak: the highest of its records' (schema 3 ``memory``); per step of a run, the highest rank's."""
 SERIES = ("step_ms", *PARTS, MEMORY)
+ITERATION = ("iteration_ms", "gap_ms", "tflops", "mfu")
+"""What a user's iteration took (the step, and the gap between steps: data loading, callbacks, logging) and the
+throughput, per step the mean over ranks (MFU: TFLOP/s over the run's peak); compared where both runs carry them."""
 
 
 def _per_step(matrix: Matrix, pick: Callable[[Sequence[float]], float]) -> List[Optional[float]]:
@@ -66,6 +69,10 @@ def _engine(engine: Mapping[str, Any]) -> Dict[str, Any]:
     stragglers = [rank for rank, row in summary.items() if row["straggler"]]
     series = {name: _per_step(getattr(view, name), fmean) for name in SERIES[:-1]}
     series[MEMORY] = _per_step(view.peak_allocated_bytes, max)
+    for name in ITERATION[:-1]:
+        series[name] = _per_step(getattr(view, name), fmean)
+    peak = engine["peak_tflops"]
+    series["mfu"] = [None if value is None or not peak else value / peak for value in series["tflops"]]
     return {
         "global_steps": list(view.global_steps),
         "warmup": warmup_steps(steps),

@@ -42,16 +42,40 @@ def _verdict(step_ms: Mapping[str, Any]) -> str:
     if step_ms["base"] is None or step_ms["new"] is None:
         return "Step time: no train steps after warm-up in " + ("BASE" if step_ms["base"] is None else "NEW")
     change = f"{step_ms['change']:+.3f} ms, {_percent(step_ms['ratio']) or '-'}; p = {_p(step_ms['p_value'])}"
-    if step_ms["significant"]:
-        said = ("SLOWER" if step_ms["change"] > 0 else "FASTER") + ", beyond noise"
-    elif step_ms["p_value"] is None:
-        said = (f"too few steps after warm-up to test ({step_ms['steps']['base']} and {step_ms['steps']['new']}; the "
-                f"test needs {MIN_STEPS} or more in each)")
-    else:
-        said = "no significant change"
-    return (f"Step time: {step_ms['base']:.3f} -> {step_ms['new']:.3f} ms median ({change}): {said}; p90 "
+    return (f"Step time: {step_ms['base']:.3f} -> {step_ms['new']:.3f} ms median ({change}): {_said(step_ms)}; p90 "
             f"{step_ms['p90']['base']:.3f} -> {step_ms['p90']['new']:.3f}, mean {step_ms['mean']['base']:.3f} -> "
             f"{step_ms['mean']['new']:.3f}{_drift(step_ms)}")
+
+
+def _said(figure: Mapping[str, Any], more: str = "SLOWER", less: str = "FASTER") -> str:
+    """The verdict of one compared figure in words."""
+    if figure["significant"]:
+        return (more if figure["change"] > 0 else less) + ", beyond noise"
+    if figure["p_value"] is None:
+        return (f"too few steps after warm-up to test ({figure['steps']['base']} and {figure['steps']['new']}; the "
+                f"test needs {MIN_STEPS} or more in each)")
+    return "no significant change"
+
+
+def _iteration(engine: Mapping[str, Any]) -> List[str]:
+    """What a user's iteration lost (or won): the whole optimizer step, data loading and callbacks included,
+    split into the step and the gap between steps; the throughput beside it."""
+    found = engine["iteration"]
+    if "iteration_ms" not in found:
+        return []
+    whole, gap = found["iteration_ms"], found.get("gap_ms")
+    said = (f"Iteration (end of one optimizer step to the end of the next: what each step cost the user, data "
+            f"loading, callbacks and logging included): {whole['base']:.3f} -> {whole['new']:.3f} ms median "
+            f"({whole['change']:+.3f} ms, {_percent(whole['ratio']) or '-'}; p = {_p(whole['p_value'])}): "
+            f"{_said(whole)}; of it, the step {engine['step_ms']['change']:+.3f} ms")
+    if gap is not None:
+        said += f" and the gap between steps (outside forward, backward and step) {gap['change']:+.3f} ms ({_said(gap)})"
+    for name, label, shown in (("tflops", "TFLOP/s", "{:.2f}"), ("mfu", "MFU", "{:.1%}")):
+        if name in found:
+            figure = found[name]
+            said += (f"; {label} {shown.format(figure['base'])} -> {shown.format(figure['new'])} "
+                     f"({_said(figure, 'HIGHER', 'LOWER')})")
+    return wrap(said)
 
 
 def _drift(figure: Mapping[str, Any]) -> str:
@@ -196,6 +220,8 @@ def _engine(name: str, engine: Mapping[str, Any], max_ranks: int) -> List[str]:
                         f"as warm-up: the first {warmup['base']} and {warmup['new']}; ranks in both: "
                         f"{rank_ranges(engine['ranks'])}")]
     lines += wrap(_verdict(engine["step_ms"]))
+    if engine["step_ms"]["change"] is not None:
+        lines += _iteration(engine)
     lines += _straggler(engine)
     lines += _settings(engine["settings"], "Settings")
     if engine["step_ms"]["base"] is not None and engine["step_ms"]["new"] is not None:
@@ -239,6 +265,7 @@ def _run_notes(run: str, notes: Mapping[str, Any]) -> List[str]:
 def render_diff(diff: Mapping[str, Any], max_ranks: int = 8) -> str:
     """The comparison as text, at most ``max_ranks`` ranks per table."""
     lines = [f"ds-profutils diff: BASE {diff['base']['directory']} -> NEW {diff['new']['directory']}"]
+    lines += [line for warning in diff["warnings"] for line in wrap(f"WARNING: {warning}.")]
     lines += wrap(f"Test: {diff['test']['text']}.")
     lines += _run_notes("BASE", diff["base"]) + _run_notes("NEW", diff["new"])
     if diff["matched_by"] != "name":

@@ -207,6 +207,8 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "old_format_records": sum(records.old_format for records in files),
         "comms_logger_records": sum(records.comms_logger for records in files),
         "superseded_records": sum(records.superseded for records in files),
+        "model_numel": next((f.model_numel for f in with_records if f.model_numel is not None), None),
+        "peak_tflops": next((f.peak_tflops for f in with_records if f.peak_tflops is not None), None),
         "segments": max((records.segment + 1 for records in files), default=1),
         "straggler_figure": view.arrival,
         "straggler_test": {"steps": view.tested_steps, "steps_to_name": steps_to_name(view.tested_steps, ranks),

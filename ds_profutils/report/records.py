@@ -214,8 +214,8 @@ class FileRecords:
         kind = (str(mode), str(record.get("host", "?")), "host (old format)" if old else str(record.get("clock", "host")),
                 old, record.get("comms_logger") is True, None if memory is None else str(memory["source"]),
                 inside is not None)
-        numel, peak = record.get("model_numel"), record.get("peak_tflops")
-        numel, peak = (None if numel is None else int(numel)), (None if peak is None else float(peak))
+        model_numel, peak = record.get("model_numel"), record.get("peak_tflops")
+        model_numel, peak = (None if model_numel is None else int(model_numel)), (None if peak is None else float(peak))
         # Nothing below raises for a record that got this far.
         if mode == "train":
             self.segment, self._last_step, self._segment_mark = segment, step, mark
@@ -261,8 +261,8 @@ class FileRecords:
         if prefetch is not None:
             self.prefetch_hits = (self.prefetch_hits or 0) + prefetch[0]
             self.prefetch_waited = (self.prefetch_waited or 0) + prefetch[1]
-        if numel is not None:
-            self.model_numel = numel
+        if model_numel is not None:
+            self.model_numel = model_numel
         if peak is not None:
             self.peak_tflops = peak
         if world_size > self.world_size:
