@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import operator
 from statistics import fmean, median
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .student import t_two_sided_p
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from statistics import median
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from .steps import ARRIVAL_FIGURES, StepView
 from .tables import counted, percent, rank_ranges, table, wrap
