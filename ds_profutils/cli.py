@@ -106,8 +106,10 @@ def _add_diff(subparsers: argparse._SubParsersAction) -> None:
         "diff",
         help="what changed between two runs: step time beyond noise, where it went, the straggler before and after",
         description="Compare two runs' output_dirs engine by engine (matched by name): the step time per train step "
-        "after warm-up and whether it changed beyond run-to-run noise (a Mann-Whitney U test; the rule is printed), "
-        "its parts (busy, fetch wait, blocking collective wait, memory peak) each with its own change, per rank, the "
+        "after warm-up and whether it changed beyond run-to-run noise (a test on effective steps that allows for drift "
+        "between steps; the rule and its figures are printed), "
+        "its parts (busy, fetch wait, blocking collective wait, memory peak) each with its own change, the whole "
+        "iteration, TFLOP/s and MFU where recorded, per rank, a WARNING where the models differ in size, the "
         "report's straggler verdict of each run, the fetch events and collectives per step, the settings that "
         "differ, and, where both runs have traces, the operators whose self time changed most. Exits 1 when a "
         "directory holds no run.")
