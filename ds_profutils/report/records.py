@@ -12,7 +12,7 @@ again: a train record whose ``global_step`` is lower than the one before it, or 
 differs from the one before it, starts a new *segment*.  Each global step is then taken from the latest
 segment that has it (all its micro steps there); the file is read a second time, skipping the records
 of earlier segments (``superseded``), so no two runs' figures are ever added.  Only files with a
-restart pay the second pass.
+restart pay the second pass; to decide it, the first keeps each segment's first and last step.
 
 Optional fields of later writers, read where present (null or absent: NaN here): ``iteration_ms`` and
 ``gap_ms`` (on the record whose micro step ended with ``engine.step()``), ``flops`` (model FLOPs of the
@@ -95,7 +95,8 @@ class FileRecords:
     peak_tflops: Optional[float] = None
     segment: int = 0  # segments begun so far (0: the run never went back to an earlier step)
     superseded: int = 0  # train records of a step that a later segment recorded again (skipped)
-    latest_segment: Optional[Dict[int, int]] = None  # global step -> its latest segment; given for the second pass
+    spans: List[List[int]] = field(default_factory=list)  # per segment, its first and last global step
+    known_spans: Optional[List[List[int]]] = None  # the first pass's spans, given for the second
     peak_phase: Optional[str] = None  # the phase of the highest train peak (forward, backward, step)
     live_params_max: Optional[int] = None
     max_live_parameters: Optional[int] = None  # the engine's stage3_max_live_parameters, as last recorded
@@ -109,7 +110,6 @@ class FileRecords:
     _peak_seen: float = field(default=-_INF, repr=False)  # the highest train record's peak allocated bytes
     _last_step: Optional[int] = field(default=None, repr=False)  # the previous train record's global step
     _segment_mark: Any = field(default=None, repr=False)  # the previous train record's "segment" field
-    step_segment: Dict[int, int] = field(default_factory=dict, repr=False)  # global step -> latest segment seen
 
     def _count(self, index: int) -> Dict[Any, int]:
         counts: Dict[Any, int] = {}
@@ -219,8 +219,12 @@ class FileRecords:
         # Nothing below raises for a record that got this far.
         if mode == "train":
             self.segment, self._last_step, self._segment_mark = segment, step, mark
-            self.step_segment[step] = segment
-            if self.latest_segment is not None and self.latest_segment.get(step, segment) != segment:
+            if restart or not self.spans:
+                self.spans.append([step, step])
+            elif step > self.spans[-1][1]:
+                self.spans[-1][1] = step
+            if self.known_spans is not None and any(first <= step <= last
+                                                    for first, last in self.known_spans[segment + 1:]):
                 self.superseded += 1  # a later segment recorded this step again: its records are the step's
                 return
             self._add_step(step, times + extras, peaks, disturbed)
@@ -304,7 +308,7 @@ class FileRecords:
 
     def restarted(self) -> bool:
         """Whether the file went back to an earlier step (a resumed run): it needs a second pass."""
-        return self.segment > 0 and self.latest_segment is None
+        return self.segment > 0 and self.known_spans is None
 
 
 def _peak_phase(memory: Mapping[str, Any]) -> Optional[str]:
@@ -318,10 +322,10 @@ def _fetch_wait(events: Mapping[str, Any]) -> float:
     return sum(float(events[name]["time_ms"]) for name in FETCH_WAIT_EVENTS if name in events)
 
 
-def read_records(path: Path, engine: str, rank: int, latest_segment: Optional[Dict[int, int]] = None) -> FileRecords:
+def read_records(path: Path, engine: str, rank: int, known_spans: Optional[List[List[int]]] = None) -> FileRecords:
     """One file, line by line; bad lines are counted as problems, a torn last line marks it ``torn``.  A file
     that went back to an earlier step is read again, each step from its latest segment."""
-    records = FileRecords(engine, rank, str(path), latest_segment=latest_segment)
+    records = FileRecords(engine, rank, str(path), known_spans=known_spans)
     loads = orjson.loads
     with open(path, "rb") as source:
         for number, line in enumerate(source, 1):
@@ -340,7 +344,7 @@ def read_records(path: Path, engine: str, rank: int, latest_segment: Optional[Di
             except (KeyError, TypeError, ValueError, AttributeError):
                 records.problem(f"line {number}: not a fetch record, skipped")
     if records.restarted():
-        return read_records(path, engine, rank, records.step_segment)
+        return read_records(path, engine, rank, records.spans)
     return records
 
 
