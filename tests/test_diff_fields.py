@@ -1,5 +1,6 @@
 """``ds-profutils diff`` on the fields later writers add: the model's size (a WARNING first where it differs) and
 the whole iteration (what a user's iteration lost, the step against the gap between steps, TFLOP/s and MFU)."""
+import json
 import random
 import re
 from pathlib import Path
@@ -58,3 +59,21 @@ def test_the_headline_says_what_the_iteration_lost_when_the_time_went_between_st
     assert re.search(r"ms median \(\+\d+\.\d+ ms, \+\d+\.\d%; p = [^)]+\): SLOWER, beyond noise; of it, the step "
                      r"[+-]\d+\.\d+ ms and the gap between steps \(outside forward, backward and step\) \+\d+\.\d+ ms "
                      r"\(SLOWER, beyond noise\); TFLOP/s [\d.]+ -> [\d.]+ \(LOWER, beyond noise\); MFU", text)
+
+
+def test_a_resumed_run_is_compared_on_its_latest_records_and_says_so(tmp_path):
+    """NEW restarted from step 10 after recording 0-19: steps 10-19 recorded twice; the diff compares 20 steps of
+    single step times (no doubled step), as BASE's, and says how many records it left out."""
+    from report_testing import record
+
+    base = write_run(tmp_path / "base", steps=20)
+    new = write_run(tmp_path / "new", steps=20, seed=1)
+    for rank in (0, 1):  # the restarted process appends steps 10-19 again
+        with open(new / f"zero_fetch_rank_{rank}.jsonl", "a") as out:
+            out.writelines(json.dumps(record(rank, step, busy_ms=20.5, collective_ms=2.5)) + "\n" for step in range(10, 20))
+    diff = build_diff(base, new)
+    engine = diff["engines"]["main"]
+    assert diff["new"]["superseded"] == 20 and diff["base"]["superseded"] == 0
+    assert engine["steps"]["new"] == 20 and not engine["step_ms"]["significant"]
+    assert engine["step_ms"]["new"] == pytest.approx(24.0, abs=1.0)  # one run's step, not two added
+    assert "NEW: resumed: 20 records of steps recorded again later superseded" in " ".join(render_diff(diff).split())

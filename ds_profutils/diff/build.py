@@ -154,6 +154,7 @@ def _operators(base: Mapping[str, Any], new: Mapping[str, Any], top: int) -> Opt
 
 def _run_notes(summary: Mapping[str, Any]) -> Dict[str, Any]:
     return {"directory": summary["directory"], "incomplete": summary["incomplete"], "problems": summary["problems"],
+            "superseded": summary["superseded"],
             "hosts": summary["hosts"], "engines": list(summary["engines"])}
 
 

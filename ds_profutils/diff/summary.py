@@ -96,6 +96,7 @@ def summarize_run(directory: Path, top_ops: int) -> Dict[str, Any]:
         "engines": {name: _engine(engine) for name, engine in report["engines"].items()},
         "incomplete": report["incomplete"],
         "problems": sum(found["count"] for found in report["problems"]),
+        "superseded": sum(engine["superseded_records"] for engine in report["engines"].values()),
         "hosts": len(report["hosts"]),
         "traces": {rank: {"file": trace["file"], "steps": len(trace["steps"])}
                    for rank, trace in report["traces"].items()},

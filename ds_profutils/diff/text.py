@@ -257,6 +257,9 @@ def _run_notes(run: str, notes: Mapping[str, Any]) -> List[str]:
         said.append(f"{files} {'file' if files == 1 else 'files'} missing, incomplete or left out")
     if notes["problems"]:
         said.append(f"{notes['problems']:,} bad lines skipped")
+    if notes["superseded"]:
+        said.append(f"resumed: {notes['superseded']:,} records of steps recorded again later superseded (each step "
+                    "from its latest segment)")
     if not said:
         return []
     return wrap(f"{run}: {'; '.join(said)} (ds-profutils report {notes['directory']} names them)")
