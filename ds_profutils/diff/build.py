@@ -176,7 +176,7 @@ def build_diff(base_directory: Path, new_directory: Path, top: int = 10) -> Dict
         "test": {"text": significance_rule(),
                  "name": "difference of means on effective steps (autocorrelation time: the larger of the "
                          "bias-corrected AR(1) and Geyer's initial positive sequence estimates); Student's t, Welch, "
-                         "two-sided", "alpha": ALPHA, "min_change": MIN_CHANGE, "min_steps": MIN_STEPS,
+                         "two-sided; on ranks and on values, the smaller p doubled", "alpha": ALPHA, "min_change": MIN_CHANGE, "min_steps": MIN_STEPS,
                  "warmup_steps": WARMUP_STEPS, "warmup_share": WARMUP_SHARE},
         "base": _run_notes(base),
         "new": _run_notes(new),
