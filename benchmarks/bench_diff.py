@@ -8,8 +8,8 @@
     of both runs' records (target: the report's budget, <= 10 s per GB) and its peak memory, text and
     ``--json``; and, measured in the same run so that the machine's load falls on both, its time over
     that of ``report`` on each run (the diff reads each run with the report, so ~1x).  Each run is read
-    by the report and reduced before the other is read, so the peak is one report's (96 bytes per rank
-    and step: 5 columns read per rank, 7 in the joined view) plus the reduction, not two.
+    by the report and reduced before the other is read, so the peak is one report's (170 bytes per rank
+    and step: 10 columns read per rank, 11 in the joined view) plus the reduction, not two.
 """
 from __future__ import annotations
 

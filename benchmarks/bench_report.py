@@ -11,8 +11,8 @@ as a user runs it, stdout to /dev/null.
 (a) ``ds-profutils report`` on ``--gb`` of records (64 ranks): seconds per GB (target <= 10 s).
 (b) ``--ranks`` x ``--steps`` (1024 x 1000): the disk such a job's records take, and the report's
     time and peak memory, text and ``--json``: the process's peak RSS (VmHWM) and the largest of the
-    reader processes it forks.  Memory is bounded by 15 numbers per rank and step (7 columns read per
-    rank, 8 in the joined view) plus one record per reader, not by the size of the records; ``--json``
+    reader processes it forks.  Memory is bounded by 21 numbers per rank and step (10 columns read per
+    rank, 11 in the joined view) plus one record per reader, not by the size of the records; ``--json``
     adds its output.
 (c) Start to finish on a small run (2 ranks x 10 steps): ``report``, ``report --json``, ``timeline``
     and ``check-config``, median of 7 (target <= 0.5 s), and which heavy modules they import (none).
@@ -191,15 +191,15 @@ def bench_big(ranks: int, steps: int) -> None:
         size = generate(Path(tmp), ranks, steps)
         print(f"(b) {ranks} ranks x {steps} steps: records take {size / 2**30:.2f} GB on disk "
               f"({size / ranks / steps / 1024:.2f} KB per record; generated in {time.perf_counter() - began:.0f} s)")
-        # Per rank and step: 7 columns read per rank (global step, step time, two waits, the time inside
-        # collectives, two memory peaks) and the 8 of the joined view, 8 bytes each; the rest does not grow
-        # with steps.
-        arrays_mb = 15 * 8 * ranks * steps / 2**20
+        # Per rank and step: 10 columns read per rank (global step, step time, two waits, the time inside
+        # collectives, iteration, gap, FLOPs, two memory peaks; the disturbed flag's byte rounds in) and the 11
+        # of the joined view, 8 bytes each; the rest does not grow with steps.
+        arrays_mb = 21 * 8 * ranks * steps / 2**20
         for args in (("report", tmp), ("report", tmp, "--json")):
             result = run_command(*args)
             print(f"    ds-profutils {' '.join(args[:1] + args[2:])}: {result['seconds']:.1f} s "
                   f"({result['seconds'] / (size / 2**30):.1f} s per GB), peak RSS {result['peak_mb']:.0f} MB "
-                  f"(readers {result['workers_peak_mb']:.0f} MB); bound: 120 bytes per rank and step "
+                  f"(readers {result['workers_peak_mb']:.0f} MB); bound: 170 bytes per rank and step "
                   f"({arrays_mb:.0f} MB here) + the interpreter and one record per reader"
                   + (" + the JSON text" if len(args) > 2 else ""))
 

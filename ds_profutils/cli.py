@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from .version import __version__
+
 __all__ = ["EXIT_INVALID", "build_parser", "main"]
 
 # argparse exits with 2 on a usage error; a config that fails the check is the same kind of mistake.
@@ -96,7 +98,7 @@ def _add_timeline(subparsers: argparse._SubParsersAction) -> None:
         "recorded. Exits 1 when DIR has no trace.")
     parser.add_argument("directory", type=Path, metavar="DIR", help="output_dir of the run (trace_rank_*.json)")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE.json", help="the merged trace")
-    parser.set_defaults(handler=_handler(".report.timeline_command"))
+    parser.set_defaults(handler=_handler(".timeline.command"))
 
 
 def _add_diff(subparsers: argparse._SubParsersAction) -> None:
@@ -104,8 +106,10 @@ def _add_diff(subparsers: argparse._SubParsersAction) -> None:
         "diff",
         help="what changed between two runs: step time beyond noise, where it went, the straggler before and after",
         description="Compare two runs' output_dirs engine by engine (matched by name): the step time per train step "
-        "after warm-up and whether it changed beyond run-to-run noise (a Mann-Whitney U test; the rule is printed), "
-        "its parts (busy, fetch wait, blocking collective wait, memory peak) each with its own change, per rank, the "
+        "after warm-up and whether it changed beyond run-to-run noise (a test on effective steps that allows for drift "
+        "between steps; the rule and its figures are printed), "
+        "its parts (busy, fetch wait, blocking collective wait, memory peak) each with its own change, the whole "
+        "iteration, TFLOP/s and MFU where recorded, per rank, a WARNING where the models differ in size, the "
         "report's straggler verdict of each run, the fetch events and collectives per step, the settings that "
         "differ, and, where both runs have traces, the operators whose self time changed most. Exits 1 when a "
         "directory holds no run.")
@@ -117,7 +121,7 @@ def _add_diff(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ranks", type=_positive_int, default=8, metavar="N",
                         help="ranks listed per engine; with more ranks, the N whose figures changed most")
     parser.add_argument("--top", type=_positive_int, default=10, metavar="N", help="operators listed from the traces")
-    parser.set_defaults(handler=_handler(".report.diff_command"))
+    parser.set_defaults(handler=_handler(".diff.command"))
 
 
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (_add_check_config, _add_report, _add_timeline,
@@ -128,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``ds-profutils`` argument parser with every subcommand registered."""
     parser = argparse.ArgumentParser(prog="ds-profutils",
                                      description="Tools for profiling DeepSpeed training with ds_profutils.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_subcommand in _SUBCOMMANDS:
         add_subcommand(subparsers)

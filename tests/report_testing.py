@@ -128,3 +128,21 @@ def memory_run(directory: Path, ranks: int, steps: int, peak: Callable[[int, int
         write_records(directory, rank, [schema3(record(rank, step, world_size=ranks, engine=engine,
                                                        host=f"node-{rank // 2}"), peak_bytes=peak(rank, step),
                                                 **figures) for step in range(steps)], engine=engine)
+
+
+def iteration_record(rank: int, step: int, *, micro_steps: int = 1, busy_ms: float = 20.0, gap_ms: float = 5.0,
+                     flops: Optional[float] = 3e12, peak_tflops: Optional[float] = 100.0, model_numel: int = 1_000_000,
+                     **extra: Any) -> List[Dict[str, Any]]:
+    """The records of one optimizer step of ``micro_steps`` micro steps as a step_metrics writer lays them out:
+    ``flops``, ``tokens``, ``samples`` and ``model_numel`` on each, ``iteration_ms`` and ``gap_ms`` on the last
+    (the micro step that ended with engine.step()), null on the others."""
+    rows = []
+    for micro in range(micro_steps):
+        last = micro == micro_steps - 1
+        row = record(rank, step, busy_ms=busy_ms, micro_step=step * micro_steps + micro, flops=flops, tokens=512,
+                     samples=4, model_numel=model_numel, peak_tflops=peak_tflops, **extra)
+        step_ms = row["step_time_ms"]
+        row["iteration_ms"] = micro_steps * step_ms + gap_ms if last else None
+        row["gap_ms"] = gap_ms if last else None
+        rows.append(row)
+    return rows

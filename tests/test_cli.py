@@ -303,3 +303,65 @@ def test_check_config_checks_step_metrics_ranks_and_output_dir(tmp_path, capsys)
     assert main(["check-config", str(path)]) == EXIT_INVALID
     assert capsys.readouterr().err == (f'{path}: step_metrics.output_dir: "{blocker}/m" cannot be created: {blocker} '
                                        "is not a directory\n")
+
+
+def test_version_prints_the_package_version_without_torch():
+    from ds_profutils import __version__
+
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "ds_profutils", "--version"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stdout == f"ds-profutils {__version__}\n"
+    assert "| torch" not in done.stderr and "| deepspeed" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["report", "timeline", "diff"])
+def test_a_file_given_as_the_directory_is_named_a_file(tmp_path, capsys, command):
+    path = tmp_path / "zero_fetch_rank_0.jsonl"
+    write_records(tmp_path, 0, [record(0, 0)])
+    args = {"report": [str(path)], "timeline": [str(path), "-o", str(tmp_path / "t.json")],
+            "diff": [str(tmp_path), str(path)]}[command]
+    assert main([command, *args]) == 1
+    assert capsys.readouterr().err == f"ds-profutils {command}: {path} is a file, not a directory: name the run's " \
+                                      "output_dir\n"
+
+
+def test_a_trace_cut_at_60_percent_is_read_by_report_and_timeline_and_named_incomplete(tmp_path):
+    for rank in (0, 1):
+        write_trace(tmp_path / f"trace_rank_{rank}.json", {step: 5.0 + step for step in range(10)}, rank=rank)
+    whole = (tmp_path / "trace_rank_1.json").read_bytes()
+    (tmp_path / "trace_rank_1.json").write_bytes(whole[:int(0.6 * len(whole))])
+    done = run_module("report", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    cut = report["traces"]["1"]
+    assert 0 < cut["events"] < report["traces"]["0"]["events"] and cut["steps"]
+    assert cut["incomplete"] and report["traces"]["0"]["incomplete"] is None
+    assert {(entry["kind"], entry["rank"]) for entry in report["incomplete"]} == {("trace", 1)}
+    assert report["incomplete"][0]["reason"].startswith("incomplete: ")  # and where its steps end
+    text = run_module("report", str(tmp_path)).stdout
+    assert "  trace, rank 1 (trace_rank_1.json): incomplete: " in text
+    merged = run_module("timeline", str(tmp_path), "-o", str(tmp_path / "t.json"))
+    assert merged.returncode == 0 and "trace_rank_1.json ends early" in merged.stderr
+    ranks = {event["pid"] for event in json.loads((tmp_path / "t.json").read_text())["traceEvents"]}
+    assert {0, 1} <= ranks
+
+
+def test_a_directory_with_nothing_readable_exits_1(tmp_path):
+    (tmp_path / "trace_rank_0.json").write_text("this is not a trace\n")
+    done = run_module("report", str(tmp_path))
+    assert done.returncode == 1 and done.stdout == ""
+    assert "nothing readable (trace_rank_0.json: not read: no \"traceEvents\" array)" in done.stderr
+
+
+def test_check_config_says_absent_in_the_resolved_view_as_in_the_effects(tmp_path, capsys):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1}))
+    assert main(["check-config", str(path)]) == 0
+    view, _, effects = capsys.readouterr().out.partition(EFFECTS_HEADER + "\n")
+    assert "  comms_logger: null" in view.splitlines() and "  nvtx: null" in view.splitlines()
+    assert "  comms_logger: absent: " in effects
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "comms_logger": {"enabled": False}}))
+    assert main(["check-config", str(path)]) == 0
+    view, _, effects = capsys.readouterr().out.partition(EFFECTS_HEADER + "\n")
+    assert "  comms_logger:" in view.splitlines() and "    enabled: false" in view.splitlines()
+    assert "  comms_logger: present: " in effects

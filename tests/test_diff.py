@@ -1,6 +1,7 @@
 """``ds-profutils diff BASE NEW`` on generated runs: a change beyond noise is found and put where it happened,
 noise is not called a change, and the output says what the test and the warm-up rule were."""
 import json
+import math
 import random
 import re
 import subprocess
@@ -11,9 +12,10 @@ import pytest
 
 from ds_profutils.cli import main
 from ds_profutils.report import ReportError
-from ds_profutils.report.diff_build import build_diff
-from ds_profutils.report.diff_stats import compare, mann_whitney_p, warmup_steps
-from ds_profutils.report.diff_text import render_diff
+from ds_profutils.diff.build import build_diff
+from ds_profutils.diff.stats import compare, warmup_steps
+from ds_profutils.diff.student import t_two_sided_p
+from ds_profutils.diff.text import render_diff
 
 from report_testing import event, record, write_records, write_trace
 
@@ -58,21 +60,31 @@ def write_run(directory: Path, *, ranks: int = 2, steps: int = 30, busy_ms: floa
 # --------------------------------------------------------------------------------------------------
 
 
-def test_mann_whitney_matches_scipy():
-    """Reference p-values from scipy 1.17.1: ``mannwhitneyu(a, b, method="asymptotic", use_continuity=True)``."""
-    assert mann_whitney_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(0.012185780355344813, rel=1e-12)
-    ties = ([1.0, 2.0, 2.0, 3.0, 3.0, 3.0, 4.0], [2.0, 3.0, 4.0, 4.0, 5.0, 5.0])
-    assert mann_whitney_p(*ties) == pytest.approx(0.07826242947714618, rel=1e-12)
-    assert mann_whitney_p([5.0] * 4, [5.0] * 6) == 1.0
-    assert mann_whitney_p([1.0], [2.0, 3.0]) is None
+def test_the_t_tail_matches_closed_forms_and_reference_values():
+    """df 1 is Cauchy (p = 1 - 2 atan(t) / pi), df 2 has p = 1 - t / sqrt(t^2 + 2); scipy 1.17.1's
+    ``2 * t.sf(2.0, 5)`` and the normal limit."""
+    for value in (0.5, 1.0, 3.0, 30.0):
+        assert t_two_sided_p(value, 1.0) == pytest.approx(1 - 2 * math.atan(value) / math.pi, rel=1e-10)
+        assert t_two_sided_p(value, 2.0) == pytest.approx(1 - value / math.sqrt(value ** 2 + 2), rel=1e-10)
+    assert t_two_sided_p(2.0, 5.0) == pytest.approx(0.10193947882985835, rel=1e-10)
+    assert t_two_sided_p(1.959963984540054, 1e7) == pytest.approx(0.05, rel=1e-5)
+    assert t_two_sided_p(0.0, 7.5) == 1.0
 
 
 def test_a_few_steps_after_warm_up_are_needed_to_call_a_change():
-    """Every NEW step slower than every BASE step: with 5 each that is not yet beyond p < 0.01; with 6 it is."""
-    assert not compare([20.0 + i for i in range(5)], [30.0 + i for i in range(5)])["significant"]
-    assert compare([20.0 + i for i in range(6)], [30.0 + i for i in range(6)])["significant"]
-    assert not compare([20.0, 21.0], [30.0 + i % 7 for i in range(5000)])["significant"]
-    assert compare([20.0, 21.0, 22.0], [30.0 + i % 7 for i in range(5000)])["significant"]
+    """A run's correlation needs 3 steps to be estimated: a run of 2 steps after warm-up is never tested; 3 steps
+    alternating (no drift), every NEW step 10 ms slower, are a change, also beside thousands."""
+    assert compare([20.0, 21.0], [30.0, 31.0])["p_value"] is None
+    assert compare([20.0 + i % 2 for i in range(3)], [30.0 + i % 2 for i in range(3)])["significant"]
+    assert compare([20.0, 21.0], [30.0 + i % 7 for i in range(5000)])["p_value"] is None
+    assert compare([20.0, 21.0, 20.0], [30.0 + i % 7 for i in range(5000)])["significant"]
+
+
+def test_a_steady_trend_within_each_run_is_taken_for_drift_not_for_independent_steps():
+    """BASE 20, 21, ... 27 and NEW 30, 31, ... 37: each run is one slow drift, a single independent look, too
+    few to call a change, which Mann-Whitney's U (p = 0.0008, steps taken for independent) did."""
+    found = compare([20.0 + i for i in range(8)], [30.0 + i for i in range(8)])
+    assert not found["significant"] and found["effective_steps"] == {"base": 1.0, "new": 1.0}
 
 
 @pytest.mark.parametrize("steps, left_out", [(0, 0), (2, 2), (5, 2), (20, 2), (21, 3), (30, 3), (100, 10), (1000, 100)])
@@ -274,7 +286,7 @@ def test_operators_whose_self_time_changed_most_come_from_the_traces(tmp_path, r
 
 
 def test_events_later_than_the_reorder_window_are_counted_not_nested(tmp_path, monkeypatch):
-    from ds_profutils.report import diff_ops
+    from ds_profutils.diff import ops as diff_ops
 
     monkeypatch.setattr(diff_ops, "REORDER_WINDOW", 1)
     nested_trace(tmp_path / "trace.json", 80.0, steps=3, reverse=True)
@@ -384,3 +396,4 @@ def test_the_command_imports_no_torch_and_prints_only_the_diff(tmp_path):
               if line.startswith("import time:")}
     assert not loaded & {"torch", "deepspeed", "pydantic", "numpy", "scipy", "matplotlib"}
     assert done.stdout.startswith(f"ds-profutils diff: BASE {base} -> NEW {new}\n")
+

@@ -102,14 +102,15 @@ def test_missing_and_incomplete_files_are_named_by_rank(tmp_path):
         ("records", 1): "no file",
         ("records", 2): "ends at step 0; the other ranks' go on to step 2",
         ("records", 3): "no complete record",
-        ("trace", 1): "does not parse to its end (the trace ends inside \"traceEvents\" (truncated?))",
+        ("trace", 1): "incomplete: the trace ends inside \"traceEvents\" (truncated?); its 1 events up to the cut are read",
     }
     assert report["engines"]["main"]["ranks_summary"][0]["steps"] == 3  # the records before the torn line count
     text = render_text(report)
     assert "MISSING OR INCOMPLETE:" in text
     assert "  records of engine main, rank 1: no file" in text
     assert "  records of engine main, rank 0 (zero_fetch_rank_0.jsonl): ends in a torn line" in text
-    assert "  trace, rank 1 (trace_rank_1.json): does not parse to its end" in text
+    assert "  trace, rank 1 (trace_rank_1.json): incomplete: the trace ends" in text
+    assert report["traces"][1]["events"] == 1
 
 
 def test_files_an_earlier_run_left_in_a_reused_output_dir_are_left_out_and_named(tmp_path):
@@ -245,7 +246,7 @@ def test_ranks_limit_decides_between_a_row_per_rank_and_one_across_ranks(tmp_pat
 
 
 def test_prose_is_wrapped_but_never_between_a_number_and_its_unit():
-    from ds_profutils.report.text import _wrap
+    from ds_profutils.report.tables import wrap as _wrap
 
     words = "their waiting beyond its own in those steps:" + " word" * 12
     assert len(words + " 96.6") <= 110 < len(words + " 96.6 ms")  # plain wrapping would split "96.6 ms"

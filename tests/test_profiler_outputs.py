@@ -15,7 +15,7 @@ from ds_profutils.comms_logging import CommsLogger
 from ds_profutils.outputs import process_identity
 from ds_profutils.torch_profiler import export
 from ds_profutils.report import build_report
-from ds_profutils.report.timeline import scan_trace
+from ds_profutils.timeline.merge import scan_trace
 from ds_profutils.torch_profiler.export import RunTrace, read_layout, rename_trace_events
 from profiler_testing import profiler_steps, read_trace, train_step
 

@@ -34,7 +34,7 @@ def test_a_tensor_kept_alive_from_step_3_is_the_highest_peak_an_imbalance_and_on
     assert memory["imbalance"] == pytest.approx((BASE + 4 * MIB + 256 * MIB + MIB) / (BASE + MIB))
     assert memory["jump_count"] == 1
     assert memory["jumps"] == [{"rank": 1, "global_step": 3, "peak_allocated_bytes": BASE + 4 * MIB + 256 * MIB + MIB,
-                                "baseline_bytes": BASE + 4 * MIB}]
+                                "baseline_bytes": BASE + 4 * MIB, "during_profiler": False}]
     row = memory["ranks"][1]
     assert (row["peak_allocated_bytes"], row["peak_step"], row["peak_phase"]) == (BASE + 261 * MIB, 3, "backward")
     assert row["peak_reserved_bytes"] == (BASE + 261 * MIB) * 5 // 4 and row["jumps"] == 1
@@ -60,7 +60,7 @@ def test_the_memory_table_per_rank_with_live_parameters_against_their_limit(tmp_
         "median_peak_allocated_bytes": BASE + 2 * MIB, "peak_reserved_bytes": (BASE + 4 * MIB) * 5 // 4,
         "median_peak_reserved_bytes": (BASE + 2 * MIB) * 5 // 4, "live_params_max": 3000, "max_live_parameters": 10_000,
         "live_params_share": 0.3, "trace_cache_invalidations": 1, "prefetch_hits": 30, "prefetch_waited": 10,
-        "prefetch_hit_rate": 0.75, "jumps": 0}
+        "prefetch_hit_rate": 0.75, "jumps": 0, "disturbed_steps": 0, "disturbed_peak_allocated_bytes": None}
     assert (ranks[1]["live_params_share"], ranks[1]["prefetch_hit_rate"]) == (0.35, 35 / 40)
     text = render_text(report)
     table = text.split("\nMemory (")[1].split("\n")
@@ -134,7 +134,7 @@ def test_memory_json_has_the_issues_keys(tmp_path, capsys):
     assert memory["ranks"]["1"]["live_params_max"] == 5000
     assert memory["highest_rank"] == 1 and memory["imbalance"] > 1
     assert memory["jumps"] == [{"rank": 1, "global_step": 3, "peak_allocated_bytes": BASE + 261 * MIB,
-                                "baseline_bytes": BASE + 4 * MIB}]
+                                "baseline_bytes": BASE + 4 * MIB, "during_profiler": False}]
     assert memory["jump_rule"]["over_baseline_share"] == 0.1 and memory["jump_rule"]["baseline_steps"] == 3
     assert engine["steps"]["peak_allocated_bytes"][1][3] == BASE + 261 * MIB
 

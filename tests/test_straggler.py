@@ -217,8 +217,33 @@ def test_the_output_states_the_rule_with_its_thresholds(tmp_path, capsys):
     assert engine["ranks_summary"]["1"]["straggler_p_value"] == pytest.approx(1 / 256)
     assert engine["ranks_summary"]["0"]["straggler"] is False
     assert engine["straggler_figure"] == "exposed_wait_ms"
-    assert engine["straggler_test"] == {"steps": 8, "chance_per_step": 0.5, "rank_level": 0.0125, "host_level": None}
+    reach = engine["straggler_test"].pop("reach")
+    assert engine["straggler_test"] == {"steps": 8, "steps_to_name": 8, "chance_per_step": 0.5, "rank_level": 0.0125,
+                                        "host_level": None}
+    assert reach.startswith("a rank is named when it is the step straggler in at least 8 of the 8 tested steps")
     rule = data["straggler_rule"]
     assert (rule["figure"], rule["min_spread_ms"], rule["min_spread_share_of_median_step"], rule["level"]) == (
         ["collective_ms", "exposed_wait_ms"], 2.0, 0.1, 0.025)
     assert rule["rank_level"] == "level / ranks" and rule["host_level"] == "level / hosts"
+
+
+@pytest.mark.parametrize("ranks, steps, needed", [(2, 10, 9), (2, 7, 7), (2, 6, None), (4, 10, 7), (2, 100, 62)])
+def test_the_report_says_how_many_steps_name_a_rank_and_what_it_cannot_see(tmp_path, ranks, steps, needed):
+    """The reach is the binomial test's own boundary: ``needed`` straggler steps pass, one fewer does not."""
+    from ds_profutils.report.chance import binomial_upper_tail
+    from ds_profutils.report.steps import STRAGGLER_LEVEL, steps_to_name
+
+    assert steps_to_name(steps, ranks) == needed
+    if needed is not None:
+        assert binomial_upper_tail(needed, steps, 1 / ranks) <= STRAGGLER_LEVEL / ranks
+        assert binomial_upper_tail(needed - 1, steps, 1 / ranks) > STRAGGLER_LEVEL / ranks
+    slowed_run(tmp_path, ranks=ranks, steps=steps, slowed=1)
+    report = build_report(tmp_path)
+    rule = report["straggler_rule"]
+    assert rule["reach"]["main"]["steps_to_name"] == needed == report["engines"]["main"]["straggler_test"]["steps_to_name"]
+    assert rule["reach"]["main"]["tested_steps"] == steps and "not flagged" in rule["below_threshold"]
+    text = " ".join(render_text(report).split())
+    said = (f"a rank is named when it is the step straggler in at least {needed} of the {steps} tested steps of {ranks} "
+            "ranks" if needed is not None else f"no rank can be named: {steps} tested steps of {ranks} ranks are too few")
+    assert f"Reach of the test: {said}" in text
+    assert "a rank slower by less than the per-step threshold (here " in text and "is not flagged" in text

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from ds_profutils.cli import main
-from ds_profutils.report.timeline import align, scan_trace
+from ds_profutils.timeline.merge import align, scan_trace
 
 
 OFFSET_NS = 5_000_000_000  # the other host's clock runs 5 s ahead

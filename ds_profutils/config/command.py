@@ -84,6 +84,16 @@ def _comms_logger_effect(config: ProfUtilsConfig) -> str:
 EFFECTS_HEADER = "what nvtx and comms_logger do in a job:"
 
 
+def _resolved(config: ProfUtilsConfig) -> dict:
+    """The settings as a job applies them: a section the file leaves out is ``null`` (as ``nvtx`` is), not
+    its defaults.  An absent ``comms_logger`` leaves DeepSpeed's logger alone, which its defaults
+    (``enabled: false``) would contradict, so the view and the effects below say the same."""
+    settings = config.model_dump()
+    if not config.has_comms_logger_section:
+        settings["comms_logger"] = None
+    return settings
+
+
 def _check(path: str, world_size: Optional[int]) -> Tuple[ProfUtilsConfig, Mapping[str, Any]]:
     """The resolved settings and raw contents of a file that passes every check; ConfigError with every
     problem otherwise."""
@@ -117,7 +127,7 @@ def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
         if overrides:
             print("  (with environment overrides "
                   f"{', '.join(f'{name}={value}' for name, value in sorted(overrides.items()))})")
-        print("\n".join(_render(config.model_dump(), "  ")))
+        print("\n".join(_render(_resolved(config), "  ")))
         if config.memory_snapshot.enabled:
             print("note: memory_snapshot writes only on a CUDA accelerator (the allocator history is CUDA's); "
                   "elsewhere the job says so at start and writes nothing")

@@ -1,9 +1,11 @@
-"""``ds-profutils report`` and ``timeline``: a run's per-rank fetch records and traces read back and explained.
+"""``ds-profutils report``: a run's per-rank fetch records and traces read back and explained.
 
 :mod:`.records` and :mod:`.traces` read the files, :mod:`.steps` joins them per step and finds the
 straggler (tested against chance by :mod:`.chance`), :mod:`.memory` finds the memory peaks and jumps,
-:mod:`.build` computes the tables, :mod:`.text`, :mod:`.jsonout` and :mod:`.plot` show
-them, :mod:`.command` is the subcommand; :mod:`.timeline` merges the ranks' traces into one.
+:mod:`.build` computes the tables, :mod:`.text` (from the blocks of :mod:`.tables`), :mod:`.jsonout` and :mod:`.plot` show
+them, :mod:`.command` is the subcommand.  The readers are shared: :mod:`ds_profutils.diff` compares two
+runs through them and :mod:`ds_profutils.timeline` merges the ranks' traces (both import this package,
+never the reverse).
 Nothing here imports torch, DeepSpeed or pydantic; the file names come from :mod:`ds_profutils.outputs`.
 """
 from .build import ReportError, build_report

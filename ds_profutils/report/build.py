@@ -14,10 +14,11 @@ from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
 from .memory import memory_report
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
-                    host_stragglers, is_straggler, step_view, straggler_rule)
+                    host_stragglers, is_straggler, reach, step_view, steps_to_name,
+                    straggler_rule, tflops)
 from .traces import TraceFormatError, summarize_trace
 
-__all__ = ["ReportError", "build_report"]
+__all__ = ["ReportError", "build_report", "directory_problem", "earlier_run", "newest_world_size"]
 
 TORN = "ends in a torn line (the job stopped mid-write?); the complete records before it are read"
 
@@ -110,6 +111,7 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
         rank = records.rank
         exposed = [fetch + other for fetch, other in zip(records.fetch_wait_ms, records.collective_wait_ms)]
         total_step_ms = sum(records.step_ms)
+        achieved = _median_of(tflops(records))
         table[rank] = {
             "host": max(records.hosts, key=records.hosts.__getitem__),
             "records": dict(records.modes),
@@ -120,6 +122,10 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
             "exposed_wait_ms_median": _median_of(exposed),
             "collective_ms_median": _median_of(records.collective_ms),
             "busy_ms_median": _median_of(step - wait for step, wait in zip(records.step_ms, exposed)),
+            "iteration_ms_median": _median_of(records.iteration_ms),
+            "gap_ms_median": _median_of(records.gap_ms),
+            "tflops_median": achieved,
+            "mfu_median": achieved / records.peak_tflops if achieved is not None and records.peak_tflops else None,
             **_mean_split(records),
             "exposed_wait_share": sum(exposed) / total_step_ms if total_step_ms > 0 else None,
             "straggler_steps": view.straggler_steps.get(rank, 0),
@@ -128,7 +134,24 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
             "straggler_p_value": view.p_values.get(rank),
             "straggler": is_straggler(view, rank),
         }
+    for rank, row in table.items():
+        row["late_by_gap"] = _late_by_gap(table, rank, view) if row["straggler"] else None
     return table
+
+
+def _late_by_gap(table: Mapping[int, Mapping[str, Any]], rank: int, view: StepView) -> bool:
+    """Whether a straggler's lateness is its time between steps: its gap (``gap_ms``) stands out from the other
+    ranks' by a step straggler's threshold while its busy time does not (a slow input pipeline, not slow
+    compute)."""
+    others = [row for other, row in table.items() if other != rank]
+    gaps = [row["gap_ms_median"] for row in others if row["gap_ms_median"] is not None]
+    busy = [row["busy_ms_median"] for row in others if row["busy_ms_median"] is not None]
+    thresholds = [value for value in view.threshold_ms if value is not None]
+    own = table[rank]
+    if not gaps or not busy or not thresholds or own["gap_ms_median"] is None or own["busy_ms_median"] is None:
+        return False
+    threshold = median(thresholds)
+    return own["gap_ms_median"] - median(gaps) >= threshold and own["busy_ms_median"] - median(busy) < threshold
 
 
 def _host_table(ranks_summary: Mapping[int, Mapping[str, Any]], view: StepView) -> Dict[str, Dict[str, Any]]:
@@ -183,8 +206,13 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "clocks": _sum_counts(records.clocks for records in files),
         "old_format_records": sum(records.old_format for records in files),
         "comms_logger_records": sum(records.comms_logger for records in files),
+        "superseded_records": sum(records.superseded for records in files),
+        "model_numel": next((f.model_numel for f in with_records if f.model_numel is not None), None),
+        "peak_tflops": next((f.peak_tflops for f in with_records if f.peak_tflops is not None), None),
+        "segments": max((records.segment + 1 for records in files), default=1),
         "straggler_figure": view.arrival,
-        "straggler_test": {"steps": view.tested_steps, "chance_per_step": 1 / ranks if ranks else None,
+        "straggler_test": {"steps": view.tested_steps, "steps_to_name": steps_to_name(view.tested_steps, ranks),
+                           "reach": reach(view), "chance_per_step": 1 / ranks if ranks else None,
                            "rank_level": STRAGGLER_LEVEL / ranks if ranks else None,
                            "host_level": STRAGGLER_LEVEL / len(hosts_summary) if hosts_summary else None},
         "straggler_ranks": [rank for rank in view.ranks if is_straggler(view, rank)],
@@ -193,20 +221,40 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "hosts_summary": hosts_summary,
         "events": _event_tables(with_records),
         "collectives": _collective_table(with_records),
-        "memory": memory_report(with_records),
+        "memory": memory_report(with_records, _profiled_steps(with_records, trace_steps)),
         "steps": view,
     }
+
+
+def _profiled_steps(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[int, float]]) -> Dict[int, set]:
+    """Per rank, the global steps its torch profiler was active in: from its records' ``profiler_active`` where
+    they say, else from its trace's ``ProfilerStep#N`` (numbered globally)."""
+    return {records.rank: records.profiler_steps or set(trace_steps.get(records.rank, ())) for records in files}
 
 
 def _traces(found: Mapping[int, Path], top_ops: int, incomplete: List[Dict[str, Any]]) -> Dict[int, Any]:
     traces: Dict[int, Any] = {}
     for rank, path in found.items():
         try:
-            traces[rank] = summarize_trace(path, top_ops)
+            traces[rank] = summary = summarize_trace(path, top_ops)
         except (OSError, TraceFormatError) as exc:
             incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": path.name,
-                               "reason": f"does not parse to its end ({exc})"})
+                               "reason": f"not read: {getattr(exc, 'strerror', None) or exc}"})
+            continue
+        if summary["incomplete"] is not None:
+            incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": path.name,
+                               "reason": f"incomplete: {summary['incomplete']}; its {summary['events']:,} events "
+                                         "up to the cut are read"})
     return traces
+
+
+def directory_problem(directory: Path) -> Optional[str]:
+    """Why ``directory`` cannot be a run's output_dir (None: it can): absent, or a file."""
+    if directory.is_dir():
+        return None
+    if directory.exists():
+        return f"{directory} is a file, not a directory: name the run's output_dir"
+    return f"{directory}: no such directory"
 
 
 def newest_world_size(files: Iterable[Tuple[Path, Optional[float], Optional[int]]]) -> Optional[int]:
@@ -269,8 +317,9 @@ def _where_to_look(directory: Path) -> str:
 def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     """Every number the report shows, as data (what ``--json`` prints)."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise ReportError(f"{directory}: no such directory")
+    problem = directory_problem(directory)
+    if problem is not None:
+        raise ReportError(problem)
     record_files = fetch_records_files(directory)
     traces_found = trace_files(directory)
     if not record_files and not traces_found:
@@ -294,6 +343,9 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     _trace_gaps({rank: path for rank, path in traces_found.items() if rank not in earlier}, traces, incomplete)
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
                    if summary["step_numbering"] == "global"}
+    if not traces and not any(f.complete_records for f in files):
+        unread = "; ".join(f"{entry['file']}: {entry['reason']}" for entry in incomplete if entry["file"])
+        raise ReportError(f"{directory}: nothing readable ({unread})")
     names = sorted({f.engine for f in files}, key=lambda name: (name != MAIN_ENGINE, name))  # the main engine first
     joined = _joined_engine(names)
     engines = {name: _engine_report(name, [f for f in files if f.engine == name],
@@ -313,7 +365,14 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
                            "min_spread_share_of_median_step": STRAGGLER_STEP_SHARE,
                            "test": "one-sided exact binomial: straggler steps against 1/ranks per tested step "
                                    "(a host: its share of the ranks)",
-                           "level": STRAGGLER_LEVEL, "rank_level": "level / ranks", "host_level": "level / hosts"},
+                           "level": STRAGGLER_LEVEL, "rank_level": "level / ranks", "host_level": "level / hosts",
+                           "reach": {name: {"tested_steps": engine["straggler_test"]["steps"],
+                                            "ranks": len(engine["ranks"]),
+                                            "steps_to_name": engine["straggler_test"]["steps_to_name"],
+                                            "text": engine["straggler_test"]["reach"]}
+                                     for name, engine in engines.items()},
+                           "below_threshold": "a rank slower by less than the per-step threshold is never a step "
+                                              "straggler and is not flagged"},
         "hosts": {host: sorted(ranks) for host, ranks in sorted(hosts.items())},
         "incomplete": sorted(incomplete, key=lambda entry: (entry["kind"], entry["engine"] or "", entry["rank"])),
         "problems": [{"engine": records.engine, "rank": records.rank, "file": Path(records.path).name,

@@ -6,6 +6,12 @@ against ``stage3_max_live_parameters``, trace-cache invalidations and prefetch h
 two numbers per rank and step (the peaks) and running totals for the rest, so this adds nothing that
 grows with the size of the records.
 
+A step whose record says ``memory.disturbed`` (its peaks were reset between ds_profutils' boundaries,
+e.g. by DeepSpeed's ``memory_breakdown``, so they cover part of the step only) is counted and marked,
+and left out of each rank's peak, the highest rank, the imbalance and the jumps.  A jump that starts in
+the torch profiler's active window or the step after it is marked ``during_profiler``: the profiler's
+own buffers, not a leak.
+
 A jump is a step whose peak rose more than ``JUMP_SHARE`` over the rank's usual level, the median of
 its earlier steps (once there are ``JUMP_BASELINE_STEPS`` of them: the first steps allocate the
 optimizer's state), counted once per rise: a tensor kept alive from step 3 on is one jump, at step 3,
@@ -18,7 +24,8 @@ import heapq
 import math
 from bisect import insort
 from statistics import median
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from array import array
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .records import FileRecords
 
@@ -71,16 +78,25 @@ def _bytes(value: Optional[float]) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def _rank_memory(records: FileRecords, jumps: int) -> Dict[str, Any]:
-    allocated, reserved = _present(records.peak_allocated_bytes), _present(records.peak_reserved_bytes)
+def _trusted(records: FileRecords, column: array) -> array:
+    """``column`` (a peak per step) with the disturbed steps' values NaN (left out)."""
+    if not any(records.disturbed):
+        return column
+    return array("d", (math.nan if disturbed else value for value, disturbed in zip(column, records.disturbed)))
+
+
+def _rank_memory(records: FileRecords, peaks: array, jumps: int) -> Dict[str, Any]:
+    allocated = _present(peaks)
+    reserved = _present(_trusted(records, records.peak_reserved_bytes))
     peak = max(allocated, default=None)
+    disturbed = [value for value, flag in zip(records.peak_allocated_bytes, records.disturbed) if flag and value == value]
     sources = sorted(str(source) for source in records.memory_sources if source is not None)
     live, limit = records.live_params_max, records.max_live_parameters
     hits, waited = records.prefetch_hits, records.prefetch_waited
     return {
         "source": "+".join(sources) or None,
         "peak_allocated_bytes": _bytes(peak),
-        "peak_step": None if peak is None else records.global_steps[records.peak_allocated_bytes.index(peak)],
+        "peak_step": None if peak is None else records.global_steps[peaks.index(peak)],
         "peak_phase": records.peak_phase,
         "median_peak_allocated_bytes": _bytes(median(allocated)) if allocated else None,
         "peak_reserved_bytes": _bytes(max(reserved, default=None)),
@@ -93,29 +109,34 @@ def _rank_memory(records: FileRecords, jumps: int) -> Dict[str, Any]:
         "prefetch_waited": waited,
         "prefetch_hit_rate": hits / (hits + waited) if hits is not None and waited is not None and hits + waited else None,
         "jumps": jumps,
+        "disturbed_steps": sum(records.disturbed),
+        "disturbed_peak_allocated_bytes": _bytes(max(disturbed, default=None)),
     }
 
 
-def memory_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
-    """The engine's memory tables (``memory`` in ``--json``); None when no record carries memory figures."""
+def memory_report(files: Sequence[FileRecords], profiled: Mapping[int, Set[int]]) -> Optional[Dict[str, Any]]:
+    """The engine's memory tables (``memory`` in ``--json``); None when no record carries memory figures.
+    ``profiled``: per rank, the global steps its torch profiler was active in."""
     files = [records for records in files if carries_memory(records)]
     if not files:
         return None
-    kept: List[Tuple[float, int, int, float, float]] = []  # a heap of (rise, rank, global step, peak, baseline)
+    kept: List[Tuple[float, int, int, float, float, bool]] = []  # a heap of (rise, rank, step, peak, baseline, profiler's)
     jump_count = 0
     ranks: Dict[int, Dict[str, Any]] = {}
     for records in sorted(files, key=lambda f: f.rank):
-        peaks, rank_count = records.peak_allocated_bytes, 0
+        peaks, rank_count = _trusted(records, records.peak_allocated_bytes), 0
+        active = profiled.get(records.rank, set())
         for index, baseline in rises(peaks):
-            jump = (peaks[index] / baseline if baseline > 0 else math.inf, records.rank, records.global_steps[index],
-                    peaks[index], baseline)
+            step = records.global_steps[index]
+            jump = (peaks[index] / baseline if baseline > 0 else math.inf, records.rank, step, peaks[index], baseline,
+                    step in active or step - 1 in active)
             if len(kept) < JUMPS_KEPT:
                 heapq.heappush(kept, jump)
             elif jump > kept[0]:
                 heapq.heapreplace(kept, jump)
             rank_count += 1
         jump_count += rank_count
-        ranks[records.rank] = _rank_memory(records, rank_count)
+        ranks[records.rank] = _rank_memory(records, peaks, rank_count)
     peaks_by_rank = {rank: row["peak_allocated_bytes"] for rank, row in ranks.items()
                      if row["peak_allocated_bytes"] is not None}
     highest = max(peaks_by_rank, key=peaks_by_rank.__getitem__, default=None)
@@ -134,6 +155,8 @@ def memory_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
                       if highest is not None and peaks_by_rank[lowest] > 0 else None),
         "jump_rule": {"text": jump_rule(), "over_baseline_share": JUMP_SHARE, "baseline_steps": JUMP_BASELINE_STEPS},
         "jump_count": jump_count,
-        "jumps": [{"rank": rank, "global_step": step, "peak_allocated_bytes": int(peak), "baseline_bytes": int(baseline)}
-                  for _, rank, step, peak, baseline in sorted(kept, key=lambda jump: (jump[2], jump[1]))],
+        "disturbed_steps": sum(row["disturbed_steps"] for row in ranks.values()),
+        "jumps": [{"rank": rank, "global_step": step, "peak_allocated_bytes": int(peak), "baseline_bytes": int(baseline),
+                   "during_profiler": during}
+                  for _, rank, step, peak, baseline, during in sorted(kept, key=lambda jump: (jump[2], jump[1]))],
     }

@@ -7,6 +7,19 @@ with gradient accumulation) are added up (their memory peaks: the largest).  A t
 incomplete; a bad line is a problem of that file; both are skipped.  Large runs are read in parallel
 processes: parsing is the bottleneck.
 
+A resumed run (restarted from a checkpoint earlier than its last recorded step) writes global steps
+again: a train record whose ``global_step`` is lower than the one before it, or whose ``"segment"``
+differs from the one before it, starts a new *segment*.  Each global step is then taken from the latest
+segment that has it (all its micro steps there); the file is read a second time, skipping the records
+of earlier segments (``superseded``), so no two runs' figures are ever added.  Only files with a
+restart pay the second pass; to decide it, the first keeps each segment's first and last step.
+
+Optional fields of later writers, read where present (null or absent: NaN here): ``iteration_ms`` and
+``gap_ms`` (on the record whose micro step ended with ``engine.step()``), ``flops`` (model FLOPs of the
+micro step, summed over the step), ``model_numel`` and ``peak_tflops`` (the latest given),
+``profiler_active`` (the step ran in the torch profiler's active window), ``memory.disturbed`` (the
+step's peaks were reset between our boundaries: kept apart from the peaks that are trusted).
+
 Schema 3 adds the time inside collectives (``collective_ms``), memory peaks and ZeRO-3's live
 parameters, trace-cache invalidations and prefetch hits; schema 2 records lack them (NaN or None
 here).  Records without ``"schema"`` come from an older ds_profutils: read best effort (the fetch
@@ -38,6 +51,7 @@ COUNT, NUMEL, BYTES, TIME, MIN, MAX = range(6)
 _INF, _NAN = math.inf, math.nan
 _NO_INSIDE = (_NAN, )  # a step's time inside collectives where the record lacks it (schema 2 or older)
 _NO_PEAKS = (_NAN, _NAN)  # a step's peak allocated and reserved bytes where the record has no memory figures
+_STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops")  # optional per-record figures, added up per step where present
 
 # What is counted per record, as one key: mode, host, clock, old format, comms logger on, memory source
 # (None: no memory figures), time inside collectives recorded.
@@ -72,6 +86,17 @@ class FileRecords:
     collective_ms: array = field(default_factory=lambda: array("d"))  # NaN: not recorded (schema 2)
     peak_allocated_bytes: array = field(default_factory=lambda: array("d"))  # NaN: no memory figures
     peak_reserved_bytes: array = field(default_factory=lambda: array("d"))
+    iteration_ms: array = field(default_factory=lambda: array("d"))  # NaN: not recorded (earlier writers)
+    gap_ms: array = field(default_factory=lambda: array("d"))
+    flops: array = field(default_factory=lambda: array("d"))  # model FLOPs of the step's train micro steps
+    disturbed: array = field(default_factory=lambda: array("b"))  # 1: a peak reset between our boundaries
+    profiler_steps: set = field(default_factory=set)  # global steps recorded as in the profiler's active window
+    model_numel: Optional[int] = None
+    peak_tflops: Optional[float] = None
+    segment: int = 0  # segments begun so far (0: the run never went back to an earlier step)
+    superseded: int = 0  # train records of a step that a later segment recorded again (skipped)
+    spans: List[List[int]] = field(default_factory=list)  # per segment, its first and last global step
+    known_spans: Optional[List[List[int]]] = None  # the first pass's spans, given for the second
     peak_phase: Optional[str] = None  # the phase of the highest train peak (forward, backward, step)
     live_params_max: Optional[int] = None
     max_live_parameters: Optional[int] = None  # the engine's stage3_max_live_parameters, as last recorded
@@ -83,6 +108,8 @@ class FileRecords:
     torn: bool = False
     _recording_seen: Any = field(default=None, repr=False)  # the last recording_ranks list, as read
     _peak_seen: float = field(default=-_INF, repr=False)  # the highest train record's peak allocated bytes
+    _last_step: Optional[int] = field(default=None, repr=False)  # the previous train record's global step
+    _segment_mark: Any = field(default=None, repr=False)  # the previous train record's "segment" field
 
     def _count(self, index: int) -> Dict[Any, int]:
         counts: Dict[Any, int] = {}
@@ -166,8 +193,13 @@ class FileRecords:
             times += _NO_INSIDE if inside is None else (inside + 0.0, )
             peaks = _NO_PEAKS if memory is None else (memory["peak_allocated_bytes"] + 0.0,
                                                       memory["peak_reserved_bytes"] + 0.0)
-            if peaks[0] > self._peak_seen:
+            disturbed = memory is not None and memory.get("disturbed") is True
+            if peaks[0] > self._peak_seen and not disturbed:
                 phase = _peak_phase(memory)
+            extras = tuple(_NAN if record.get(key) is None else record[key] + 0.0 for key in _STEP_EXTRAS)
+            mark = record.get("segment")
+            restart = self._last_step is not None and (step < self._last_step or mark != self._segment_mark)
+            segment = self.segment + restart
         live, limit = record.get("live_params_max"), record.get("max_live_parameters")
         invalidations = record.get("trace_cache_invalidations")
         if live is not None or limit is not None or invalidations is not None:  # schema 3
@@ -182,10 +214,23 @@ class FileRecords:
         kind = (str(mode), str(record.get("host", "?")), "host (old format)" if old else str(record.get("clock", "host")),
                 old, record.get("comms_logger") is True, None if memory is None else str(memory["source"]),
                 inside is not None)
+        model_numel, peak = record.get("model_numel"), record.get("peak_tflops")
+        model_numel, peak = (None if model_numel is None else int(model_numel)), (None if peak is None else float(peak))
         # Nothing below raises for a record that got this far.
         if mode == "train":
-            self._add_step(step, times, peaks)
-            if peaks[0] > self._peak_seen:
+            self.segment, self._last_step, self._segment_mark = segment, step, mark
+            if restart or not self.spans:
+                self.spans.append([step, step])
+            elif step > self.spans[-1][1]:
+                self.spans[-1][1] = step
+            if self.known_spans is not None and any(first <= step <= last
+                                                    for first, last in self.known_spans[segment + 1:]):
+                self.superseded += 1  # a later segment recorded this step again: its records are the step's
+                return
+            self._add_step(step, times + extras, peaks, disturbed)
+            if record.get("profiler_active") is True:
+                self.profiler_steps.add(step)
+            if peaks[0] > self._peak_seen and not disturbed:
                 self._peak_seen, self.peak_phase = peaks[0], phase
             for op, count, time_ms, exposed_ms in collectives:
                 found = self.collectives.get(op)
@@ -220,6 +265,10 @@ class FileRecords:
         if prefetch is not None:
             self.prefetch_hits = (self.prefetch_hits or 0) + prefetch[0]
             self.prefetch_waited = (self.prefetch_waited or 0) + prefetch[1]
+        if model_numel is not None:
+            self.model_numel = model_numel
+        if peak is not None:
+            self.peak_tflops = peak
         if world_size > self.world_size:
             self.world_size = world_size
         written = record.get("time")
@@ -229,9 +278,12 @@ class FileRecords:
             self.recording_ranks, self._recording_seen = recording_ranks, recording
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
 
-    def _add_step(self, step: int, times: Tuple[float, ...], peaks: Tuple[float, float]) -> None:
+    def _add_step(self, step: int, times: Tuple[float, ...], peaks: Tuple[float, float], disturbed: bool) -> None:
+        """Fold one train record into its global step: the times added up (the optional figures, NaN where a
+        record lacks them, added where present), the peaks the larger, disturbed if any record was."""
         steps = self.global_steps
         summed = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms, self.collective_ms)
+        present = (self.iteration_ms, self.gap_ms, self.flops)
         largest = (self.peak_allocated_bytes, self.peak_reserved_bytes)
         if steps and steps[-1] == step:  # another micro step of the same optimizer step
             index = len(steps) - 1
@@ -239,14 +291,24 @@ class FileRecords:
             index = steps.index(step)
         else:
             steps.append(step)
-            for column, value in zip(summed + largest, times + peaks):
+            for column, value in zip(summed + present + largest, times + peaks):
                 column.append(value)
+            self.disturbed.append(disturbed)
             return
         for column, value in zip(summed, times):
             column[index] += value
+        for column, value in zip(present, times[len(summed):]):
+            if value == value:
+                column[index] = value if column[index] != column[index] else column[index] + value
         for column, value in zip(largest, peaks):
             if value > column[index] or column[index] != column[index]:  # NaN: none before
                 column[index] = value
+        if disturbed:
+            self.disturbed[index] = True
+
+    def restarted(self) -> bool:
+        """Whether the file went back to an earlier step (a resumed run): it needs a second pass."""
+        return self.segment > 0 and self.known_spans is None
 
 
 def _peak_phase(memory: Mapping[str, Any]) -> Optional[str]:
@@ -260,9 +322,10 @@ def _fetch_wait(events: Mapping[str, Any]) -> float:
     return sum(float(events[name]["time_ms"]) for name in FETCH_WAIT_EVENTS if name in events)
 
 
-def read_records(path: Path, engine: str, rank: int) -> FileRecords:
-    """One file, line by line; bad lines are counted as problems, a torn last line marks it ``torn``."""
-    records = FileRecords(engine, rank, str(path))
+def read_records(path: Path, engine: str, rank: int, known_spans: Optional[List[List[int]]] = None) -> FileRecords:
+    """One file, line by line; bad lines are counted as problems, a torn last line marks it ``torn``.  A file
+    that went back to an earlier step is read again, each step from its latest segment."""
+    records = FileRecords(engine, rank, str(path), known_spans=known_spans)
     loads = orjson.loads
     with open(path, "rb") as source:
         for number, line in enumerate(source, 1):
@@ -280,6 +343,8 @@ def read_records(path: Path, engine: str, rank: int) -> FileRecords:
                 records.add(record)
             except (KeyError, TypeError, ValueError, AttributeError):
                 records.problem(f"line {number}: not a fetch record, skipped")
+    if records.restarted():
+        return read_records(path, engine, rank, records.spans)
     return records
 
 

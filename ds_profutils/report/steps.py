@@ -32,7 +32,8 @@ from .chance import binomial_upper_tail
 from .records import FileRecords
 
 __all__ = ["ARRIVAL_FIGURES", "STRAGGLER_LEVEL", "STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_STEP_SHARE", "Matrix",
-           "StepView", "chance_p_value", "host_stragglers", "is_straggler", "step_view", "straggler_rule"]
+           "StepView", "chance_p_value", "host_stragglers", "is_straggler", "reach", "step_view", "steps_to_name", "tflops",
+           "straggler_rule"]
 
 STRAGGLER_MIN_SPREAD_MS = 2.0
 """A step has a straggler only when max - min time inside its collectives across ranks is at least this ..."""
@@ -58,6 +59,37 @@ def straggler_rule() -> str:
             f"slow rank names one in at most {STRAGGLER_LEVEL:.1%} of runs); with ranks on several hosts, a host is "
             f"flagged STRAGGLER HOST by the same test against its share of the ranks, p <= "
             f"{STRAGGLER_LEVEL:.1%} / hosts")
+
+
+def steps_to_name(tested_steps: int, ranks: int) -> Optional[int]:
+    """The fewest of ``tested_steps`` a rank must be the step straggler in to be named (None: no count is
+    enough, too few steps).  The tail shrinks as the count grows, so a bisection finds it."""
+    if ranks < 2 or tested_steps < 1:
+        return None
+    level = STRAGGLER_LEVEL / ranks
+    if binomial_upper_tail(tested_steps, tested_steps, 1 / ranks) > level:
+        return None
+    low, high = 1, tested_steps  # the answer is in [low, high]
+    while low < high:
+        middle = (low + high) // 2
+        if binomial_upper_tail(middle, tested_steps, 1 / ranks) <= level:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def reach(view: "StepView") -> str:
+    """What the test can see in this run, in words: how many steps name a rank, and what it cannot see."""
+    ranks, tested = len(view.ranks), view.tested_steps
+    needed = steps_to_name(tested, ranks)
+    thresholds = [value for value in view.threshold_ms if value is not None]
+    threshold = f" (here {median(thresholds):.1f} ms at the median step)" if thresholds else ""
+    named = (f"a rank is named when it is the step straggler in at least {needed} of the {tested} tested steps of "
+             f"{ranks} ranks" if needed is not None else
+             f"no rank can be named: {tested} tested steps of {ranks} ranks are too few for any count to pass")
+    return (f"{named}; a rank slower by less than the per-step threshold{threshold} is never a step straggler, so "
+            "it is not flagged however many steps it lasts (its own busy time in the ranks table shows it)")
 
 
 class Matrix:
@@ -99,6 +131,9 @@ class StepView:
     collective_ms: Matrix
     trace_step_ms: Matrix
     peak_allocated_bytes: Matrix
+    iteration_ms: Matrix  # end of the previous optimizer step to the end of this one (NaN: not recorded)
+    gap_ms: Matrix  # its part outside forward, backward and step
+    tflops: Matrix  # the step's model FLOPs over its iteration, TFLOP/s
     arrival: str = "collective_ms"
     straggler: List[Optional[int]] = field(default_factory=list)
     spread_ms: List[Optional[float]] = field(default_factory=list)
@@ -113,7 +148,8 @@ class StepView:
         return {"step_ms": self.step_ms, "fetch_wait_ms": self.fetch_wait_ms,
                 "collective_wait_ms": self.collective_wait_ms, "exposed_wait_ms": self.exposed_wait_ms,
                 "busy_ms": self.busy_ms, "collective_ms": self.collective_ms, "trace_step_ms": self.trace_step_ms,
-                "peak_allocated_bytes": self.peak_allocated_bytes}
+                "peak_allocated_bytes": self.peak_allocated_bytes, "iteration_ms": self.iteration_ms,
+                "gap_ms": self.gap_ms, "tflops": self.tflops}
 
 
 def _fill(matrix: Matrix, rank_index: int, positions: Optional[Sequence[int]], values: array) -> None:
@@ -127,6 +163,12 @@ def _fill(matrix: Matrix, rank_index: int, positions: Optional[Sequence[int]], v
         matrix.values[row + position] = value
 
 
+def tflops(records: FileRecords) -> array:
+    """Per step, the model FLOPs of its train micro steps over its iteration, in TFLOP/s (NaN: either missing)."""
+    return array("d", (flops / iteration / 1e9 if iteration > 0 else math.nan
+                       for flops, iteration in zip(records.flops, records.iteration_ms)))
+
+
 def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[int, float]]) -> StepView:
     """The view over the train records of one engine's files (one per rank), with each rank's trace step
     times (``{rank: {global step: ms}}``) where a trace numbers its steps globally."""
@@ -137,7 +179,7 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
     ranks, steps = len(files), len(all_steps)
     # Arrival from the time inside collectives only where every rank recorded it in every step.
     arrival = "exposed_wait_ms" if any(f.without_collective_ms for f in files) else "collective_ms"
-    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(8)), arrival=arrival)
+    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(11)), arrival=arrival)
     for rank_index, records in enumerate(files):
         positions = None if records.global_steps == everything else [index[s] for s in records.global_steps]
         exposed = array("d", map(float.__add__, records.fetch_wait_ms, records.collective_wait_ms))
@@ -146,7 +188,9 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
                                (view.collective_wait_ms, records.collective_wait_ms),
                                (view.exposed_wait_ms, exposed), (view.busy_ms, busy),
                                (view.collective_ms, records.collective_ms),
-                               (view.peak_allocated_bytes, records.peak_allocated_bytes)):
+                               (view.peak_allocated_bytes, records.peak_allocated_bytes),
+                               (view.iteration_ms, records.iteration_ms), (view.gap_ms, records.gap_ms),
+                               (view.tflops, tflops(records))):
             _fill(matrix, rank_index, positions, values)
         for step, ms in trace_steps.get(records.rank, {}).items():
             if step in index:

@@ -5,69 +5,16 @@ the others back most), never one row per rank; ``--json`` has every number.
 """
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from statistics import median
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from .steps import ARRIVAL_FIGURES, StepView
+from .tables import counted, percent, rank_ranges, table, wrap
 
-__all__ = ["rank_ranges", "render_text"]
+__all__ = ["render_text"]
 
 _HOSTS_SHOWN = 6
-_WIDTH = 110  # prose is wrapped to this; tables are as wide as their columns
-
-
-def _wrap(text: str) -> List[str]:
-    """Prose wrapped at the report's width, never between a number and its unit."""
-    kept_together = text.replace(" ms", "\N{NO-BREAK SPACE}ms")  # textwrap breaks at ASCII whitespace only
-    return [line.replace("\N{NO-BREAK SPACE}", " ")
-            for line in textwrap.wrap(kept_together, _WIDTH, subsequent_indent="  ", break_on_hyphens=False)]
-
-
-def _counted(count: int, noun: str) -> str:
-    """``1 rank``, ``2 ranks``."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> List[str]:
-    """Left-aligned first column, right-aligned others, two spaces apart."""
-    cells = [list(headers)] + [[_cell(value) for value in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return [
-        "  ".join(text.ljust(width) if i == 0 else text.rjust(width)
-                  for i, (text, width) in enumerate(zip(row, widths))).rstrip() for row in cells
-    ]
-
-
-def _cell(value: Any) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 1000 else f"{value:,.0f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def _percent(share: Optional[float]) -> Optional[str]:
-    return None if share is None else f"{100 * share:.1f}%"
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """``0-3, 5, 7-9``: a set of ranks in a line whatever its size."""
-    ordered = sorted(set(ranks))
-    if not ordered:
-        return "none"
-    parts, start, previous = [], ordered[0], ordered[0]
-    for rank in ordered[1:] + [None]:
-        if rank is not None and rank == previous + 1:
-            previous = rank
-            continue
-        parts.append(str(start) if start == previous else f"{start}-{previous}")
-        if rank is not None:
-            start = previous = rank
-    return ", ".join(parts)
 
 
 def _header(report: Mapping[str, Any]) -> List[str]:
@@ -77,7 +24,7 @@ def _header(report: Mapping[str, Any]) -> List[str]:
         shown = [f"{host} ({'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)})" for host, ranks in hosts]
         if len(shown) > _HOSTS_SHOWN:
             shown[_HOSTS_SHOWN - 1:-1] = [f"... {len(shown) - _HOSTS_SHOWN} more ..."]
-        lines += _wrap(f"hosts ({len(hosts)}): " + "; ".join(shown))
+        lines += wrap(f"hosts ({len(hosts)}): " + "; ".join(shown))
     if report["incomplete"]:
         lines.append("MISSING OR INCOMPLETE:")
         for entry in report["incomplete"]:
@@ -93,15 +40,20 @@ def _header(report: Mapping[str, Any]) -> List[str]:
 
 def _engine_header(name: str, engine: Mapping[str, Any]) -> List[str]:
     records = ", ".join(f"{count:,} {mode}" for mode, count in engine["records"].items()) or "none"
-    clocks = ", ".join(f"{clock} ({_counted(count, 'record')})" for clock, count in engine["clocks"].items()) or "-"
-    lines = [""] + _wrap(f"== engine {name}: ranks {rank_ranges(engine['ranks'])} of {engine['world_size']} with "
-                         f"records; {_counted(len(engine['steps'].global_steps), 'train step')}; records: {records}; "
+    clocks = ", ".join(f"{clock} ({counted(count, 'record')})" for clock, count in engine["clocks"].items()) or "-"
+    lines = [""] + wrap(f"== engine {name}: ranks {rank_ranges(engine['ranks'])} of {engine['world_size']} with "
+                         f"records; {counted(len(engine['steps'].global_steps), 'train step')}; records: {records}; "
                          f"clock: {clocks}")
     if engine["old_format_records"]:
-        lines += _wrap(f"{engine['old_format_records']:,} records of an older ds_profutils (no \"schema\"): no "
+        lines += wrap(f"{engine['old_format_records']:,} records of an older ds_profutils (no \"schema\"): no "
                        "blocking collectives recorded, so their exposed wait is the fetch wait alone")
+    if engine["superseded_records"]:
+        lines += wrap(f"RESUMED: the run went back to earlier steps ({engine['segments']} segments: a restart from a "
+                       f"checkpoint before its last recorded step); {counted(engine['superseded_records'], 'record')} "
+                       "of steps recorded again later are superseded: each step is taken from the latest segment "
+                       "that recorded it, never added to an earlier run's")
     if engine["comms_logger_records"]:
-        lines += _wrap(f"WARNING: DeepSpeed's comms logger was on in {engine['comms_logger_records']:,} records; it "
+        lines += wrap(f"WARNING: DeepSpeed's comms logger was on in {engine['comms_logger_records']:,} records; it "
                        "synchronizes after every collective, which lengthens step times and waits")
     return lines
 
@@ -119,27 +71,34 @@ def _stragglers(engine: Mapping[str, Any]) -> List[str]:
     named = engine["straggler_ranks"]
     lines = []
     if view.arrival != "collective_ms":
-        lines += _wrap("The records carry no time inside collectives (schema 2 or older): the step straggler is the "
+        lines += wrap("The records carry no time inside collectives (schema 2 or older): the step straggler is the "
                        "rank with the least exposed wait (fetch waits and blocking collectives), which misses a rank "
                        "slowed while the collectives overlap on a side stream.")
     for rank in named:
         row = summary[rank]
-        lines += _wrap(f"STRAGGLER: rank {rank} ({row['host']}) held the others back in {row['straggler_steps']} of "
+        lines += wrap(f"STRAGGLER: rank {rank} ({row['host']}) held the others back in {row['straggler_steps']} of "
                        f"{steps} steps ({_chance(row['straggler_p_value'], test['rank_level'])}); their waiting "
                        f"beyond its own in those steps: {row['attributed_wait_ms']:,.1f} ms")
+        if row["late_by_gap"]:
+            gaps = [other["gap_ms_median"] for key, other in summary.items()
+                    if key != rank and other["gap_ms_median"] is not None]
+            lines += wrap(f"  Its lateness is its gap between steps (gap median {row['gap_ms_median']:,.1f} ms against "
+                           f"{median(gaps):,.1f} ms on the other ranks; its busy time does not stand out): a slow input "
+                           "pipeline or per-step host work outside forward/backward/step, not slow compute.")
     hosts = engine["hosts_summary"]
     if not named:
         occasional = sorted((rank for rank, row in summary.items() if row["straggler_steps"]),
                             key=lambda rank: -summary[rank]["straggler_steps"])
         detail = ", ".join(f"rank {rank} in {summary[rank]['straggler_steps']}" for rank in occasional[:5])
-        lines += _wrap(f"No straggler{' rank' if engine['straggler_hosts'] else ''}: no rank was the step straggler "
+        lines += wrap(f"No straggler{' rank' if engine['straggler_hosts'] else ''}: no rank was the step straggler "
                        f"more often than chance allows in the {steps} steps"
                        + (f" (step stragglers: {detail}{', ...' if len(occasional) > 5 else ''})." if detail else "."))
+    lines += wrap(f"Reach of the test: {test['reach']}.")
     for host in engine["straggler_hosts"]:
         row = hosts[host]
         if row["straggler_steps"] == sum(summary[rank]["straggler_steps"] for rank in set(row["ranks"]) & set(named)):
             continue  # its named ranks were all of its straggler steps: naming them says it
-        lines += _wrap(f"STRAGGLER HOST: {host} (ranks {rank_ranges(row['ranks'])}) held the others back in "
+        lines += wrap(f"STRAGGLER HOST: {host} (ranks {rank_ranges(row['ranks'])}) held the others back in "
                        f"{row['straggler_steps']} of {steps} steps: their straggler was one of its ranks "
                        f"({_chance(row['straggler_p_value'], test['host_level'])})")
     return lines
@@ -153,35 +112,51 @@ def _worst_ranks(summary: Mapping[int, Mapping[str, Any]], limit: int) -> List[i
 
 _RANK_COLUMNS = {"step_ms_median": "step ms", "fetch_wait_ms_median": "fetch wait",
                  "collective_wait_ms_median": "collective wait", "exposed_wait_ms_median": "exposed wait",
-                 "collective_ms_median": "in collectives", "busy_ms_median": "busy"}
+                 "collective_ms_median": "in collectives", "busy_ms_median": "busy", "iteration_ms_median": "iteration",
+                 "gap_ms_median": "gap", "tflops_median": "TFLOP/s", "mfu_median": "MFU"}
+_OPTIONAL_COLUMNS = ("iteration_ms_median", "gap_ms_median", "tflops_median", "mfu_median")  # later writers' fields
 
 
-def _rank_columns(view: StepView) -> List[str]:
-    """The per-rank medians shown: the time inside collectives only where the records carry it."""
-    return [column for column in _RANK_COLUMNS if column != "collective_ms_median" or view.arrival == "collective_ms"]
+def _rank_columns(view: StepView, summary: Mapping[int, Mapping[str, Any]]) -> List[str]:
+    """The per-rank medians shown: the time inside collectives only where the records carry it, the iteration,
+    gap, TFLOP/s and MFU where some rank has them."""
+    return [column for column in _RANK_COLUMNS
+            if (column != "collective_ms_median" or view.arrival == "collective_ms")
+            and (column not in _OPTIONAL_COLUMNS or any(row[column] is not None for row in summary.values()))]
 
 
 def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
     summary = engine["ranks_summary"]
-    columns = _rank_columns(engine["steps"])
+    columns = _rank_columns(engine["steps"], summary)
     headers = ("rank", "host", "steps", *(_RANK_COLUMNS[column] for column in columns), "exposed share",
                "straggler steps", "others' wait ms", "")
     shown = sorted(summary) if len(summary) <= limit else _worst_ranks(summary, limit)
     rows: List[Tuple[Any, ...]] = [
-        (rank, row["host"], row["steps"], *(row[column] for column in columns),
-         _percent(row["exposed_wait_share"]), row["straggler_steps"], row["attributed_wait_ms"],
+        (rank, row["host"], row["steps"], *(_cell_of(column, row[column]) for column in columns),
+         percent(row["exposed_wait_share"]), row["straggler_steps"], row["attributed_wait_ms"],
          "STRAGGLER" if row["straggler"] else "") for rank, row in ((rank, summary[rank]) for rank in shown)]
     note = ""
     if len(summary) > limit:
         note = (f"; {limit} of {len(summary)} ranks shown: those that held the others back most, then the busiest "
                 "(every rank: --json)")
         for label, pick in (("min", min), ("median", median), ("max", max)):
-            rows.append((f"{label} of all", "", None, *(_over_ranks(summary, column, pick) for column in columns),
+            rows.append((f"{label} of all", "", None, *(_cell_of(column, _over_ranks(summary, column, pick))
+                                                    for column in columns),
                          None, None, None, ""))
-    inside = "; in collectives = time inside them, waiting for late peers included" if len(columns) > 5 else ""
-    return ["", *_wrap(f"Ranks (median per train step, ms; exposed wait = fetch wait + blocking collectives; busy = "
+    inside = "; in collectives = time inside them, waiting for late peers included" if "collective_ms_median" in columns else ""
+    if "iteration_ms_median" in columns:
+        inside += ("; iteration = end of the previous optimizer step to the end of this one (data loading, callbacks "
+                   "and logging included); gap = its part outside forward, backward and step")
+    if "tflops_median" in columns:
+        inside += "; TFLOP/s = the step's model FLOPs over its iteration; MFU = that over the peak the job was given"
+    return ["", *wrap(f"Ranks (median per train step, ms; exposed wait = fetch wait + blocking collectives; busy = "
                        f"step - exposed{inside}; others' wait = what the ranks waited beyond this one in its straggler "
-                       f"steps){note}:"), *_table(headers, rows)]
+                       f"steps){note}:"), *table(headers, rows)]
+
+
+def _cell_of(column: str, value: Any) -> Any:
+    """A rank table value as shown: MFU as a percentage, the rest as they are."""
+    return percent(value) if column == "mfu_median" else value
 
 
 def _over_ranks(summary: Mapping[int, Mapping[str, Any]], column: str, pick: Any) -> Optional[float]:
@@ -223,7 +198,7 @@ def _steps(view: StepView, limit: int, max_ranks: int) -> List[str]:
                   "optimizer step from one step_profiler() call (or, driven by the engine, one engine.step()) to "
                   "the next, so it also holds data loading and whatever the loop does between steps")
         headers = ("step", "rank", *(_STEP_COLUMNS[name] for name in names), "")
-        return ["", f"Steps (per global step and rank, ms){note}:", *_wrap(legend), *_table(headers, rows)]
+        return ["", f"Steps (per global step and rank, ms){note}:", *wrap(legend), *table(headers, rows)]
     figure = ARRIVAL_FIGURES[view.arrival]
     arrival = getattr(view, view.arrival)
     headers = ("step", "ranks", "step ms median", f"{figure} min", "median", "max", "busy median", "straggler")
@@ -236,15 +211,15 @@ def _steps(view: StepView, limit: int, max_ranks: int) -> List[str]:
         rows.append((view.global_steps[index], len(step_ms), median(step_ms), min(inside, default=None),
                      median(inside) if inside else None, max(inside, default=None), median(busy),
                      "-" if straggler is None else f"rank {straggler}"))
-    return ["", f"Steps (across ranks, ms){note}:", *_table(headers, rows)]
+    return ["", f"Steps (across ranks, ms){note}:", *table(headers, rows)]
 
 
 def _events(engine: Mapping[str, Any]) -> List[str]:
     lines = []
     for mode, events in engine["events"].items():
-        lines += ["", *_wrap(f"Events ({mode} records; totals per rank, median across ranks; numel as DeepSpeed "
+        lines += ["", *wrap(f"Events ({mode} records; totals per rank, median across ranks; numel as DeepSpeed "
                              "counts it: shard or full):")]
-        lines += _table(("event", "numel unit", "count", "numel", "bytes", "time ms min", "median", "max", "max at"),
+        lines += table(("event", "numel unit", "count", "numel", "bytes", "time ms min", "median", "max", "max at"),
                         [(name, row["numel_unit"], row["count"], row["numel"], row["bytes"], row["time_ms"]["min"],
                           row["time_ms"]["median"], row["time_ms"]["max"], f"rank {row['time_ms']['max_rank']}")
                          for name, row in events.items()])
@@ -252,10 +227,10 @@ def _events(engine: Mapping[str, Any]) -> List[str]:
     if not collectives:
         return lines
     exposed = any(row["exposed_ms"] is not None for row in collectives.values())  # schema 3: every collective
-    lines += ["", *_wrap("Collectives (train steps; totals per rank, median across ranks; time inside the call, "
+    lines += ["", *wrap("Collectives (train steps; totals per rank, median across ranks; time inside the call, "
                          "waiting for late peers included; exposed: the part that stalled the compute stream):"
                          if exposed else "Blocking collectives (train steps; totals per rank, median across ranks):")]
-    lines += _table(("collective", "count", "time ms min", "median", "max", "max at",
+    lines += table(("collective", "count", "time ms min", "median", "max", "max at",
                      *(("exposed ms median", ) if exposed else ())),
                     [(op, row["count"], row["time_ms"]["min"], row["time_ms"]["median"], row["time_ms"]["max"],
                       f"rank {row['time_ms']['max_rank']}", *(((row["exposed_ms"] or {}).get("median"), ) if exposed else ()))
@@ -282,9 +257,9 @@ _MEMORY_COLUMNS = (  # key, header, how a value is shown
     ("peak_allocated_bytes", "peak allocated", _size), ("peak_step", "at step", None), ("peak_phase", "phase", None),
     ("median_peak_allocated_bytes", "median peak", _size), ("peak_reserved_bytes", "peak reserved", _size),
     ("median_peak_reserved_bytes", "median reserved", _size), ("live_params_max", "live params max", None),
-    ("max_live_parameters", "limit", None), ("live_params_share", "of limit", _percent),
-    ("trace_cache_invalidations", "trace-cache invalidations", None), ("prefetch_hit_rate", "prefetch hits", _percent),
-    ("jumps", "jumps", None),
+    ("max_live_parameters", "limit", None), ("live_params_share", "of limit", percent),
+    ("trace_cache_invalidations", "trace-cache invalidations", None), ("prefetch_hit_rate", "prefetch hits", percent),
+    ("jumps", "jumps", None), ("disturbed_steps", "disturbed steps", None),
 )
 _JUMPS_SHOWN = 10
 
@@ -296,10 +271,11 @@ def _memory(engine: Mapping[str, Any], limit: int) -> List[str]:
     if memory is None:
         return ["", "Memory: the records carry no memory figures (schema 2 or older, or memory figures were off)."]
     ranks, hosts = memory["ranks"], engine["ranks_summary"]
-    sources = "; ".join(f"{_MEMORY_SOURCES.get(source, source)}: {_counted(count, 'record')}"
+    sources = "; ".join(f"{_MEMORY_SOURCES.get(source, source)}: {counted(count, 'record')}"
                         for source, count in memory["sources"].items()) or "none"
     columns = [(key, header, show) for key, header, show in _MEMORY_COLUMNS
-               if key == "jumps" or any(row[key] is not None for row in ranks.values())]
+               if key == "jumps" or (any(row[key] for row in ranks.values()) if key == "disturbed_steps"
+                                     else any(row[key] is not None for row in ranks.values()))]
     shown = sorted(ranks)
     note = ""
     if len(ranks) > limit:
@@ -308,10 +284,10 @@ def _memory(engine: Mapping[str, Any], limit: int) -> List[str]:
                          key=lambda rank: (-(ranks[rank]["peak_allocated_bytes"] or 0), rank))
         shown = by_peak[:limit - 1] + ([lowest] if lowest is not None else by_peak[limit - 1:limit])
         note = f"; {limit} of {len(ranks)} ranks shown: the highest peaks, then the lowest"
-    lines = ["", *_wrap(f"Memory (train steps: per rank the highest step peak, the step and phase it was in, and the "
+    lines = ["", *wrap(f"Memory (train steps: per rank the highest step peak, the step and phase it was in, and the "
                         f"median step peak; ZeRO-3's most live parameter elements against stage3_max_live_parameters; "
                         f"memory from {sources}){note}:")]
-    lines += _table(("rank", "host", *(header for _, header, _ in columns)),
+    lines += table(("rank", "host", *(header for _, header, _ in columns)),
                     [(rank, hosts[rank]["host"], *(ranks[rank][key] if show is None else show(ranks[rank][key])
                                                    for key, _, show in columns)) for rank in shown])
     highest, lowest = memory["highest_rank"], memory["lowest_rank"]
@@ -319,17 +295,26 @@ def _memory(engine: Mapping[str, Any], limit: int) -> List[str]:
         top = ranks[highest]
         phase = f" ({top['peak_phase']})" if top["peak_phase"] else ""
         imbalance = "-" if memory["imbalance"] is None else f"{memory['imbalance']:.2f}x"
-        lines += _wrap(f"Highest peak: rank {highest} ({hosts[highest]['host']}), {_size(top['peak_allocated_bytes'])} "
+        lines += wrap(f"Highest peak: rank {highest} ({hosts[highest]['host']}), {_size(top['peak_allocated_bytes'])} "
                        f"at step {top['peak_step']}{phase}; imbalance {imbalance} (highest over lowest peak: rank "
                        f"{lowest}, {_size(ranks[lowest]['peak_allocated_bytes'])}).")
+    if memory["disturbed_steps"]:
+        disturbed = [rank for rank, row in ranks.items() if row["disturbed_steps"]]
+        lines += wrap(f"DISTURBED: {counted(memory['disturbed_steps'], 'step')} (rank {rank_ranges(disturbed)}) had their "
+                       "peaks reset between ds_profutils' boundaries (DeepSpeed's memory_breakdown, or anything else "
+                       "that resets the accelerator's peak statistics), so their peaks cover part of the step only: "
+                       "counted under \"disturbed steps\" and left out of the peaks, the highest rank, the imbalance "
+                       "and the jumps.")
     rule = memory["jump_rule"]["text"]
     if not memory["jump_count"]:
-        return lines + _wrap(f"No jumps ({rule}).")
+        return lines + wrap(f"No jumps ({rule}).")
     jumps = memory["jumps"]
     listed = "; ".join(f"rank {jump['rank']} at step {jump['global_step']}: {_size(jump['peak_allocated_bytes'])} "
-                       f"({_size(jump['baseline_bytes'])} before)" for jump in jumps[:_JUMPS_SHOWN])
+                       f"({_size(jump['baseline_bytes'])} before)"
+                       + (", during the torch profiler's window (its own buffers, not a leak)" if jump["during_profiler"]
+                          else "") for jump in jumps[:_JUMPS_SHOWN])
     more = memory["jump_count"] - min(len(jumps), _JUMPS_SHOWN)
-    return lines + _wrap(f"JUMPS ({rule}): {listed}" + (f"; ... {more:,} more (--json)" if more else "") + ".")
+    return lines + wrap(f"JUMPS ({rule}): {listed}" + (f"; ... {more:,} more (--json)" if more else "") + ".")
 
 
 def _traces(traces: Mapping[int, Mapping[str, Any]], limit: int) -> List[str]:
@@ -338,7 +323,7 @@ def _traces(traces: Mapping[int, Mapping[str, Any]], limit: int) -> List[str]:
     if len(traces) > limit:
         by_step = sorted(traces, key=lambda rank: -((traces[rank]["step_ms"] or {}).get("median") or 0.0))[:limit]
         lines = ["", f"Traces: {len(traces)} ranks; the {limit} with the longest median step:"]
-        lines += _table(("rank", "host", "events", "steps", "step ms median", "max"),
+        lines += table(("rank", "host", "events", "steps", "step ms median", "max"),
                         [(rank, traces[rank]["host"], traces[rank]["events"], len(traces[rank]["steps"]),
                           (traces[rank]["step_ms"] or {}).get("median"), (traces[rank]["step_ms"] or {}).get("max"))
                          for rank in by_step])
@@ -350,7 +335,7 @@ def _traces(traces: Mapping[int, Mapping[str, Any]], limit: int) -> List[str]:
         steps = (f"{len(trace['steps'])} profiler steps, step ms median {step_ms['median']:.3f}, "
                  f"max {step_ms['max']:.3f}" if step_ms else "no ProfilerStep# events")
         lines += ["", f"Trace of rank {rank} ({Path(trace['file']).name}, {trace['events']:,} events): {steps}"]
-        lines += _table(("top ops by total time", "category", "count", "total ms"),
+        lines += table(("top ops by total time", "category", "count", "total ms"),
                         [(op["name"], op["cat"], op["count"], op["total_ms"]) for op in trace["top_ops"]])
     return lines
 
@@ -359,7 +344,7 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int =
     """The report as text: at most ``max_steps`` steps and ``max_ranks`` ranks per table."""
     lines = _header(report)
     if report["engines"]:
-        lines += ["", *_wrap(f"Straggler rule: {report['straggler_rule']['text']}.")]
+        lines += ["", *wrap(f"Straggler rule: {report['straggler_rule']['text']}.")]
     for name, engine in report["engines"].items():
         lines += _engine_header(name, engine)
         lines += _stragglers(engine)
@@ -370,6 +355,6 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int =
         lines += _events(engine)
     joined = report["trace_steps_joined_to"]
     if joined is not None:
-        lines += ["", *_wrap(f"The traces' step times (ProfilerStep#N, N = global step) are joined to engine {joined}.")]
+        lines += ["", *wrap(f"The traces' step times (ProfilerStep#N, N = global step) are joined to engine {joined}.")]
     lines += _traces(report["traces"], max_ranks)
     return "\n".join(lines)

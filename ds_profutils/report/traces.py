@@ -13,7 +13,7 @@ import json
 import re
 from statistics import median
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import orjson
 
@@ -121,13 +121,26 @@ def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
     step when ``step_profiler(engine)`` numbers steps by the engine's optimizer steps) add up to one
     step.  ``rank`` comes from the trace's ``ds_profutils`` metadata, else its ``distributedInfo``;
     ``step_numbering`` is ``"global"`` when N is the engine's global step (only then does the report
-    put the trace's step time beside the records').
+    put the trace's step time beside the records').  A trace cut short (a job killed mid-write) is
+    summarized up to the cut, as ``timeline`` merges it, and ``incomplete`` says why (None: read to its end);
+    a file with no ``traceEvents`` array raises :class:`TraceFormatError`.
     """
     steps: Dict[int, float] = {}
     ops: Dict[Tuple[str, str], List[float]] = {}
     events = 0
-    header: Dict[str, Any] = {}
-    for kind, item in iter_trace(path):
+    header: Optional[Dict[str, Any]] = None
+    cut: Optional[str] = None
+    reader = iter_trace(path)
+    while True:
+        try:
+            kind, item = next(reader)
+        except StopIteration:
+            break
+        except TraceFormatError as exc:
+            if header is None:  # not a trace at all: no "traceEvents" array
+                raise
+            cut = str(exc)  # cut short (a killed job): its events up to the cut are summarized
+            break
         if kind != "event":
             header = item
             continue
@@ -152,10 +165,11 @@ def summarize_trace(path: Path, top: int = 10) -> Dict[str, Any]:
                 totals[0] += 1
                 totals[1] += duration
     ranked = sorted(ops.items(), key=lambda item: item[1][1], reverse=True)[:top]
-    identity = trace_identity(header)
+    identity = trace_identity(header or {})
     ours = identity.pop("ours")
     return {
         "file": str(path),
+        "incomplete": cut,
         **identity,
         "step_numbering": ours.get("step_numbering"),
         # null: every rank was profiled; absent: the trace does not say (an older ds_profutils)

@@ -4,15 +4,15 @@ from __future__ import annotations
 import argparse
 from typing import Any, Mapping
 
-from .command import emit
-from .diff_build import build_diff
-from .diff_text import render_diff
+from ..report.command import emit
+from .build import build_diff
+from .text import render_diff
 
 __all__ = ["run"]
 
 
 def _plot(diff: Mapping[str, Any], args: argparse.Namespace) -> None:
-    from .diff_plot import plot_diff  # matplotlib only when asked for
+    from .plot import plot_diff  # matplotlib only when asked for
 
     plot_diff(diff, args.plot)
 

@@ -9,7 +9,7 @@ still open.  Memory is the window and the stack per thread and one total per ope
 the trace: a 100 MB trace is read in the memory of a small one.  An event that comes later than the
 window can put right (``late``) is counted as a top-level range.
 
-The events counted are the report's operator categories (:data:`.traces.OP_CATEGORIES`), less the
+The events counted are the report's operator categories (:data:`ds_profutils.report.traces.OP_CATEGORIES`), less the
 ``ProfilerStep#N`` ranges (a step holds everything else).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from ..outputs import STEP_RANGE_PREFIX
-from .traces import OP_CATEGORIES, iter_trace
+from ..report.traces import OP_CATEGORIES, iter_trace
 
 __all__ = ["REORDER_WINDOW", "SelfTimes", "self_times"]
 

@@ -3,7 +3,7 @@
 Engines are matched by name; where each run has exactly one engine and the names differ, those two
 are compared (and ``matched_by`` says so).  Per engine: the step time and each part of it (busy, fetch
 wait, blocking collective wait, and the memory peak where both runs' records carry it) with its own
-change and test (:mod:`.diff_stats`), the per-rank medians that show on which ranks a change
+change and test (:mod:`.stats`), the per-rank medians that show on which ranks a change
 happened, the report's straggler verdict of each run, the fetch events and collectives per step, and
 the settings that differ.  Where both runs have traces: the operators whose self time per step
 changed most, from the trace of the lowest rank traced in both.
@@ -14,11 +14,11 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .diff_ops import self_times
-from .diff_settings import settings_differences
-from .diff_stats import ALPHA, MIN_CHANGE, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
-from .diff_summary import MEMORY, PARTS, SERIES, summarize_run
-from .traces import TraceFormatError
+from .ops import self_times
+from .settings import settings_differences
+from .stats import ALPHA, MIN_CHANGE, MIN_STEPS, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
+from .summary import ITERATION, MEMORY, PARTS, SERIES, summarize_run
+from ..report.traces import TraceFormatError
 
 __all__ = ["build_diff"]
 
@@ -97,6 +97,12 @@ def _engine(base: Mapping[str, Any], new: Mapping[str, Any], names: Tuple[str, s
     memory = {run: _after_warmup(engine, MEMORY) for run, engine in (("base", base), ("new", new))}
     if memory["base"] and memory["new"]:
         parts[MEMORY] = compare(memory["base"], memory["new"])
+    iteration: Dict[str, Any] = {}  # where both runs carry them; the gap's 2 % is of the base iteration
+    for name in ITERATION:
+        before, after = _after_warmup(base, name), _after_warmup(new, name)
+        if before and after:
+            scale = (iteration.get("iteration_ms") or {}).get("base") if name == "gap_ms" else None
+            iteration[name] = compare(before, after, scale=scale)
     ranks = _ranks(base["ranks"], new["ranks"])
     return {
         "engine": {"base": names[0], "new": names[1]},
@@ -104,6 +110,7 @@ def _engine(base: Mapping[str, Any], new: Mapping[str, Any], names: Tuple[str, s
         "warmup_steps": {"base": base["warmup"], "new": new["warmup"]},
         "step_ms": step_ms,
         "parts": parts,
+        "iteration": iteration,
         "memory": {"base": bool(memory["base"]), "new": bool(memory["new"])},
         "straggler": {"base": base["stragglers"], "new": new["stragglers"],
                       "hosts": {"base": base["straggler_hosts"], "new": new["straggler_hosts"]},
@@ -147,11 +154,12 @@ def _operators(base: Mapping[str, Any], new: Mapping[str, Any], top: int) -> Opt
 
 def _run_notes(summary: Mapping[str, Any]) -> Dict[str, Any]:
     return {"directory": summary["directory"], "incomplete": summary["incomplete"], "problems": summary["problems"],
+            "superseded": summary["superseded"],
             "hosts": summary["hosts"], "engines": list(summary["engines"])}
 
 
 def build_diff(base_directory: Path, new_directory: Path, top: int = 10) -> Dict[str, Any]:
-    """Every figure ``ds-profutils diff`` shows, as data.  Raises :class:`.build.ReportError` (naming the
+    """Every figure ``ds-profutils diff`` shows, as data.  Raises :class:`ds_profutils.report.build.ReportError` (naming the
     directory) where a directory holds no run."""
     base = summarize_run(base_directory, top)
     new = summarize_run(new_directory, top)
@@ -159,9 +167,17 @@ def build_diff(base_directory: Path, new_directory: Path, top: int = 10) -> Dict
     engines = {base_name: _engine(base["engines"][base_name], new["engines"][new_name], (base_name, new_name),
                                   (base["settings"][base_name], new["settings"][new_name]))
                for base_name, new_name in pairs}
+    warnings = [f"engine {name}: the runs trained models of different sizes (model_numel {setting['base']:,} -> "
+                f"{setting['new']:,}): this compares two different jobs"
+                for name, engine in engines.items() for setting in engine["settings"]
+                if setting["setting"] == "model_numel" and setting["base"] is not None and setting["new"] is not None]
     return {
-        "test": {"text": significance_rule(), "name": "Mann-Whitney U, two-sided, normal approximation", "alpha": ALPHA,
-                 "min_change": MIN_CHANGE, "warmup_steps": WARMUP_STEPS, "warmup_share": WARMUP_SHARE},
+        "warnings": warnings,
+        "test": {"text": significance_rule(),
+                 "name": "difference of means on effective steps (autocorrelation time: the larger of the "
+                         "bias-corrected AR(1) and Geyer's initial positive sequence estimates); Student's t, Welch, "
+                         "two-sided; on ranks and on values, the smaller p doubled", "alpha": ALPHA, "min_change": MIN_CHANGE, "min_steps": MIN_STEPS,
+                 "warmup_steps": WARMUP_STEPS, "warmup_share": WARMUP_SHARE},
         "base": _run_notes(base),
         "new": _run_notes(new),
         "matched_by": matched_by,

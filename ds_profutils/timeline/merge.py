@@ -20,7 +20,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import orjson
 
-from .traces import TraceFormatError, iter_trace, trace_identity
+from ..report.traces import TraceFormatError, iter_trace, trace_identity
 
 __all__ = ["Alignment", "TraceScan", "align", "scan_trace", "write_timeline"]
 

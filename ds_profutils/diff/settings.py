@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import orjson
 
 from ..outputs import fetch_records_files, trace_files
-from .traces import TraceFormatError, iter_trace
+from ..report.traces import TraceFormatError, iter_trace
 
 __all__ = ["run_settings", "settings_differences"]
 
@@ -87,6 +87,7 @@ def run_settings(directory: Path, report: Mapping[str, Any]) -> Dict[Optional[st
             "micro steps per optimizer step": (round(engine["records"].get("train", 0) / optimizer_steps, 2)
                                                if optimizer_steps else None),
             "comms logger on": engine["comms_logger_records"] > 0,
+            "model_numel": engine["model_numel"],  # the model's full parameter count, where the records say
             **(_record_settings(files[min(files)]) if files else {}),
         }
     traces = trace_files(directory)

@@ -1,6 +1,6 @@
 """``ds-profutils diff`` as text: per engine, the verdict first, then where the change went.
 
-Tables are the report's (:mod:`.text`); beyond ``max_ranks`` ranks, the ranks whose change differs
+Tables are the report's (:mod:`ds_profutils.report.tables`); beyond ``max_ranks`` ranks, the ranks whose change differs
 most from the typical rank's; ``--json`` has every number.
 """
 from __future__ import annotations
@@ -8,8 +8,9 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, List, Mapping, Optional, Sequence
 
-from .diff_summary import MEMORY, PARTS
-from .text import _table, _wrap, rank_ranges
+from .stats import MIN_STEPS
+from .summary import MEMORY, PARTS
+from ..report.tables import rank_ranges, table, wrap
 
 __all__ = ["render_diff"]
 
@@ -41,16 +42,52 @@ def _verdict(step_ms: Mapping[str, Any]) -> str:
     if step_ms["base"] is None or step_ms["new"] is None:
         return "Step time: no train steps after warm-up in " + ("BASE" if step_ms["base"] is None else "NEW")
     change = f"{step_ms['change']:+.3f} ms, {_percent(step_ms['ratio']) or '-'}; p = {_p(step_ms['p_value'])}"
-    if step_ms["significant"]:
-        said = ("SLOWER" if step_ms["change"] > 0 else "FASTER") + ", beyond noise"
-    elif step_ms["p_value"] is None:
-        said = (f"too few steps after warm-up to test ({step_ms['steps']['base']} and {step_ms['steps']['new']}; the "
-                "test needs 2 or more in each)")
-    else:
-        said = "no significant change"
-    return (f"Step time: {step_ms['base']:.3f} -> {step_ms['new']:.3f} ms median ({change}): {said}; p90 "
+    return (f"Step time: {step_ms['base']:.3f} -> {step_ms['new']:.3f} ms median ({change}): {_said(step_ms)}; p90 "
             f"{step_ms['p90']['base']:.3f} -> {step_ms['p90']['new']:.3f}, mean {step_ms['mean']['base']:.3f} -> "
-            f"{step_ms['mean']['new']:.3f}")
+            f"{step_ms['mean']['new']:.3f}{_drift(step_ms)}")
+
+
+def _said(figure: Mapping[str, Any], more: str = "SLOWER", less: str = "FASTER") -> str:
+    """The verdict of one compared figure in words."""
+    if figure["significant"]:
+        return (more if figure["change"] > 0 else less) + ", beyond noise"
+    if figure["p_value"] is None:
+        return (f"too few steps after warm-up to test ({figure['steps']['base']} and {figure['steps']['new']}; the "
+                f"test needs {MIN_STEPS} or more in each)")
+    return "no significant change"
+
+
+def _iteration(engine: Mapping[str, Any]) -> List[str]:
+    """What a user's iteration lost (or won): the whole optimizer step, data loading and callbacks included,
+    split into the step and the gap between steps; the throughput beside it."""
+    found = engine["iteration"]
+    if "iteration_ms" not in found:
+        return []
+    whole, gap = found["iteration_ms"], found.get("gap_ms")
+    said = (f"Iteration (end of one optimizer step to the end of the next: what each step cost the user, data "
+            f"loading, callbacks and logging included): {whole['base']:.3f} -> {whole['new']:.3f} ms median "
+            f"({whole['change']:+.3f} ms, {_percent(whole['ratio']) or '-'}; p = {_p(whole['p_value'])}): "
+            f"{_said(whole)}; of it, the step {engine['step_ms']['change']:+.3f} ms")
+    if gap is not None:
+        said += f" and the gap between steps (outside forward, backward and step) {gap['change']:+.3f} ms ({_said(gap)})"
+    for name, label, shown in (("tflops", "TFLOP/s", "{:.2f}"), ("mfu", "MFU", "{:.1%}")):
+        if name in found:
+            figure = found[name]
+            said += (f"; {label} {shown.format(figure['base'])} -> {shown.format(figure['new'])} "
+                     f"({_said(figure, 'HIGHER', 'LOWER')})")
+    return wrap(said)
+
+
+def _drift(figure: Mapping[str, Any]) -> str:
+    """The figures the test used: each run's lag-1 autocorrelation and effective steps out of its steps."""
+    if figure["p_value"] is None:
+        return ""
+    said = []
+    for run in ("base", "new"):
+        lag1 = figure["autocorrelation"][run]
+        said.append(f"{run.upper()} autocorrelation {'-' if lag1 is None else f'{lag1:.2f}'}, "
+                    f"{figure['effective_steps'][run]:.1f} effective of {figure['steps'][run]} steps")
+    return "; tested on " + " and ".join(said)
 
 
 def _parts(engine: Mapping[str, Any]) -> List[str]:
@@ -61,12 +98,12 @@ def _parts(engine: Mapping[str, Any]) -> List[str]:
         rows.append((_LABELS[name], _shown(figure["base"], name), _shown(figure["new"], name),
                      _signed(figure["change"], name), _percent(figure["ratio"]), _signed(mean_change, name),
                      _p(figure["p_value"]), "SIGNIFICANT" if figure["significant"] else ""))
-    lines = ["", *_wrap("The step and its parts (per step: the mean over ranks, ms; medians, and the change of the "
+    lines = ["", *wrap("The step and its parts (per step: the mean over ranks, ms; medians, and the change of the "
                         "means, which add up to the step's; busy = step - fetch wait - blocking collective wait):")]
-    lines += _table(("", "BASE median", "NEW median", "change", "change %", "mean change", "p-value", ""), rows)
+    lines += table(("", "BASE median", "NEW median", "change", "change %", "mean change", "p-value", ""), rows)
     where = engine["where"]
     if where:
-        lines += _wrap("Where (per part that changed significantly, the ranks whose median changed most that way): "
+        lines += wrap("Where (per part that changed significantly, the ranks whose median changed most that way): "
                        + "; ".join(f"{_LABELS[part].strip()}: " + ", ".join(
                            f"rank {moved['rank']} {_signed(moved['change'], part)}" for moved in ranks)
                                    for part, ranks in where.items() if ranks))
@@ -86,7 +123,7 @@ def _straggler(engine: Mapping[str, Any]) -> List[str]:
                                             if counts.get(rank) is not None else "") for rank in ranks) or "none"
         hosts = straggler["hosts"][run]
         said.append(f"{run.upper()} {named}" + (f"; host {', '.join(hosts)}" if hosts and not ranks else ""))
-    return _wrap("Straggler (the report's verdict): " + "; ".join(said))
+    return wrap("Straggler (the report's verdict): " + "; ".join(said))
 
 
 _RANK_COLUMNS = ("step_ms", *PARTS)
@@ -127,14 +164,14 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
         note = (f"; {limit} of {len(ranks)} ranks shown: those whose change differs most from the typical rank's "
                 "(every rank: --json)")
         rows.append(("median of all", None, None, *(_signed(typical[column], column) for column in columns), ""))
-    caption = _wrap(f"Ranks (median per step after warm-up, ms; change = NEW - BASE){note}:")
-    return ["", *caption, *_table(headers, rows)]
+    caption = wrap(f"Ranks (median per step after warm-up, ms; change = NEW - BASE){note}:")
+    return ["", *caption, *table(headers, rows)]
 
 
 def _settings(differences: Sequence[Mapping[str, Any]], what: str) -> List[str]:
     if not differences:
         return []
-    return _wrap(f"{what} that differ: " + "; ".join(f"{d['setting']} {d['base']} -> {d['new']}" for d in differences))
+    return wrap(f"{what} that differ: " + "; ".join(f"{d['setting']} {d['base']} -> {d['new']}" for d in differences))
 
 
 def _size_change(row: Mapping[str, Any]) -> str:
@@ -153,7 +190,7 @@ def _tidy(value: Any) -> Any:
 def _events(engine: Mapping[str, Any]) -> List[str]:
     lines = []
     if engine["events"]:
-        lines += ["", *_wrap("Fetch events per train step (median across ranks; numel as DeepSpeed counts it; rows "
+        lines += ["", *wrap("Fetch events per train step (median across ranks; numel as DeepSpeed counts it; rows "
                              "whose count or size changed first, most first, then by the change of their time):")]
         rows = []
         for name, row in engine["events"].items():
@@ -161,7 +198,7 @@ def _events(engine: Mapping[str, Any]) -> List[str]:
             sizes = (_tidy(side.get(key)) for key in ("count", "numel_per_event", "bytes") for side in (before, after))
             rows.append((name, (row["base"] or row["new"])["numel_unit"], *sizes, before.get("time_ms"),
                          after.get("time_ms"), _size_change(row), _signed(row["time_change_ms"])))
-        lines += _table(("event", "unit", "BASE count", "NEW count", "BASE numel/event", "NEW numel/event",
+        lines += table(("event", "unit", "BASE count", "NEW count", "BASE numel/event", "NEW numel/event",
                          "BASE bytes", "NEW bytes", "BASE ms", "NEW ms", "size changed", "ms change"), rows)
     if engine["collectives"]:
         lines += ["", "Blocking collectives per train step (median across ranks; the most changed first):"]
@@ -170,7 +207,7 @@ def _events(engine: Mapping[str, Any]) -> List[str]:
             before, after = row["base"] or {}, row["new"] or {}
             rows.append((op, _tidy(before.get("count")), _tidy(after.get("count")), before.get("time_ms"),
                          after.get("time_ms"), _size_change(row), _signed(row["time_change_ms"])))
-        lines += _table(("collective", "BASE count", "NEW count", "BASE ms", "NEW ms", "count changed", "ms change"),
+        lines += table(("collective", "BASE count", "NEW count", "BASE ms", "NEW ms", "count changed", "ms change"),
                         rows)
     return lines
 
@@ -179,10 +216,12 @@ def _engine(name: str, engine: Mapping[str, Any], max_ranks: int) -> List[str]:
     names = engine["engine"]
     title = name if names["base"] == names["new"] else f"{names['base']} (BASE) / {names['new']} (NEW)"
     steps, warmup = engine["steps"], engine["warmup_steps"]
-    lines = ["", *_wrap(f"== engine {title}: {steps['base']:,} train steps in BASE, {steps['new']:,} in NEW; left out "
+    lines = ["", *wrap(f"== engine {title}: {steps['base']:,} train steps in BASE, {steps['new']:,} in NEW; left out "
                         f"as warm-up: the first {warmup['base']} and {warmup['new']}; ranks in both: "
                         f"{rank_ranges(engine['ranks'])}")]
-    lines += _wrap(_verdict(engine["step_ms"]))
+    lines += wrap(_verdict(engine["step_ms"]))
+    if engine["step_ms"]["change"] is not None:
+        lines += _iteration(engine)
     lines += _straggler(engine)
     lines += _settings(engine["settings"], "Settings")
     if engine["step_ms"]["base"] is not None and engine["step_ms"]["new"] is not None:
@@ -196,18 +235,18 @@ def _operators(operators: Optional[Mapping[str, Any]]) -> List[str]:
     if not operators:
         return []
     steps = operators["steps"]
-    lines = ["", *_wrap(f"Operators whose self time changed most (trace of rank {operators['rank']}; per profiled "
+    lines = ["", *wrap(f"Operators whose self time changed most (trace of rank {operators['rank']}; per profiled "
                         f"step: {steps['base']} in BASE, {steps['new']} in NEW; ms):")]
     late = {run: count for run, count in operators["late_events"].items() if count}
     if late:
-        lines += _wrap("(" + ", ".join(f"{count:,} events of {run.upper()}" for run, count in late.items())
+        lines += wrap("(" + ", ".join(f"{count:,} events of {run.upper()}" for run, count in late.items())
                        + " came too far out of order to be nested: counted as top-level)")
     rows = []
     for row in operators["ops"]:
         before, after = row["base"] or {}, row["new"] or {}
         rows.append((row["name"], row["cat"], _tidy(before.get("count")), _tidy(after.get("count")),
                      before.get("self_ms"), after.get("self_ms"), _signed(row["change_ms"])))
-    lines += _table(("operator", "category", "BASE calls", "NEW calls", "BASE self ms", "NEW self ms", "change"), rows)
+    lines += table(("operator", "category", "BASE calls", "NEW calls", "BASE self ms", "NEW self ms", "change"), rows)
     return lines
 
 
@@ -218,22 +257,26 @@ def _run_notes(run: str, notes: Mapping[str, Any]) -> List[str]:
         said.append(f"{files} {'file' if files == 1 else 'files'} missing, incomplete or left out")
     if notes["problems"]:
         said.append(f"{notes['problems']:,} bad lines skipped")
+    if notes["superseded"]:
+        said.append(f"resumed: {notes['superseded']:,} records of steps recorded again later superseded (each step "
+                    "from its latest segment)")
     if not said:
         return []
-    return _wrap(f"{run}: {'; '.join(said)} (ds-profutils report {notes['directory']} names them)")
+    return wrap(f"{run}: {'; '.join(said)} (ds-profutils report {notes['directory']} names them)")
 
 
 def render_diff(diff: Mapping[str, Any], max_ranks: int = 8) -> str:
     """The comparison as text, at most ``max_ranks`` ranks per table."""
     lines = [f"ds-profutils diff: BASE {diff['base']['directory']} -> NEW {diff['new']['directory']}"]
-    lines += _wrap(f"Test: {diff['test']['text']}.")
+    lines += [line for warning in diff["warnings"] for line in wrap(f"WARNING: {warning}.")]
+    lines += wrap(f"Test: {diff['test']['text']}.")
     lines += _run_notes("BASE", diff["base"]) + _run_notes("NEW", diff["new"])
     if diff["matched_by"] != "name":
         pair = next(iter(diff["engines"].values()))["engine"]
-        lines += _wrap(f"Engines: {pair['base']} of BASE compared with {pair['new']} of NEW ({diff['matched_by']}).")
+        lines += wrap(f"Engines: {pair['base']} of BASE compared with {pair['new']} of NEW ({diff['matched_by']}).")
     for run in ("base", "new"):
         if diff["unmatched"][run]:
-            lines += _wrap(f"Only in {run.upper()}, not compared: engine {', '.join(diff['unmatched'][run])}")
+            lines += wrap(f"Only in {run.upper()}, not compared: engine {', '.join(diff['unmatched'][run])}")
     lines += _settings(diff["trace_settings"], "Trace settings")
     for name, engine in diff["engines"].items():
         lines += _engine(name, engine, max_ranks)

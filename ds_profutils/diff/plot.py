@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from .build import ReportError
-from .diff_summary import PARTS
+from ..report.build import ReportError
+from .summary import PARTS
 
 __all__ = ["plot_diff"]
 

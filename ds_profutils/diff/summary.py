@@ -1,6 +1,6 @@
 """What ``ds-profutils diff`` keeps of one run: the report's figures, reduced to what is compared.
 
-Each run is read by the report itself (:func:`.build.build_report`: the same readers, the same
+Each run is read by the report itself (:func:`ds_profutils.report.build.build_report`: the same readers, the same
 straggler verdict), then reduced, per engine, to one value per recorded train step (step time and its
 parts as the mean over ranks, so the parts add up to the step; the memory peak as the highest rank's),
 per rank the medians after warm-up, the straggler verdict, and the per-step event and collective
@@ -14,18 +14,21 @@ from pathlib import Path
 from statistics import fmean, median
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from .build import build_report
-from .diff_settings import run_settings
-from .diff_stats import warmup_steps
-from .steps import Matrix, StepView
+from ..report.build import build_report
+from .settings import run_settings
+from .stats import warmup_steps
+from ..report.steps import Matrix, StepView
 
-__all__ = ["MEMORY", "PARTS", "SERIES", "summarize_run"]
+__all__ = ["ITERATION", "MEMORY", "PARTS", "SERIES", "summarize_run"]
 
 PARTS = ("busy_ms", "fetch_wait_ms", "collective_wait_ms")
 """The parts of a step (busy = step - fetch wait - blocking collective wait): they add up to the step."""
 MEMORY = "peak_allocated_bytes"
 """A step's memory peak: the highest of its records' (schema 3 ``memory``); per step of a run, the highest rank's."""
 SERIES = ("step_ms", *PARTS, MEMORY)
+ITERATION = ("iteration_ms", "gap_ms", "tflops", "mfu")
+"""What a user's iteration took (the step, and the gap between steps: data loading, callbacks, logging) and the
+throughput, per step the mean over ranks (MFU: TFLOP/s over the run's peak); compared where both runs carry them."""
 
 
 def _per_step(matrix: Matrix, pick: Callable[[Sequence[float]], float]) -> List[Optional[float]]:
@@ -66,6 +69,10 @@ def _engine(engine: Mapping[str, Any]) -> Dict[str, Any]:
     stragglers = [rank for rank, row in summary.items() if row["straggler"]]
     series = {name: _per_step(getattr(view, name), fmean) for name in SERIES[:-1]}
     series[MEMORY] = _per_step(view.peak_allocated_bytes, max)
+    for name in ITERATION[:-1]:
+        series[name] = _per_step(getattr(view, name), fmean)
+    peak = engine["peak_tflops"]
+    series["mfu"] = [None if value is None or not peak else value / peak for value in series["tflops"]]
     return {
         "global_steps": list(view.global_steps),
         "warmup": warmup_steps(steps),
@@ -82,13 +89,14 @@ def _engine(engine: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def summarize_run(directory: Path, top_ops: int) -> Dict[str, Any]:
-    """One run's figures as the diff compares them; raises :class:`.build.ReportError` where the report would."""
+    """One run's figures as the diff compares them; raises :class:`ds_profutils.report.build.ReportError` where the report would."""
     report = build_report(directory, top_ops)
     return {
         "directory": str(directory),
         "engines": {name: _engine(engine) for name, engine in report["engines"].items()},
         "incomplete": report["incomplete"],
         "problems": sum(found["count"] for found in report["problems"]),
+        "superseded": sum(engine["superseded_records"] for engine in report["engines"].values()),
         "hosts": len(report["hosts"]),
         "traces": {rank: {"file": trace["file"], "steps": len(trace["steps"])}
                    for rank, trace in report["traces"].items()},

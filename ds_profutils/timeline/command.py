@@ -1,4 +1,4 @@
-"""``ds-profutils timeline DIR -o FILE.json``: what it prints (the merge itself is :mod:`.timeline`).
+"""``ds-profutils timeline DIR -o FILE.json``: what it prints (the merge itself is :mod:`.merge`).
 
 stdout says what was written and how the clocks were aligned; stderr names the traces that end early
 (their events up to there are merged) or cannot be placed on a clock (left out).
@@ -10,8 +10,8 @@ import os
 import sys
 
 from ..outputs import atomic_path, trace_files
-from .build import earlier_run, newest_world_size
-from .timeline import align, scan_trace, write_timeline
+from ..report.build import directory_problem, earlier_run, newest_world_size
+from .merge import align, scan_trace, write_timeline
 
 __all__ = ["run"]
 
@@ -23,8 +23,9 @@ def _error(message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Merge the traces in ``args.directory`` into ``args.output``; 1 when there is nothing to merge."""
     directory = args.directory
-    if not directory.is_dir():
-        _error(f"{directory}: no such directory")
+    problem = directory_problem(directory)
+    if problem is not None:
+        _error(problem)
         return 1
     scans = [scan_trace(path, rank) for rank, path in trace_files(directory).items()]
     world = newest_world_size((scan.path, (scan.base_ns or 0) / 1e9, scan.world_size) for scan in scans)

@@ -1,0 +1,168 @@
+"""The report's readers on the fields later writers add (resumed runs' segments, the whole iteration, FLOPs and
+MFU, disturbed memory, the torch profiler's window), on records written as those writers lay them out; files
+without the fields read as before."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ds_profutils.cli import main
+from ds_profutils.report import build_report, render_text
+
+from report_testing import iteration_record, record, schema3, write_records
+
+MIB = 2**20
+
+
+def steps_of(report, rank=0, engine="main"):
+    view = report["engines"][engine]["steps"]
+    index = view.ranks.index(rank)
+    return {step: view.step_ms.get(index, position) for position, step in enumerate(view.global_steps)}
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_a_resumed_run_takes_each_step_from_its_latest_segment_and_adds_nothing(tmp_path, marked):
+    """Steps 0-7 recorded at 25 ms, then a restart from the checkpoint at step 3 records steps 3-7 again at 40 ms
+    (with ``segment`` 1 where the writer marks it, else found by the step going back): steps 3-7 are 40 ms, not
+    65, and the five superseded records are counted."""
+    for rank in (0, 1):
+        first = [record(rank, step, busy_ms=22.0, **({"segment": 0} if marked else {})) for step in range(8)]
+        second = [record(rank, step, busy_ms=37.0, **({"segment": 1} if marked else {})) for step in range(3, 8)]
+        write_records(tmp_path, rank, first + second)
+    report = build_report(tmp_path)
+    engine = report["engines"]["main"]
+    assert steps_of(report) == {**{step: 25.0 for step in range(3)}, **{step: 40.0 for step in range(3, 8)}}
+    assert engine["superseded_records"] == 10 and engine["segments"] == 2
+    assert engine["collectives"]["reduce_scatter_tensor"]["count"] == 8  # one per step, none twice
+    assert engine["events"]["train"]["forward_fetch_wait"]["count"] == 8 * 4
+    text = " ".join(render_text(report).split())
+    assert "RESUMED: the run went back to earlier steps (2 segments" in text and "10 records of steps" in text
+
+
+def test_a_restart_at_the_last_recorded_step_is_a_new_segment_only_where_the_records_say_so(tmp_path):
+    """The step does not go back (resumed at step 7 after recording 0-7): only the ``segment`` field tells a
+    repeated step 7 from its second micro step."""
+    rows = [record(0, step, segment=0) for step in range(8)] + [record(0, 7, busy_ms=47.0, segment=1)]
+    write_records(tmp_path, 0, rows)
+    assert steps_of(build_report(tmp_path))[7] == 50.0
+
+
+def test_micro_steps_of_one_step_are_still_added_up(tmp_path):
+    write_records(tmp_path, 0, [record(0, step, micro_step=2 * step + micro) for step in range(3) for micro in range(2)])
+    report = build_report(tmp_path)
+    assert steps_of(report) == {0: 46.0, 1: 46.0, 2: 46.0} and report["engines"]["main"]["superseded_records"] == 0
+
+
+def test_iteration_gap_tflops_and_mfu_per_rank(tmp_path):
+    """Two micro steps of 3 TFLOP each per optimizer step; the last carries the iteration (2 x 23 ms + 5 ms gap =
+    51 ms): 6e12 / 0.051 s = 117.6 TFLOP/s; against a peak of 200 TFLOP/s, 58.8 % MFU."""
+    for rank in (0, 1):
+        write_records(tmp_path, rank, [row for step in range(4)
+                                       for row in iteration_record(rank, step, micro_steps=2, peak_tflops=200.0)])
+    report = build_report(tmp_path)
+    row = report["engines"]["main"]["ranks_summary"][0]
+    assert row["iteration_ms_median"] == pytest.approx(51.0) and row["gap_ms_median"] == pytest.approx(5.0)
+    assert row["tflops_median"] == pytest.approx(6e12 / 0.051 / 1e12)
+    assert row["mfu_median"] == pytest.approx(6e12 / 0.051 / 1e12 / 200.0)
+    assert row["step_ms_median"] == 46.0  # the step time as before
+    text = render_text(report)
+    header = next(line for line in text.split("\nRanks (")[1].splitlines() if line.startswith("rank "))
+    assert all(name in header.split() for name in ("iteration", "gap", "TFLOP/s", "MFU"))
+    assert "58.8%" in text
+
+
+def test_without_the_new_fields_the_columns_are_null_and_not_shown(tmp_path):
+    write_records(tmp_path, 0, [record(0, step) for step in range(3)])
+    report = build_report(tmp_path)
+    row = report["engines"]["main"]["ranks_summary"][0]
+    assert [row[key] for key in ("iteration_ms_median", "gap_ms_median", "tflops_median", "mfu_median")] == [None] * 4
+    assert "TFLOP/s" not in render_text(report) and "iteration" not in render_text(report).split("Ranks (")[1][:200]
+
+
+def test_a_straggler_late_by_its_gap_is_said_to_be_the_input_pipeline_not_compute(tmp_path):
+    """Rank 1 spends 80 ms between steps: it arrives late, rank 0 waits 80 ms in the gradient collective; its busy
+    time is rank 0's."""
+    for rank in (0, 1):
+        rows = []
+        for step in range(10):
+            rows += iteration_record(rank, step, gap_ms=80.0 if rank == 1 else 2.0,
+                                     collective_ms=2.0 + (80.0 if rank == 0 else 0.0))
+        write_records(tmp_path, rank, rows)
+    report = build_report(tmp_path)
+    summary = report["engines"]["main"]["ranks_summary"]
+    assert summary[1]["straggler"] and summary[1]["late_by_gap"] is True and summary[0]["late_by_gap"] is None
+    assert summary[1]["gap_ms_median"] == 80.0 and summary[0]["gap_ms_median"] == 2.0
+    text = " ".join(render_text(report).split())
+    assert ("Its lateness is its gap between steps (gap median 80.0 ms against 2.0 ms on the other ranks; its busy "
+            "time does not stand out): a slow input pipeline or per-step host work outside forward/backward/step, "
+            "not slow compute.") in text
+
+
+def test_a_straggler_slow_in_compute_is_not_put_on_its_gap(tmp_path):
+    for rank in (0, 1):
+        rows = []
+        for step in range(10):
+            rows += iteration_record(rank, step, busy_ms=100.0 if rank == 1 else 20.0,
+                                     collective_ms=2.0 + (80.0 if rank == 0 else 0.0))
+        write_records(tmp_path, rank, rows)
+    summary = build_report(tmp_path)["engines"]["main"]["ranks_summary"]
+    assert summary[1]["straggler"] and summary[1]["late_by_gap"] is False
+
+
+def memory_rows(rank, peaks, disturbed=(), active=()):
+    rows = []
+    for step, peak in enumerate(peaks):
+        row = schema3(record(rank, step), peak_bytes=peak)
+        if step in disturbed:
+            row["memory"]["disturbed"] = True
+        if step in active:
+            row["profiler_active"] = True
+        rows.append(row)
+    return rows
+
+
+def test_disturbed_peaks_are_marked_and_left_out_of_highest_imbalance_and_jumps(tmp_path):
+    """Rank 0's peaks reset inside the step (memory_breakdown) read low in every step, and once, falsely, high:
+    none of them is the rank's peak, the imbalance or a jump."""
+    write_records(tmp_path, 0, memory_rows(0, [100 * MIB] * 3 + [10 * MIB, 900 * MIB, 10 * MIB], disturbed={3, 4, 5}))
+    write_records(tmp_path, 1, memory_rows(1, [200 * MIB] * 6))
+    report = build_report(tmp_path)
+    memory = report["engines"]["main"]["memory"]
+    assert memory["ranks"][0]["peak_allocated_bytes"] == 100 * MIB and memory["ranks"][0]["disturbed_steps"] == 3
+    assert memory["ranks"][0]["disturbed_peak_allocated_bytes"] == 900 * MIB
+    assert memory["highest_rank"] == 1 and memory["imbalance"] == pytest.approx(2.0)
+    assert memory["jump_count"] == 0 and memory["disturbed_steps"] == 3
+    text = " ".join(render_text(report).split())
+    assert "DISTURBED: 3 steps (rank 0) had their peaks reset between ds_profutils' boundaries" in text
+    assert "left out of the peaks, the highest rank, the imbalance and the jumps" in text
+
+
+@pytest.mark.parametrize("source", ["records", "trace"])
+def test_a_jump_in_the_profilers_window_or_the_step_after_is_the_profilers(tmp_path, source):
+    """The Trainer demo: profiled steps 3-4, rank 0's peak up from step 5 on (the profiler's buffers); rank 1's
+    jump at step 8 is not the profiler's."""
+    from report_testing import write_trace
+
+    active = {3, 4} if source == "records" else set()
+    write_records(tmp_path, 0, memory_rows(0, [500 * MIB] * 5 + [600 * MIB] * 5, active=active))
+    write_records(tmp_path, 1, memory_rows(1, [500 * MIB] * 8 + [600 * MIB] * 2, active=active))
+    if source == "trace":
+        for rank in (0, 1):
+            write_trace(tmp_path / f"trace_rank_{rank}.json", {3: 30.0, 4: 30.0}, rank=rank)
+    report = build_report(tmp_path)
+    jumps = report["engines"]["main"]["memory"]["jumps"]
+    assert [(jump["rank"], jump["global_step"], jump["during_profiler"]) for jump in jumps] == [(0, 5, True),
+                                                                                               (1, 8, False)]
+    text = " ".join(render_text(report).split())
+    assert "rank 0 at step 5: 600.00 MiB (500.00 MiB before), during the torch profiler's window" in text
+    assert "rank 1 at step 8: 600.00 MiB (500.00 MiB before);" in text or "rank 1 at step 8: 600.00 MiB (500.00 MiB before)." in text
+
+
+def test_json_carries_the_new_figures(tmp_path, capsys):
+    write_records(tmp_path, 0, [row for step in range(3) for row in iteration_record(0, step)])
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    engine = json.loads(capsys.readouterr().out)["engines"]["main"]
+    assert engine["superseded_records"] == 0 and engine["segments"] == 1
+    assert engine["ranks_summary"]["0"]["iteration_ms_median"] == 28.0
+    assert engine["steps"]["iteration_ms"] == [[28.0, 28.0, 28.0]] and len(engine["steps"]["tflops"][0]) == 3
