@@ -6,9 +6,11 @@ Run it under the launcher (2 ranks, gloo), as the README shows:
 
 It trains a toy regression model, reads the fp32 master weights and gradients through the
 ``safe_get_*`` accessors, prints progress on rank 0 with ``print_dist``, and profiles as the ds_config
-says: the ``"profiler"`` section drives ``@profiler``/``step_profiler()``, the
-``"partitioned_param_profiler"`` section drives ``attach(engine)``.  At the end rank 0 says where the
-outputs are and prints the merged fetch report.
+says, through one line, ``attach(engine)``: the ``"partitioned_param_profiler"`` section's ZeRO-3 fetch
+records and the ``"profiler"`` section's torch traces, driven by the engine's optimizer steps (no
+decorator, no ``step_profiler()`` in the loop; the decorator is the other way, for a loop with no engine
+to follow: docs/profiler.md).  At the end rank 0 says where the outputs are, prints the merged fetch
+report, and last the command that prints it again.
 """
 import argparse
 import shutil
@@ -18,8 +20,7 @@ from typing import Optional
 import deepspeed
 import torch
 
-from ds_profutils import (RepeatingLoader, attach, profiler, safe_get_full_fp32_param, safe_get_full_grad,
-                          step_profiler)
+from ds_profutils import RepeatingLoader, attach, safe_get_full_fp32_param, safe_get_full_grad
 from ds_profutils.logging import print_dist
 from ds_profutils.report import build_report, render_text
 from ds_profutils.engine import Attachment
@@ -59,7 +60,8 @@ def train(args: argparse.Namespace) -> Optional[Attachment]:
                                                 model=model,
                                                 model_parameters=model.parameters(),
                                                 training_data=toy_dataset())
-    attachment = attach(engine)  # ZeRO-3 fetch records, when the ds_config's "partitioned_param_profiler" asks
+    # The one profiling line: fetch records and torch traces, as the ds_config's sections ask.
+    attachment = attach(engine)
     batches = iter(RepeatingLoader(loader))
     for _ in range(args.steps):
         step = engine.global_steps  # the step number of the records, the traces and the report
@@ -73,26 +75,26 @@ def train(args: argparse.Namespace) -> Optional[Attachment]:
         print_dist(f"step {step}: loss {loss.item():.4f}, head grad norm {grad_norm:.4f}, "
                    f"head weight norm {weight_norm:.4f}",
                    ranks=[0])
-        step_profiler(engine)  # one profiler step per optimizer step
     return attachment
 
 
 def report_outputs(attachment: Optional[Attachment]) -> None:
-    """Once every rank has written its records, rank 0 prints the merged fetch report.
-
-    (The profiler has already printed, on rank 0, where its traces went and the operator summary.)
-    """
-    recorder = attachment.recorder if attachment is not None else None
+    """Close the attachment (the profiler's window is written, and on rank 0 it says where its traces went
+    and prints the operator summary), then, once every rank has written its records, rank 0 prints the
+    merged fetch report and, as the last line, the command that prints it again."""
+    if attachment is None:
+        return
+    recorder = attachment.recorder
+    attachment.close()
     if recorder is None:
         return
-    attachment.close()
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         command = shutil.which("ds-profutils") or f"{sys.executable} -m ds_profutils"
-        print(f"\nThe fetch report (again later: {command} report {recorder.path.parent}):\n", flush=True)
+        print("\nThe fetch report:\n", flush=True)
         print(render_text(build_report(recorder.path.parent)), flush=True)
+        print(f"\nThe fetch report again, later: {command} report {recorder.path.parent}", flush=True)
 
 
 if __name__ == "__main__":
-    arguments = parse_args()
-    report_outputs(profiler(config=arguments)(train)(arguments))
+    report_outputs(train(parse_args()))

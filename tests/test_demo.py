@@ -55,14 +55,24 @@ def test_writes_fetch_records_per_rank(demo_run, rank):
     assert "DeepSpeed's comms logger is on: it synchronizes the device after every collective" in demo_run[1]
 
 
-def test_says_where_every_file_went_and_ends_with_the_fetch_report(demo_run):
+def test_one_way_to_profile_and_nothing_that_reads_like_a_fault(demo_run):
+    """The example profiles through attach(engine) alone: no second profiler left idle, with its warning."""
+    stdout = demo_run[1]
+    assert "stays idle" not in stdout and "Traceback" not in stdout and "ERROR" not in stdout
+
+
+def test_says_where_every_file_went_and_ends_with_the_fetch_report_and_the_command_to_print_it_again(demo_run):
     out, stdout = demo_run
     assert "zero_fetch_rank_<r>.jsonl" in stdout  # attach's line
-    assert f"run trace         {out / 'trace_rank_0.json'}" in stdout  # the profiler's end-of-run printout
+    assert f"run trace         {out / 'trace_rank_0.json'}" in stdout  # the profiler's printout when its window ends
     assert "every profiled rank r (all ranks) writes trace_rank_{r}.json" in stdout
     assert "counted-operator FLOP/s" in stdout and "not model FLOPs utilisation" in stdout
-    command, report = stdout.split("The fetch report (again later: ")[1].split("):\n", 1)
+    report = stdout.split("The fetch report:\n", 1)[1]
     assert "== engine main: ranks 0-1 of 2" in report and "forward_fetch_wait" in report
+    # The job's last line (the launcher's own lines about its processes aside) names the command.
+    last = [line for line in stdout.splitlines() if "[launch.py:" not in line][-1]
+    assert last.startswith("The fetch report again, later: ")
+    command = last.split(": ", 1)[1]
     # The command it names runs as printed (the ds-profutils next to the job's Python, or python -m).
     assert command.split()[-2:] == ["report", str(out)]
     again = subprocess.run(command.split(), capture_output=True, text=True, timeout=60)

@@ -1,8 +1,15 @@
 """``ds-profutils diff`` on real 2-rank ZeRO-3 runs under the ``deepspeed`` launcher (gloo, CPU).
 
 One launcher start (tests/dist_scripts/diff_runs.py) writes four runs of the same job, trained
-interleaved: ``base``, ``same`` (unchanged), ``slowed`` (rank 1 sleeps 40 ms more in every forward) and
+interleaved: ``base``, ``same`` (unchanged), ``slowed`` (rank 1 computes ~40 ms more in every forward) and
 ``bucket`` (``stage3_prefetch_bucket_size`` 10**6 instead of 600).  Each diff must tell them apart.
+
+The job shares the machine with whatever else runs there, so the assertions are what load cannot move
+and what a user reads: the verdict at the documented level (``significant``: p < ALPHA and a change of
+at least MIN_CHANGE), the direction of the change and where it went (which rank got busier, which
+waited), and the straggler verdict.  Not an extreme p-value or the size of the change in ms: the
+slowed run (then a 20 ms sleep) had p = 3e-13 on a quiet machine and 0.0018 beside other jobs
+(+11.2 ms), the same verdict.
 """
 import json
 
@@ -10,6 +17,7 @@ import pytest
 
 from ds_profutils.cli import main
 from ds_profutils.diff.build import build_diff
+from ds_profutils.diff.stats import ALPHA
 from ds_profutils.diff.text import render_diff
 
 from launcher import DIST_SCRIPTS, run_deepspeed
@@ -19,7 +27,7 @@ from launcher import DIST_SCRIPTS, run_deepspeed
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("diff_runs")
     run_deepspeed(DIST_SCRIPTS / "diff_runs.py", ["--out", str(out)])
-    assert json.loads((out / "done_rank_1.json").read_text())["steps"] == 40
+    assert json.loads((out / "done_rank_1.json").read_text())["steps"] == 60
     return out
 
 
@@ -28,11 +36,12 @@ def test_a_rank_slowed_in_forward_is_a_slower_step_beyond_noise_from_the_others_
     engine = diff["engines"]["main"]
     assert engine["engine"] == {"base": "main", "new": "slowed"}
     step = engine["step_ms"]
-    assert step["significant"] and 20.0 < step["change"] < 70.0  # a verdict at the documented level, not an extreme p
-    # Rank 1 spent the 40 ms computing (busy); rank 0 spent them waiting for it.
+    assert step["significant"] and step["p_value"] < ALPHA and step["change"] > 0 and step["ratio"] > 1, step
+    # Rank 1 spent the added time computing (busy); rank 0 spent it waiting for rank 1.
     waiting, slowed = engine["ranks"][0]["change"], engine["ranks"][1]["change"]
-    assert waiting["fetch_wait_ms"] + waiting["collective_wait_ms"] > waiting["busy_ms"] + 10.0
-    assert slowed["busy_ms"] > slowed["fetch_wait_ms"] + slowed["collective_wait_ms"] + 10.0
+    waited = {rank: change["fetch_wait_ms"] + change["collective_wait_ms"] for rank, change in ((0, waiting), (1, slowed))}
+    assert waited[0] > 0 and waited[0] > waiting["busy_ms"] and waited[0] > waited[1], engine["ranks"]
+    assert slowed["busy_ms"] > 0 and slowed["busy_ms"] > waited[1] and slowed["busy_ms"] > waiting["busy_ms"], engine["ranks"]
     # Whether a part alone clears the level on drifting steps depends on the machine's load (a busy 2-core machine
     # leaves 10-15 effective steps of 36); where one does, it is put on the right rank.
     where = engine["where"]

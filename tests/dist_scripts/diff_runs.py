@@ -8,7 +8,11 @@ ranks on two busy cores stay even).
 
 - ``base``: the job (engine "main", ``stage3_prefetch_bucket_size`` ``BUCKET``);
 - ``same``: the unchanged job again (engine "same");
-- ``slowed``: rank 1 sleeps ``SLOW_MS`` more in every forward (engine "slowed");
+- ``slowed``: rank 1 computes more in every forward (engine "slowed"): ``SLOW_ITERATIONS`` turns of a
+  Python loop, about 40 ms of one core here.  Work, not a sleep: on two cores that other jobs keep busy,
+  a rank sleeping longer leaves its peer more CPU, and the step came out no slower (at load 7 here:
+  -0.5 ms, p = 0.28, while rank 0's wait for rank 1 grew by 22 ms); more work is a slower step at
+  any load, as a slower rank's is;
 - ``bucket``: ``stage3_prefetch_bucket_size`` ``BIG_BUCKET`` (engine "bucket"), so a step's parameters
   are gathered in fewer, larger all-gathers.
 
@@ -25,8 +29,9 @@ import torch
 
 import ds_profutils
 
-STEPS = 40
-DEVICE_MS, SLOW_MS = 20.0, 40.0  # a slowdown that clears the drift-aware test on a loaded 2-core machine
+STEPS = 60
+DEVICE_MS = 20.0
+SLOW_ITERATIONS = 500_000
 BUCKET, BIG_BUCKET = 600, 10**6
 RUNS = {"base": (None, BUCKET, False), "same": ("same", BUCKET, False), "slowed": ("slowed", BUCKET, True),
         "bucket": ("bucket", BIG_BUCKET, False)}  # run -> (engine name, bucket size, rank 1 slowed)
@@ -41,6 +46,14 @@ def ds_config(records: Path, bucket: int) -> dict:
                               "stage3_prefetch_bucket_size": bucket},
         "partitioned_param_profiler": {"enabled": True, "output_dir": str(records)},
     }
+
+
+def compute(iterations: int) -> None:
+    """CPU work of a fixed size (``iterations`` turns of a Python loop), stretched by load as a step's compute
+    is.  Returns None: a forward hook's return value would replace the module's output."""
+    total = 0
+    for turn in range(iterations):
+        total += turn
 
 
 def mlp() -> torch.nn.Module:
@@ -61,8 +74,9 @@ def main() -> None:
         model = mlp()
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=ds_config(args.out / run, bucket))
-        pause = (DEVICE_MS + (SLOW_MS if slowed and rank == 1 else 0.0)) / 1e3
-        engine.module.register_forward_hook(lambda *_, pause=pause: time.sleep(pause))
+        engine.module.register_forward_hook(lambda *_: time.sleep(DEVICE_MS / 1e3))
+        if slowed and rank == 1:
+            engine.module.register_forward_hook(lambda *_: compute(SLOW_ITERATIONS))
         engines.append((engine, ds_profutils.attach(engine, name=name)))
     for _ in range(STEPS):
         for engine, _ in engines:
@@ -70,7 +84,7 @@ def main() -> None:
             engine.step()
     for _, recorder in engines:
         recorder.close()
-    (args.out / f"done_rank_{rank}.json").write_text(json.dumps({"steps": STEPS, "slow_ms": SLOW_MS}))
+    (args.out / f"done_rank_{rank}.json").write_text(json.dumps({"steps": STEPS, "slow_iterations": SLOW_ITERATIONS}))
 
 
 if __name__ == "__main__":
