@@ -40,7 +40,7 @@ The CPython mechanisms, each kept because it is the plainest one that meets a gu
 * *a registry of code objects* (:func:`ends_a_run`): the interpreter itself calls a profiled block's
   ``__exit__``, and a pending signal may be handled at its first instruction, before it can begin
   holding; the handler's ``frame`` tells it so, which no flag set beforehand can;
-* the traceback scan of ``zero3.hooks.raised_by_signal_handler`` tells an exception a program's
+* the traceback scan of ``engine.hooks.raised_by_signal_handler`` tells an exception a program's
   handler raised while a listener ran from the listener's own (the handler is the program's, so
   nothing of ours marks its exceptions); delivered signals keep that true, as they run the program's
   handlers, installed again, in Python's frames.
