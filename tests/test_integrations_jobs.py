@@ -72,7 +72,8 @@ def run_until_killed(out, script, args, launcher=None):
     """Start the job, SIGTERM its whole process group once both ranks finished KILL_AFTER; what it left."""
     kwargs = {} if launcher is None else {"launcher": launcher}
     with LauncherJob(script, [*args, "--out", str(out), "--until-killed"], env=JOB_ENV, **kwargs) as job:
-        job.wait_for(rf"rank \d finished global step {KILL_AFTER}\b", count=len(RANKS), timeout=400)
+        # (?!\d), not \b: two ranks' lines may share one ("...step 12rank 1 finished global step 12")
+        job.wait_for(rf"rank \d finished global step {KILL_AFTER}(?!\d)", count=len(RANKS), timeout=400)
         job.signal_group(signal.SIGTERM)
         status = job.finish()
     finished = {rank: max(int(step) for step in re.findall(rf"rank {rank} finished global step (\d+)", job.output))
