@@ -27,7 +27,8 @@ from packaging.version import Version
 
 from deepspeed.accelerator import get_accelerator
 
-from ..config import PartitionedParamProfilerConfig, ProfUtilsConfig, check_ranks, load_config, resolve_section
+from ..config import (SHARED_RECORD_KEYS, PartitionedParamProfilerConfig, ProfUtilsConfig, check_ranks, load_config,
+                      resolve_section)
 from ..exceptions import InvalidArgumentError
 from ..logging import log_dist, logger, warning_once
 from ..outputs import ENGINE_NAME, MAIN_ENGINE, ProcessIdentity, fetch_records_file, process_identity
@@ -57,8 +58,6 @@ _attached_names: Dict[str, "weakref.ref[Attachment]"] = {}  # names whose engine
 _engine_names: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 _started_files: Set[Path] = set()  # record files this process started: attaching again appends
 _unnamed_attached = 0
-SHARED_RECORD_KEYS = ("output_dir", "ranks", "log_interval", "memory")
-"""The keys both record sections have: with both on, step_metrics' values are the records' (module doc)."""
 
 
 class AttachError(RuntimeError):
@@ -90,7 +89,8 @@ def _coordinator(engine: Any) -> Any:
     stage = engine.zero_optimization_stage()
     if stage != 3:
         raise _refuse(f"ZeRO stage {stage} does not partition parameters, so there are no fetches to record "
-                      "(zero_optimization.stage must be 3)")
+                      "(zero_optimization.stage must be 3; the \"step_metrics\" section records the steps of any "
+                      "stage)")
     optimizer = engine.optimizer
     offload = optimizer if isinstance(optimizer, DeepSpeedZeRoOffload) else getattr(optimizer, "parameter_offload",
                                                                                     None)
