@@ -176,7 +176,8 @@ class _StepSnapshots(Listener):
 class Attachment:
     """Everything ``attach`` put on one engine; ``close()`` (also at the end of a ``with`` block) takes it off.
 
-    ``recorder`` is the fetch recorder (None when fetch records are off or this rank does not record).
+    ``recorder`` is the step recorder (None when neither record section is on, or this rank does not record;
+    with ``step_metrics`` on, a rank outside ``ranks`` has one that measures for its listeners and writes no file).
     The engine's hooks are put on with the first feature that follows its steps.
     """
 
@@ -235,10 +236,11 @@ def attach(engine: Any,
            memory: Optional[bool] = None) -> Optional[Attachment]:
     """Switch on what the engine's ds_config asks of ds_profutils; return what was attached, if anything.
 
-    Reads the ``"partitioned_param_profiler"``, ``"profiler"``, ``"memory_snapshot"``, ``"nvtx"`` and
-    ``"comms_logger"`` sections and ``wall_clock_breakdown`` of the config the engine was built with
-    (or ``config``: a path or dict, for an engine built from another).  Keyword arguments override the
-    fetch-record section, ``DS_PROFUTILS_*`` variables override both.  An enabled ``"profiler"``
+    Reads the ``"step_metrics"``, ``"partitioned_param_profiler"``, ``"profiler"``, ``"memory_snapshot"``,
+    ``"nvtx"`` and ``"comms_logger"`` sections and ``wall_clock_breakdown`` of the config the engine was built
+    with (or ``config``: a path or dict, for an engine built from another).  Keyword arguments override the
+    record sections (``enabled`` and ``trace_ranges`` the fetch section's), ``DS_PROFUTILS_*`` variables
+    override both.  An enabled ``"profiler"``
     section runs the torch profiler from the engine's steps, with no decorator (docs/profiler.md).
 
     Several engines in one process (RLHF: actor, critic, ...) each write their own file: the first
