@@ -91,7 +91,8 @@ def bench(turns: int) -> float:
         worst = max(worst, ratio)
         print(f"    rank {rank}: off {statistics.median(seconds['off']) * 1e3:7.2f} ms   on "
               f"{statistics.median(seconds['on']) * 1e3:7.2f} ms   on/off {ratio:5.3f}x   first step after attach "
-              f"(counts the shape's FLOPs) {first:5.3f}x; FLOP counting attempts per attach {result['counting_attempts']}")
+              f"(counts the shape's FLOPs) {first:5.3f}x; FLOP counting attempts per attach "
+              f"{result['counting_attempts']}")
     print(f"    worst rank, step_metrics on against off: {worst:5.3f}x  (target <= {STEP_TARGET}x)")
     return worst
 

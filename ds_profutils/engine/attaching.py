@@ -302,8 +302,8 @@ def _record_settings(fetches: PartitionedParamProfilerConfig, metrics: Any) -> P
     """The records' settings: the fetch section's, with step_metrics' shared keys where it is on (module doc)."""
     if not metrics.enabled:
         return fetches
-    differing = [key for key in SHARED_RECORD_KEYS if fetches.enabled and getattr(fetches, key) != getattr(metrics, key)]
-    if differing:
+    differing = [key for key in SHARED_RECORD_KEYS if getattr(fetches, key) != getattr(metrics, key)]
+    if fetches.enabled and differing:
         warning_once("ds_profutils: step_metrics and partitioned_param_profiler are both on and differ in "
                      f"{', '.join(differing)}: the records (one file) take step_metrics' values")
     shared = {key: getattr(metrics, key) for key in SHARED_RECORD_KEYS}
