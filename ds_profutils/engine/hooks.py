@@ -4,7 +4,9 @@ The fetch recorder, the memory snapshots and the engine-driven profiler all need
 a forward starts, a forward ends, ``engine.backward()`` returns, ``engine.step()`` starts and returns,
 and (for the snapshots and the profiler) an error leaves the engine's forward, backward or step.
 :class:`EngineHooks` puts one forward pre-hook (prepended, so it runs before DeepSpeed's own, which
-resets the ZeRO-3 coordinator's counters), one forward hook and wrappers of ``engine.backward`` and
+resets the ZeRO-3 coordinator's counters; with its keyword arguments, so listeners see the whole batch:
+the FLOP counter keys its counts by the input shapes), one forward hook (with the output, whose gradients
+tell the FLOP counter where the backward ends) and wrappers of ``engine.backward`` and
 ``engine.step`` -- and of ``engine.forward`` only when a listener watches errors -- and tells each
 listener.  ``backward`` is a moment of its own because Accelerate (and so the transformers Trainer)
 calls ``engine.step()`` only at the gradient-accumulation boundary: the micro steps before it end
@@ -29,7 +31,7 @@ from __future__ import annotations
 import functools
 import signal
 from types import TracebackType
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -56,11 +58,11 @@ class Listener:
 
     watches_errors = False  # True: also told of errors leaving forward, backward and step
 
-    def forward_started(self, module: torch.nn.Module) -> None:
-        pass
+    def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        """A forward of the engine's module starts with these inputs (FLOPs and tokens are read from them)."""
 
-    def forward_ended(self, module: torch.nn.Module) -> None:
-        pass
+    def forward_ended(self, module: torch.nn.Module, output: Any) -> None:
+        """The forward returned ``output`` (whose gradients tell where its backward ends)."""
 
     def backward_ended(self) -> None:
         pass
@@ -109,7 +111,7 @@ class EngineHooks:
         self._outside: Optional[int] = None  # the engine running when this one's forward started
         module = engine.module
         self._handles = [
-            module.register_forward_pre_hook(self._forward_started, prepend=True),
+            module.register_forward_pre_hook(self._forward_started, prepend=True, with_kwargs=True),
             module.register_forward_hook(self._forward_ended),
             # also when the forward raises: no later collective is this engine's by mistake
             module.register_forward_hook(self._forward_left, always_call=True),
@@ -174,14 +176,14 @@ class EngineHooks:
         if not self.listeners:
             self.remove()
 
-    def _forward_started(self, module: torch.nn.Module, args: Any) -> None:
+    def _forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         if self._active:
             self._outside, running.engine_id = running.engine_id, self._engine_id
-            self._tell("forward_started", module)
+            self._tell("forward_started", module, args, kwargs)
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._active:
-            self._tell("forward_ended", module)
+            self._tell("forward_ended", module, output)
 
     def _forward_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if running.engine_id == self._engine_id:
