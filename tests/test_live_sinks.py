@@ -11,20 +11,10 @@ import torch
 from ds_profutils.engine.live import EVENT_NAMES, LiveMetrics, StepFigures
 from ds_profutils.integrations.live_sinks import AccelerateSink, LightningSink, TrainerSink
 
-event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+pytest.importorskip("tensorboard")
+from tensorboard_testing import scalars  # noqa: E402
 
 EVENTS = [("ds_profutils/step_ms", 12.5, 8), ("ds_profutils/mfu", 0.25, 8), ("ds_profutils/tokens_per_s", 640.0, 8)]
-
-
-def scalars(logdir: Path) -> dict:
-    """{tag: [(step, value), ...]} of every TensorBoard event file under ``logdir``."""
-    found = {}
-    for events_file in sorted(logdir.rglob("events.out.tfevents.*")):
-        accumulator = event_accumulator.EventAccumulator(str(events_file))
-        accumulator.Reload()
-        for tag in accumulator.Tags()["scalars"]:
-            found.setdefault(tag, []).extend((event.step, event.value) for event in accumulator.Scalars(tag))
-    return found
 
 
 class Regression(torch.nn.Module):

@@ -6,8 +6,10 @@ switched off in source (``ENABLE_PROFILER = False``).  ``attach`` puts our
 (:class:`ds_profutils.zero3.CoordinatorFetches`), and a :class:`~.recorder.StepRecorder` writes one
 JSON line per step and rank.  It also applies the config's engine settings (:mod:`.engine_setup`),
 the memory snapshot (:mod:`.snapshot`) and the torch profiler driven by the engine's steps
-(:mod:`.engine_driven`), all following the engine through one set of hooks (:mod:`.hooks`).  An engine it does not know is
-refused, untouched.  :class:`Attachment` is what it returns: ``close()`` takes everything off again.
+(:mod:`.engine_driven`), all following the engine through one set of hooks (:mod:`.hooks`).  With
+``"step_metrics"`` on, a :class:`~.live.LiveMetrics` on every rank takes the recorder's step figures and
+sends them, every ``monitor_interval`` steps, to DeepSpeed's monitor, the console and whatever sink a
+framework adapter adds (:meth:`Attachment.report_to`).  An engine it does not know is refused, untouched.  :class:`Attachment` is what it returns: ``close()`` takes everything off again.
 """
 from __future__ import annotations
 
@@ -16,12 +18,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set
 
 import deepspeed
+import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from deepspeed.accelerator import get_accelerator
 
-from ..config import ProfUtilsConfig, check_ranks, load_config, resolve_section
+from ..config import ProfUtilsConfig, StepMetricsConfig, check_ranks, load_config, resolve_section
 from ..exceptions import InvalidArgumentError
 from ..logging import log_dist, logger, warning_once
 from ..outputs import ENGINE_NAME, MAIN_ENGINE, ProcessIdentity, fetch_records_file, process_identity
@@ -29,9 +32,11 @@ from .._device_clock import process_device_events
 from ..zero3 import PartitionedParameterProfiler
 from ..zero3.fetches import PROFILER_ATTR
 from . import snapshot
+from .accelerators import compute_dtype, resolve_peak
 from .engine_driven import EngineDrivenProfiler
 from .engine_setup import apply_engine_settings
 from .hooks import EngineHooks, Listener
+from .live import LiveMetrics, LiveSink, monitor_sink
 from .memory import StepMemory
 from .recorder import StepRecorder
 
@@ -167,13 +172,16 @@ class Attachment:
     """Everything ``attach`` put on one engine; ``close()`` (also at the end of a ``with`` block) takes it off.
 
     ``recorder`` is the fetch recorder (None when fetch records are off or this rank does not record).
+    ``live`` the live metrics (None unless ``"step_metrics"`` is on), which the recorder feeds.
     The engine's hooks are put on with the first feature that follows its steps.
     """
 
-    def __init__(self, engine: Any, name: Optional[str], undo_settings: Optional[Callable[[], None]]) -> None:
+    def __init__(self, engine: Any, name: Optional[str], undo_settings: Optional[Callable[[], None]],
+                 live: Optional[LiveMetrics] = None) -> None:
         self.engine = engine
         self.name = name
         self.recorder: Optional[StepRecorder] = None
+        self.live = live
         self._hooks: Optional[EngineHooks] = None
         self._undo_settings = undo_settings
         self._closers: List[Callable[[], None]] = []
@@ -190,6 +198,14 @@ class Attachment:
         self._hooks.add(listener)
         self._closers.append(close)
 
+    def report_to(self, sink: LiveSink) -> None:
+        """Send the live events to ``sink`` as well: a framework's own reporting (the Trainer's ``report_to``,
+        Accelerate's trackers, Lightning's loggers), added by its adapter, which knows the framework's objects
+        while engine/ does not.  One sink of a kind: attaching the same framework object again adds none.
+        Nothing happens when live metrics are off."""
+        if self.live is not None and not any(type(known) is type(sink) for known in self.live.sinks):
+            self.live.sinks.append(sink)
+
     def close(self) -> None:
         """Write what is finished and give the engine and the process back as they were before ``attach``."""
         if self.closed:
@@ -198,6 +214,8 @@ class Attachment:
         try:
             for close in self._closers:
                 close()
+            if self.live is not None:
+                self.live.close()  # after the recorder's close: the recorder feeds it
         finally:
             if self._hooks is not None:
                 self._hooks.remove()
@@ -267,7 +285,8 @@ def attach(engine: Any,
     history = snapshot.cuda_allocator_history(get_accelerator()) if snapshot_settings.enabled else None
     if not records_here and history is None and not profiles_here and undo_settings is None:
         return None
-    attachment = Attachment(engine, engine_name, undo_settings)
+    live = _live_metrics(engine, loaded.step_metrics) if loaded.step_metrics.enabled else None
+    attachment = Attachment(engine, engine_name, undo_settings, live)
     if records_here:
         _attach_recorder(attachment, coordinator, settings, identity, loaded)
     if profiles_here:
@@ -289,7 +308,8 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
                             dtype=engine.get_data_types()[0],
                             device_events=process_device_events(get_accelerator()),
                             memory=StepMemory(get_accelerator()) if settings.memory else None,
-                            append=path in _started_files)
+                            append=path in _started_files,
+                            step_listeners=[] if attachment.live is None else [attachment.live.step_finished])
     _started_files.add(path)
     attachment.recorder = recorder
     attachment.add(recorder, recorder.close)
@@ -301,3 +321,19 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
             logger.warning("ds_profutils: DeepSpeed's comms logger is on: it synchronizes the device after every "
                            "collective, so step times and waits in the fetch records include those synchronizations "
                            "(each record says \"comms_logger\": true)")
+
+
+def _device_name(engine: Any) -> Optional[str]:
+    """The accelerator's model name as torch reports it ("NVIDIA H100 80GB HBM3"), which the peak table knows;
+    None on the host (DeepSpeed's CPU accelerator gives the engine no device)."""
+    device = None if engine.device is None else torch.device(engine.device)
+    get_name = getattr(getattr(torch, device.type, None), "get_device_name", None) if device is not None else None
+    return None if device is None or device.type == "cpu" or get_name is None else get_name(device)
+
+
+def _live_metrics(engine: Any, settings: StepMetricsConfig) -> LiveMetrics:
+    """The live metrics of ``"step_metrics"``, built on every rank (every rank takes part in each interval's
+    gather), into DeepSpeed's monitor where the ds_config enables one and the console line; MFU against
+    ``peak_tflops``, else the known-accelerator table's peak for the engine's dtype, else none."""
+    peak = resolve_peak(settings.peak_tflops, _device_name(engine), compute_dtype(engine.get_data_types()[0]))
+    return LiveMetrics(settings, peak.tflops, [monitor_sink(engine)])

@@ -23,6 +23,7 @@ from transformers import TrainerCallback
 from ..config import load_config, resolve_section
 from ..logging import warning_once
 from .engines import FollowedEngines, FollowingCallback
+from .live_sinks import TrainerSink
 
 __all__ = ["ProfUtilsTrainerCallback", "attach_trainer"]
 
@@ -39,7 +40,7 @@ class ProfUtilsTrainerCallback(FollowingCallback, TrainerCallback):
         self._engines = FollowedEngines(name, config, options)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._engines.begin(self._trainer.model_wrapped)
+        self._engines.begin(self._trainer.model_wrapped, TrainerSink(self._trainer))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._engines.end()
