@@ -102,3 +102,32 @@ def test_lightning_loggers(tmp_path):
     assert [(int(row["step"]), float(row["ds_profutils/step_ms"])) for row in rows] == [(8, 12.5)]
     assert scalars(tmp_path / "tb")["ds_profutils/tokens_per_s"] == [(8, 640.0)]
     LightningSink(Trainer(logger=False, accelerator="cpu", devices=1)).write(EVENTS)  # no logger: nothing to do
+
+
+class Kept:
+    """A sink that keeps what it is sent."""
+
+    def __init__(self):
+        self.writes = []
+
+    def write(self, events):
+        self.writes.append(events)
+
+
+def test_an_attachment_takes_one_framework_sink_of_a_kind_and_none_without_live_metrics():
+    from ds_profutils.engine import Attachment
+
+    live = LiveMetrics(SimpleNamespace(monitor_interval=2, console=False), 100.0, [])
+    attachment = Attachment(SimpleNamespace(), None, None, live)
+    first = Kept()
+    attachment.report_to(first)
+    attachment.report_to(Kept())  # attach(accelerator) again: the same attachment, no second sink
+    for step in range(4):
+        live.step_finished(figures(step))
+    assert [{step for _, _, step in events} for events in first.writes] == [{1}, {3}]
+    attachment.close()
+    assert live.sinks == [first]
+    off = Attachment(SimpleNamespace(), None, None)  # step_metrics off: nothing to send, nothing kept
+    off.report_to(Kept())
+    assert off.live is None
+    off.close()
