@@ -3,7 +3,7 @@
     python benchmarks/bench_flops.py [--reps 30]
 
 A tiny GPT-2 (random weights, 2 layers, 4 x 64 tokens) trains plain torch micro steps (forward and
-backward) with :class:`~ds_profutils.engine.flops.FlopCounter` on its hooks as the engine hub puts them.
+backward) with :class:`~ds_profutils.engine.throughput.flops.FlopCounter` on its hooks as the engine hub puts them.
 Interleaved, median of ``--reps``: (a) no counter; (b) the counter, a known shape (the shape key and one
 dict lookup); (c) the counter, a new shape (a fresh counter each time: FlopCounterMode over the whole
 micro step).  Also (d) the counter's own work per known micro step, its four calls timed alone.
@@ -19,7 +19,7 @@ from typing import Callable, List
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from ds_profutils.engine.flops import FlopCounter
+from ds_profutils.engine.throughput.flops import FlopCounter
 
 
 def tiny_gpt2() -> torch.nn.Module:

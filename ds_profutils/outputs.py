@@ -15,6 +15,7 @@ program imported it (a module never imported cannot have been initialised).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -35,6 +36,7 @@ __all__ = [
     "cycle_trace_file",
     "fetch_records_file",
     "fetch_records_files",
+    "last_record",
     "memory_snapshot_file",
     "probe_writable",
     "process_identity",
@@ -209,3 +211,22 @@ def probe_writable(directory: Path, identity: Optional[ProcessIdentity] = None) 
     probe = directory / f".write_probe.{(identity or process_identity()).tag}"
     probe.write_bytes(b"")
     probe.unlink()
+
+
+def last_record(path: Path) -> Optional[dict]:
+    """The last whole record of ``path`` (None for no file, or none readable in its last 64 KiB)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(0, os.SEEK_END)
+            file.seek(max(file.tell() - (1 << 16), 0))
+            lines = file.read().split(b"\n")
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # empty, cut at the chunk's start, or a kill's half line
+        if isinstance(record, dict):
+            return record
+    return None

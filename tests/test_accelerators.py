@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from ds_profutils.engine import accelerators
-from ds_profutils.engine.accelerators import compute_dtype, find_accelerator, mfu, peak_tflops, resolve_peak
+from ds_profutils.engine.throughput import accelerators
+from ds_profutils.engine.throughput.accelerators import compute_dtype, find_accelerator, mfu, peak_tflops, resolve_peak
 
 
 @pytest.mark.parametrize("device, row", [

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ds_profutils.engine.flops import FlopCounter, MicroStepFlops, inspect_batch
+from ds_profutils.engine.throughput.flops import FlopCounter, MicroStepFlops, inspect_batch
 from launcher import DIST_SCRIPTS, REPO, free_port
 
 

@@ -118,7 +118,8 @@ def test_an_attachment_takes_one_framework_sink_of_a_kind_and_none_without_live_
     from ds_profutils.engine import Attachment
 
     live = LiveMetrics(SimpleNamespace(monitor_interval=2, console=False), 100.0, [])
-    attachment = Attachment(SimpleNamespace(), None, None, live)
+    attachment = Attachment(SimpleNamespace(), None, None)
+    attachment.live = live  # as attach sets it with step_metrics on
     first = Kept()
     attachment.report_to(first)
     attachment.report_to(Kept())  # attach(accelerator) again: the same attachment, no second sink

@@ -269,7 +269,6 @@ def test_a_failing_write_is_logged_not_raised_into_training(tmp_path, monkeypatc
     engine = Engine()
     with recorder_for(engine, tmp_path) as attached:
         recorder = attached.recorder
-        recorder._file.close()
         monkeypatch.setattr(recorder, "_file", open("/dev/full", "wb", buffering=0))
         engine.train_step()
         engine.train_step()

@@ -1,6 +1,7 @@
 """The hooks ``attach`` puts on an engine: restored exactly, never raising into training, and not mistaking
 an exception raised by a signal handler for their own."""
 import os
+from pathlib import Path
 import signal
 import time
 
@@ -44,17 +45,39 @@ def test_a_wrapper_put_over_ours_after_attach_keeps_working_after_close(tmp_path
     assert engine.global_steps == 2 and len(read_records(tmp_path)) == 1
 
 
-def test_a_recorder_started_afresh_replaces_the_file_and_one_appending_adds_to_it(tmp_path):
+def test_a_recorder_started_afresh_replaces_the_file_and_one_appending_adds_to_it(tmp_path, ds_caplog):
     engine = Engine()
     with recorder_for(engine, tmp_path):
         engine.train_step()
     with recorder_for(engine, tmp_path, append=True):  # attached again: an RLHF phase, a resumed train()
         engine.train_step()
         engine.train_step()
-    assert [r["global_step"] for r in read_records(tmp_path)] == [0, 1, 2]
-    with recorder_for(engine, tmp_path):
+    assert [(r["global_step"], r["segment"]) for r in read_records(tmp_path)] == [(0, 0), (1, 0), (2, 0)]
+    with recorder_for(engine, Path(tmp_path)):  # a new process resuming at step 3: appends, a new segment
         engine.train_step()
-    assert [r["global_step"] for r in read_records(tmp_path)] == [3]
+    assert [(r["global_step"], r["segment"]) for r in read_records(tmp_path)] == [(0, 0), (1, 0), (2, 0), (3, 1)]
+    engine.global_steps = 0
+    with recorder_for(engine, tmp_path):  # a new process starting at step 0: replaces the file, and says so
+        engine.train_step()
+    assert [(r["global_step"], r["segment"]) for r in read_records(tmp_path)] == [(0, 0)]
+    assert "held records of an earlier run" in ds_caplog.text
+
+
+def test_a_step_that_comes_again_starts_a_segment_and_the_report_takes_the_latest(tmp_path):
+    """A process that trains steps 0-3, then resumes from its checkpoint at step 1 (a second train())."""
+    engine = Engine()
+    with recorder_for(engine, tmp_path):
+        for _ in range(4):
+            engine.train_step()
+        engine.global_steps = 1
+        for _ in range(3):
+            engine.train_step()
+    records = read_records(tmp_path)
+    assert [(r["global_step"], r["segment"]) for r in records] == [(0, 0), (1, 0), (2, 0), (3, 0), (1, 1), (2, 1),
+                                                                   (3, 1)]
+    from ds_profutils.report.records import read_records as read_file_records
+    steps = read_file_records(tmp_path / "zero_fetch_rank_3.jsonl", "main", 3)
+    assert steps.superseded == 3 and list(steps.global_steps) == [0, 1, 2, 3]
 
 
 class Failing(Listener):
@@ -63,7 +86,7 @@ class Failing(Listener):
         self.error = error
         self.stopped = None
 
-    def forward_started(self, module):
+    def forward_started(self, module, args, kwargs):
         raise self.error
 
     def stop_after_error(self, exc):
@@ -87,7 +110,7 @@ def test_an_exception_from_a_signal_handler_inside_a_hook_reaches_the_training_l
 
     class Signalled(Listener):
 
-        def forward_started(self, module):
+        def forward_started(self, module, args, kwargs):
             os.kill(os.getpid(), signal.SIGUSR1)  # the handler runs before the next bytecode here
 
     def handler(signum, frame):

@@ -10,9 +10,9 @@ Nothing here imports torch or DeepSpeed.
 from .env import BOOL_FALSE, BOOL_TRUE, ENV_PREFIX, environment_overrides
 from .errors import ConfigError, ConfigProblem
 from .loading import ConfigSource, load_config, raw_settings, resolve_section
-from .models import (DEEPSPEED_APPLIED_KEYS, SECTIONS, SUMMARY_SORT_KEYS, CommsLoggerSettings, MemorySnapshotConfig,
-                     NvtxConfig, PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, StepMetricsConfig,
-                     check_ranks)
+from .models import (DEEPSPEED_APPLIED_KEYS, SECTIONS, SHARED_RECORD_KEYS, SUMMARY_SORT_KEYS, CommsLoggerSettings,
+                     MemorySnapshotConfig, NvtxConfig, PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig,
+                     StepMetricsConfig, check_ranks)
 
 __all__ = [
     "BOOL_FALSE",
@@ -29,6 +29,7 @@ __all__ = [
     "ProfilerConfig",
     "ProfUtilsConfig",
     "SECTIONS",
+    "SHARED_RECORD_KEYS",
     "SUMMARY_SORT_KEYS",
     "StepMetricsConfig",
     "check_ranks",

@@ -17,7 +17,7 @@ from .checks import misspelt_sections, output_dir_problems, zero_stage_problems
 from .env import environment_overrides
 from .errors import ConfigError, ConfigProblem
 from .loading import config_from_raw, raw_settings
-from .models import DEEPSPEED_APPLIED_KEYS, DEEPSPEED_NVTX_DOMAIN, ProfUtilsConfig, check_ranks
+from .models import DEEPSPEED_APPLIED_KEYS, DEEPSPEED_NVTX_DOMAIN, SHARED_RECORD_KEYS, ProfUtilsConfig, check_ranks
 
 __all__ = ["EFFECTS_HEADER", "check_files"]
 
@@ -81,6 +81,20 @@ def _comms_logger_effect(config: ProfUtilsConfig) -> str:
             f"enabled {json.dumps(config.comms_logger.enabled)}: {state}")
 
 
+def _shared_record_keys(config: ProfUtilsConfig) -> Optional[str]:
+    """How the two record sections combine when both are on (one file per engine and rank), in words."""
+    fetches, metrics = config.partitioned_param_profiler, config.step_metrics
+    if not (fetches.enabled and metrics.enabled):
+        return None
+    differing = [key for key in SHARED_RECORD_KEYS if getattr(fetches, key) != getattr(metrics, key)]
+    text = ("step_metrics and partitioned_param_profiler are both on: one records file per engine and rank, its "
+            f"{', '.join(SHARED_RECORD_KEYS)} from step_metrics; the fetch section adds the fetch events")
+    if differing:
+        text += (f"; partitioned_param_profiler's own {', '.join(differing)} "
+                 f"({', '.join(json.dumps(getattr(fetches, key)) for key in differing)}) are not used")
+    return text
+
+
 EFFECTS_HEADER = "what nvtx and comms_logger do in a job:"
 
 
@@ -131,6 +145,9 @@ def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
         if config.memory_snapshot.enabled:
             print("note: memory_snapshot writes only on a CUDA accelerator (the allocator history is CUDA's); "
                   "elsewhere the job says so at start and writes nothing")
+        shared = _shared_record_keys(config)
+        if shared:
+            print(f"note: {shared}")
         theirs = {key: raw[key] for key in DEEPSPEED_APPLIED_KEYS if key in raw}
         if theirs:
             print("applied by DeepSpeed, not read by ds_profutils:")

@@ -27,6 +27,7 @@ __all__ = [
     "SECTIONS",
     "SUMMARY_SORT_KEYS",
     "Section",
+    "SHARED_RECORD_KEYS",
     "StepMetricsConfig",
     "check_ranks",
 ]
@@ -159,6 +160,12 @@ class _StepRecordSection(_RecordsOnRanks, Section):
     log_interval: int = Field(1, ge=1, description="write one record every this many optimizer steps")
     memory: bool = Field(True, description="per-step peak memory in each record (resets the accelerator's peak "
                          "statistics at each phase boundary)")
+
+
+SHARED_RECORD_KEYS = ("output_dir", "ranks", "log_interval", "memory")
+"""The keys both record sections declare.  With both on, the one file per engine and rank takes step_metrics'
+values (the section asking for records of every ZeRO stage decides where and how often); the fetch section
+adds its events to those records."""
 
 
 class PartitionedParamProfilerConfig(_StepRecordSection):

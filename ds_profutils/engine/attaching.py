@@ -9,7 +9,14 @@ the memory snapshot (:mod:`.snapshot`) and the torch profiler driven by the engi
 (:mod:`.engine_driven`), all following the engine through one set of hooks (:mod:`.hooks`).  With
 ``"step_metrics"`` on, a :class:`~.live.LiveMetrics` on every rank takes the recorder's step figures and
 sends them, every ``monitor_interval`` steps, to DeepSpeed's monitor, the console and whatever sink a
-framework adapter adds (:meth:`Attachment.report_to`).  An engine it does not know is refused, untouched.  :class:`Attachment` is what it returns: ``close()`` takes everything off again.
+framework adapter adds (:meth:`Attachment.report_to`).  An engine it does not know is refused, untouched.
+:class:`Attachment` is what it returns: ``close()`` takes everything off again.
+
+Step records come from either section.  ``"step_metrics"`` records any ZeRO stage (0-3) and adds FLOPs;
+``"partitioned_param_profiler"`` needs stage 3 and adds the fetch events.  With both on, one file is
+written whose shared keys (``output_dir``, ``ranks``, ``log_interval``, ``memory``) are step_metrics':
+the section that asks for the records of every stage decides where and how often they are written
+(a differing value in the other section is said once, and by ``check-config``).
 """
 from __future__ import annotations
 
@@ -18,13 +25,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set
 
 import deepspeed
-import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from deepspeed.accelerator import get_accelerator
 
-from ..config import ProfUtilsConfig, StepMetricsConfig, check_ranks, load_config, resolve_section
+from ..config import (SHARED_RECORD_KEYS, PartitionedParamProfilerConfig, ProfUtilsConfig, check_ranks, load_config,
+                      resolve_section)
 from ..exceptions import InvalidArgumentError
 from ..logging import log_dist, logger, warning_once
 from ..outputs import ENGINE_NAME, MAIN_ENGINE, ProcessIdentity, fetch_records_file, process_identity
@@ -32,13 +39,14 @@ from .._device_clock import process_device_events
 from ..zero3 import PartitionedParameterProfiler
 from ..zero3.fetches import PROFILER_ATTR
 from . import snapshot
-from .accelerators import compute_dtype, resolve_peak
 from .engine_driven import EngineDrivenProfiler
 from .engine_setup import apply_engine_settings
 from .hooks import EngineHooks, Listener
 from .live import LiveMetrics, LiveSink, monitor_sink
 from .memory import StepMemory
 from .recorder import StepRecorder
+from .throughput.accelerators import compute_dtype, resolve_peak
+from .throughput.flops import FlopCounter
 
 __all__ = ["ATTACHMENT_ATTR", "AttachError", "Attachment", "SUPPORTED_DEEPSPEED", "attach", "continue_series"]
 
@@ -85,7 +93,8 @@ def _coordinator(engine: Any) -> Any:
     stage = engine.zero_optimization_stage()
     if stage != 3:
         raise _refuse(f"ZeRO stage {stage} does not partition parameters, so there are no fetches to record "
-                      "(zero_optimization.stage must be 3)")
+                      "(zero_optimization.stage must be 3; the \"step_metrics\" section records the steps of any "
+                      "stage)")
     optimizer = engine.optimizer
     offload = optimizer if isinstance(optimizer, DeepSpeedZeRoOffload) else getattr(optimizer, "parameter_offload",
                                                                                     None)
@@ -176,12 +185,11 @@ class Attachment:
     The engine's hooks are put on with the first feature that follows its steps.
     """
 
-    def __init__(self, engine: Any, name: Optional[str], undo_settings: Optional[Callable[[], None]],
-                 live: Optional[LiveMetrics] = None) -> None:
+    def __init__(self, engine: Any, name: Optional[str], undo_settings: Optional[Callable[[], None]]) -> None:
         self.engine = engine
         self.name = name
         self.recorder: Optional[StepRecorder] = None
-        self.live = live
+        self.live: Optional[LiveMetrics] = None
         self._hooks: Optional[EngineHooks] = None
         self._undo_settings = undo_settings
         self._closers: List[Callable[[], None]] = []
@@ -263,17 +271,21 @@ def attach(engine: Any,
     if existing is not None:
         return existing
     loaded: ProfUtilsConfig = load_config(engine if config is None else config)
-    settings = resolve_section(
-        loaded.partitioned_param_profiler,
-        dict(enabled=enabled, output_dir=output_dir, ranks=ranks, log_interval=log_interval,
-             trace_ranges=trace_ranges, memory=memory))
+    given = dict(output_dir=output_dir, ranks=ranks, log_interval=log_interval, memory=memory)
+    fetch_settings = resolve_section(loaded.partitioned_param_profiler,
+                                     dict(enabled=enabled, trace_ranges=trace_ranges, **given))
+    metrics = resolve_section(loaded.step_metrics, given)
+    settings = _record_settings(fetch_settings, metrics)
     snapshot_settings = resolve_section(loaded.memory_snapshot)
     profiler_settings = resolve_section(loaded.profiler)
     identity = process_identity()
     coordinator = engine_name = None
-    if settings.enabled:  # every check that may refuse comes before anything changes
+    if fetch_settings.enabled:  # every check that may refuse comes before anything changes
         coordinator = _coordinator(engine)
-        check_ranks("partitioned_param_profiler.ranks", settings.ranks, identity.world_size)
+        check_ranks("partitioned_param_profiler.ranks", fetch_settings.ranks, identity.world_size)
+    if metrics.enabled:
+        check_ranks("step_metrics.ranks", metrics.ranks, identity.world_size)
+    if settings.enabled:
         engine_name = _engine_name(engine, name)
     if profiler_settings.enabled:
         profiler_settings.check_world(identity.world_size)
@@ -282,15 +294,17 @@ def attach(engine: Any,
     records_here = settings.enabled and settings.profiles_rank(identity.rank)
     if settings.enabled and not records_here:  # an earlier run's file would pass for this run's in a report
         _remove_stale_records(fetch_records_file(settings.output_dir, identity.rank, engine_name))
+    measures_here = records_here or metrics.enabled  # live metrics take every rank's figures
     history = snapshot.cuda_allocator_history(get_accelerator()) if snapshot_settings.enabled else None
-    if not records_here and history is None and not profiles_here and undo_settings is None:
+    if not measures_here and history is None and not profiles_here and undo_settings is None:
         return None
-    live = _live_metrics(engine, loaded.step_metrics) if loaded.step_metrics.enabled else None
-    attachment = Attachment(engine, engine_name, undo_settings, live)
-    if records_here:
-        _attach_recorder(attachment, coordinator, settings, identity, loaded)
-    if profiles_here:
-        profiling = EngineDrivenProfiler(engine, profiler_settings)
+    attachment = Attachment(engine, engine_name, undo_settings)
+    profiling = EngineDrivenProfiler(engine, profiler_settings) if profiles_here else None
+    if measures_here:
+        _attach_recorder(attachment, coordinator, settings, identity, loaded, writes=records_here,
+                         metrics=metrics if metrics.enabled else None,
+                         profiler_active=profiling.recording if profiling is not None else None)
+    if profiling is not None:
         attachment.add(profiling, profiling.close)
     if history is not None:
         snapshots = snapshot.MemorySnapshots(snapshot_settings, identity, history)
@@ -298,42 +312,66 @@ def attach(engine: Any,
     return attachment
 
 
+def _record_settings(fetches: PartitionedParamProfilerConfig, metrics: Any) -> PartitionedParamProfilerConfig:
+    """The records' settings: the fetch section's, with step_metrics' shared keys where it is on (module doc)."""
+    if not metrics.enabled:
+        return fetches
+    differing = [key for key in SHARED_RECORD_KEYS if fetches.enabled and getattr(fetches, key) != getattr(metrics, key)]
+    if differing:
+        warning_once("ds_profutils: step_metrics and partitioned_param_profiler are both on and differ in "
+                     f"{', '.join(differing)}: the records (one file) take step_metrics' values")
+    shared = {key: getattr(metrics, key) for key in SHARED_RECORD_KEYS}
+    return fetches.model_copy(update=dict(enabled=True, **shared))
+
+
+def model_numel(engine: Any) -> int:
+    """The model's full parameter count (ZeRO-3 keeps each parameter's full size in ``ds_numel``)."""
+    return sum(getattr(param, "ds_numel", None) or param.numel() for param in engine.module.parameters())
+
+
+def _device_name(accelerator: Any) -> Optional[str]:
+    """The accelerator's name as torch reports it (the peak table's key); None on CPU."""
+    if accelerator.device_name() == "cpu":
+        return None
+    try:
+        return accelerator.get_device_name(accelerator.current_device())  # DeepSpeed's CUDA/ROCm accelerators
+    except Exception:  # noqa: BLE001 - an accelerator without names: no table figure, the configured peak stays
+        return None
+
+
 def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, identity: ProcessIdentity,
-                     config: ProfUtilsConfig) -> None:
+                     config: ProfUtilsConfig, *, writes: bool, metrics: Any,
+                     profiler_active: Optional[Callable[[], bool]]) -> None:
     engine, name = attachment.engine, attachment.name
     path = fetch_records_file(settings.output_dir, identity.rank, name).resolve()
+    accelerator = get_accelerator()
+    dtype = engine.get_data_types()[0]
+    peak = resolve_peak(metrics.peak_tflops, _device_name(accelerator), compute_dtype(dtype)) if metrics else None
+    # on every rank (each takes part in the interval's gather), into DeepSpeed's monitor where one is enabled
+    attachment.live = None if metrics is None else LiveMetrics(metrics, peak.tflops, [monitor_sink(engine)])
     recorder = StepRecorder(engine, coordinator, settings,
                             name=name,
                             identity=identity,
-                            dtype=engine.get_data_types()[0],
-                            device_events=process_device_events(get_accelerator()),
-                            memory=StepMemory(get_accelerator()) if settings.memory else None,
+                            dtype=dtype,
+                            device_events=process_device_events(accelerator),
+                            memory=StepMemory(accelerator) if settings.memory else None,
                             append=path in _started_files,
+                            writes=writes,
+                            flops=FlopCounter() if metrics is not None else None,
+                            peak_tflops=peak.tflops if peak is not None else None,
+                            model_numel=model_numel(engine),
+                            profiler_active=profiler_active,
                             step_listeners=[] if attachment.live is None else [attachment.live.step_finished])
-    _started_files.add(path)
+    if writes:
+        _started_files.add(path)
     attachment.recorder = recorder
     attachment.add(recorder, recorder.close)
-    if identity.rank == settings.reporting_rank:
+    if writes and identity.rank == settings.reporting_rank:
         pattern = fetch_records_file(settings.output_dir, "<r>", name)
         ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"
-        print(f"ds_profutils: ZeRO-3 fetch records of engine {name!r} ({ranks_text}) go to {pattern}", flush=True)
+        what = "step records" if coordinator is None else "step and ZeRO-3 fetch records"
+        print(f"ds_profutils: {what} of engine {name!r} ({ranks_text}) go to {pattern}", flush=True)
         if config.comms_logger.enabled:
             logger.warning("ds_profutils: DeepSpeed's comms logger is on: it synchronizes the device after every "
                            "collective, so step times and waits in the fetch records include those synchronizations "
                            "(each record says \"comms_logger\": true)")
-
-
-def _device_name(engine: Any) -> Optional[str]:
-    """The accelerator's model name as torch reports it ("NVIDIA H100 80GB HBM3"), which the peak table knows;
-    None on the host (DeepSpeed's CPU accelerator gives the engine no device)."""
-    device = None if engine.device is None else torch.device(engine.device)
-    get_name = getattr(getattr(torch, device.type, None), "get_device_name", None) if device is not None else None
-    return None if device is None or device.type == "cpu" or get_name is None else get_name(device)
-
-
-def _live_metrics(engine: Any, settings: StepMetricsConfig) -> LiveMetrics:
-    """The live metrics of ``"step_metrics"``, built on every rank (every rank takes part in each interval's
-    gather), into DeepSpeed's monitor where the ds_config enables one and the console line; MFU against
-    ``peak_tflops``, else the known-accelerator table's peak for the engine's dtype, else none."""
-    peak = resolve_peak(settings.peak_tflops, _device_name(engine), compute_dtype(engine.get_data_types()[0]))
-    return LiveMetrics(settings, peak.tflops, [monitor_sink(engine)])

@@ -45,7 +45,7 @@ class EngineDrivenProfiler(Listener):
         self._idle = False  # the run ended, or another run had the process's profiler at the first forward
         self._started = False  # a run began here: close() then shows the comms summary, as on every rank
 
-    def forward_started(self, module: torch.nn.Module) -> None:
+    def forward_started(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if self.run is None and not self._idle:
             self._started = True  # even if start_run raises: close() shows the summary as the other ranks do
             self.run = start_run(self.settings, self.engine, engine_driven=True)
@@ -53,6 +53,12 @@ class EngineDrivenProfiler(Listener):
                 self._started, self._idle = False, True
                 logger.warning("profiler: the engine's profiler stays idle: a profiled call (the @profiler decorator, "
                                "or another attached engine's profiler) is running, and only one runs per process")
+
+    def recording(self) -> bool:
+        """Whether the step in progress runs in the profiler's active window (its records say so: memory
+        rises there may be the profiler's own buffers)."""
+        run = self.run
+        return run is not None and run.recording
 
     def step_ended(self) -> None:
         run = self.run

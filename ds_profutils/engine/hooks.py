@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import signal
 from types import TracebackType
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -56,11 +56,11 @@ class Listener:
 
     watches_errors = False  # True: also told of errors leaving forward, backward and step
 
-    def forward_started(self, module: torch.nn.Module) -> None:
-        pass
+    def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        """A forward of the engine's module starts with these inputs (FLOPs and tokens are read from them)."""
 
-    def forward_ended(self, module: torch.nn.Module) -> None:
-        pass
+    def forward_ended(self, module: torch.nn.Module, output: Any) -> None:
+        """The forward returned ``output`` (whose gradients tell where its backward ends)."""
 
     def backward_ended(self) -> None:
         pass
@@ -109,7 +109,7 @@ class EngineHooks:
         self._outside: Optional[int] = None  # the engine running when this one's forward started
         module = engine.module
         self._handles = [
-            module.register_forward_pre_hook(self._forward_started, prepend=True),
+            module.register_forward_pre_hook(self._forward_started, prepend=True, with_kwargs=True),
             module.register_forward_hook(self._forward_ended),
             # also when the forward raises: no later collective is this engine's by mistake
             module.register_forward_hook(self._forward_left, always_call=True),
@@ -174,14 +174,14 @@ class EngineHooks:
         if not self.listeners:
             self.remove()
 
-    def _forward_started(self, module: torch.nn.Module, args: Any) -> None:
+    def _forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         if self._active:
             self._outside, running.engine_id = running.engine_id, self._engine_id
-            self._tell("forward_started", module)
+            self._tell("forward_started", module, args, kwargs)
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._active:
-            self._tell("forward_ended", module)
+            self._tell("forward_ended", module, output)
 
     def _forward_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if running.engine_id == self._engine_id:

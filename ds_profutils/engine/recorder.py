@@ -14,6 +14,17 @@ DeepSpeed's own disabled profiler costs.
 A record is written once its device times are known (at once on the host clock).  Each is one line
 written by one ``write`` call on an unbuffered file: every finished step is on disk, and a kill never
 leaves half a line.  A train step interrupted before ``engine.step()`` returned is not written at all.
+
+Beyond the step itself (docs/step_records.md): the record that ends an optimizer step carries the whole
+iteration and its gap (:mod:`.throughput.totals`); with a :class:`~.throughput.flops.FlopCounter` each
+micro step its FLOPs, tokens and samples; and after each optimizer step the ``step_listeners`` get its
+:class:`~.live.StepFigures` (live metrics), also on a rank that writes no file.
+
+Restarts: the file is opened at the first forward.  A process whose engine starts above global step 0
+(a resume) appends to what an earlier process wrote; one that starts at step 0 replaces it, saying so.
+Every record carries ``segment``: one more than the file's last in a process that starts appending, and
+one more again whenever a global step the file already finished comes again (a second ``train()``
+resumed from an earlier checkpoint), so the readers keep the latest record of each step.
 """
 from __future__ import annotations
 
@@ -21,7 +32,7 @@ import time
 import weakref
 from collections import deque
 from time import perf_counter_ns
-from typing import Any, Deque, Optional
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 import orjson
 import torch
@@ -29,15 +40,18 @@ import torch
 from .._device_clock import DeviceEvents, pairs_clock
 from .._signal_exit import close_at_exit
 from ..config import PartitionedParamProfilerConfig
-from ..logging import logger, warning_once
+from ..logging import log_dist, logger, warning_once
 from ..nvtx import ranges_active
-from ..outputs import ProcessIdentity, fetch_records_file
+from ..outputs import ProcessIdentity, fetch_records_file, last_record
 from ..zero3 import CoordinatorFetches
 from ..zero3.fetches import fetch_wait_ms
 from . import collectives
 from .hooks import Listener
+from .live import StepFigures
 from .memory import StepMemory
 from .step import EngineCollectives, StepRecord
+from .throughput.flops import FlopCounter
+from .throughput.totals import OptimizerStepTotals
 
 __all__ = ["RECORDER_ATTR", "RECORD_SCHEMA", "StepRecorder"]
 
@@ -56,36 +70,51 @@ class StepRecorder(Listener):
     and closes the file.  ``append``: add to the file (the engine was recorded earlier in this process)
     rather than start it afresh.  ``coordinator``: the engine's ZeRO-3 parameter coordinator, whose
     fetches the records then hold; None records the steps and collectives of an engine without one.
+    ``writes``: False on a rank outside ``ranks`` that measures for ``step_listeners`` only (no file).
+    ``flops``: counts each micro step's FLOPs (None: no ``flops`` fields).  ``profiler_active``: whether
+    the engine-driven torch profiler records now (the step's record then says so).
     """
 
     def __init__(self, engine: Any, coordinator: Any, settings: PartitionedParamProfilerConfig, *, name: str,
                  identity: ProcessIdentity, dtype: torch.dtype, device_events: Optional[DeviceEvents],
-                 memory: Optional[StepMemory], append: bool = False) -> None:
+                 memory: Optional[StepMemory], append: bool = False, writes: bool = True,
+                 flops: Optional[FlopCounter] = None, peak_tflops: Optional[float] = None,
+                 model_numel: Optional[int] = None, profiler_active: Optional[Callable[[], bool]] = None,
+                 step_listeners: Sequence[Callable[[StepFigures], None]] = ()) -> None:
         self.name = name
         self.settings = settings
         self.path = fetch_records_file(settings.output_dir, identity.rank, name)
         self.device_events = device_events
         self.memory = memory
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab" if append else "wb", buffering=0)  # one write() per record
-        try:
-            self.fetches = None if coordinator is None else CoordinatorFetches(
-                engine, coordinator, element_size=torch.empty((), dtype=dtype).element_size(),
-                device_events=device_events)
-        except BaseException:
-            self._file.close()
-            raise
+        self.writes = writes
+        self.flops = flops
+        self.step_listeners: List[Callable[[StepFigures], None]] = list(step_listeners)
+        self._profiler_active = profiler_active
+        if writes:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._append = append
+        self._file: Any = None  # opened at the first forward, when a resume can be told (module doc)
+        self._closed = False
+        self.segment = 0
+        self._finished_step = -1  # the highest global step whose optimizer step this file has
+        self.fetches = None if coordinator is None else CoordinatorFetches(
+            engine, coordinator, element_size=torch.empty((), dtype=dtype).element_size(),
+            device_events=device_events)
         fetches = self.fetches
         self._header = {
             "schema": RECORD_SCHEMA, "engine": name, "rank": identity.rank, "world_size": identity.world_size,
             "local_rank": identity.local_rank, "host": identity.host, "pid": identity.pid,
             "recording_ranks": settings.ranks, "dtype": str(dtype)[len("torch."):], "clock": "host",
+            "model_numel": model_numel, "peak_tflops": peak_tflops,
             **(fetches.header if fetches is not None else {})
         }  # on the device clock, each record says its own clock
         self._engine = engine
         self._open: Optional[StepRecord] = None
         self._waits_at_open = 0
         self._unwritten: Deque[StepRecord] = deque()
+        self.totals = OptimizerStepTotals()
+        self._steps_before: Optional[int] = None  # global_steps when engine.step() started
+        self._step_records: List[StepRecord] = []  # the measured micro steps of the optimizer step in progress
         self.collectives = EngineCollectives(engine)
         # once: at close, or when the recorder is collected with its engine
         self._detach_collectives = weakref.finalize(self, collectives.attach_engine(self.collectives,
@@ -101,27 +130,53 @@ class StepRecorder(Listener):
     @property
     def closed(self) -> bool:
         """True once ``close()`` ran: the file is complete and the coordinator has DeepSpeed's profiler back."""
-        return self._file.closed
+        return self._closed
+
+    def _open_file(self) -> None:
+        """Open the records file at the first forward: append on a resume (module doc), else start it."""
+        engine = self._engine
+        resumed = engine.global_steps > 0
+        last = last_record(self.path) if self._append or resumed else None
+        if last is not None:
+            self.segment = int(last.get("segment") or 0) + (0 if self._append else 1)
+            # in this process the run goes on (a repeat starts a segment); a new process started one already
+            self._finished_step = int(last.get("global_step", -1)) if self._append else -1
+        elif not self._append and self.path.exists() and self.path.stat().st_size > 0:
+            log_dist(f"ds_profutils: {self.path} held records of an earlier run; this run starts at global step 0 "
+                     "and replaces them", ranks=[-1])
+        self._file = open(self.path, "ab" if self._append or resumed else "wb", buffering=0)  # one write() per record
 
     # ---- step boundaries (EngineHooks) ----------------------------------------------------------------
 
-    def forward_started(self, module: torch.nn.Module) -> None:
+    def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Any) -> None:
         engine = self._engine
         self._finish_open(closing=False)  # an eval forward, or a forward whose step() never came
         self._write_ready()
-        recorded = engine.global_steps % self.settings.log_interval == 0
+        global_step = engine.global_steps
+        recorded = self.writes and global_step % self.settings.log_interval == 0
         if self.fetches is not None:
             self.fetches.begin(recorded, _print_step(engine), self.settings.trace_ranges and ranges_active())
-        if not recorded:
+        if not recorded and not self.step_listeners:
             return
+        if recorded and self._file is None:
+            self._open_file()
+        training = module.training
+        if training and global_step <= self._finished_step:
+            self.segment += 1  # this file finished the step before: a run went back to an earlier checkpoint
+            self._finished_step = global_step - 1
         fields = {
-            "mode": "train" if module.training else "eval",
-            "global_step": engine.global_steps,
+            "mode": "train" if training else "eval",
+            "global_step": global_step,
             "micro_step": engine.micro_steps,
+            "segment": self.segment,
             "time": time.time(),
             "comms_logger": _comms_logger_on(),
         }
-        events = self.device_events
+        if self._profiler_active is not None and self._profiler_active():
+            fields["profiler_active"] = True
+        if self.flops is not None:
+            self.flops.forward_started(module, args, kwargs)
+        events = self.device_events if recorded else None  # a step measured only for listeners: host clock
         compute_stream = None
         if events is not None:
             from deepspeed.accelerator import get_accelerator
@@ -130,13 +185,16 @@ class StepRecorder(Listener):
         self._waits_at_open = events.waits if events is not None else 0
         self._open = self.collectives.step = StepRecord(fields, events.mark() if events is not None else None,
                                                         compute_stream)
+        self._open.written = recorded
         if self.memory is not None:
             self.memory.begin("forward")
 
-    def forward_ended(self, module: torch.nn.Module) -> None:
+    def forward_ended(self, module: torch.nn.Module, output: Any) -> None:
         step = self._open
         if step is None:
             return
+        if self.flops is not None:
+            self.flops.forward_ended(output)
         self._mark_end(step)
         step.forward_done = True
         evaluating = step.fields["mode"] == "eval"
@@ -151,6 +209,8 @@ class StepRecorder(Listener):
     def backward_ended(self) -> None:
         """Without a ``step()`` to come (Accelerate's micro steps before the boundary) the step ends here."""
         step = self._open
+        if step is not None and self.flops is not None:
+            self.flops.backward_ended()
         if step is not None and step.forward_done and step.fields["mode"] == "train":
             step.backward_done = True
             self._mark_end(step)
@@ -158,23 +218,47 @@ class StepRecorder(Listener):
                 self.memory.end()
 
     def step_started(self) -> None:
+        self._steps_before = self._engine.global_steps
         if self._open is not None:
             self._open.backward_done = False  # a step() follows after all: the record ends with it
+            if self.flops is not None:
+                self.flops.backward_ended()  # after a torch-style backward: the counting mode ends here
         if self._open is not None and self.memory is not None:
             self.memory.begin("step")
 
     def step_ended(self) -> None:
         step = self._open
+        boundary = self._steps_before is not None and self._engine.global_steps != self._steps_before
         if step is not None and step.forward_done:
             self._mark_end(step)
             step.step_done = True
+            step.ends_optimizer_step = boundary
             self._finish_open(closing=False)
+        if boundary:
+            self._optimizer_step_ended(self._steps_before, step.end_ns if step is not None else perf_counter_ns())
         self._write_ready()
+
+    def _optimizer_step_ended(self, global_step: int, end_ns: int) -> None:
+        """Global step ``global_step`` is done: its iteration and gap go on the record that ended it, its
+        figures to the listeners (host clock: final now, whatever the device clock says later)."""
+        records, self._step_records = self._step_records, []
+        iteration_ms, gap_ms, sums = self.totals.ended(end_ns)
+        self._finished_step = max(self._finished_step, global_step)
+        if not records or records[-1].fields["global_step"] != global_step:
+            return  # not measured (log_interval with nothing listening)
+        last = records[-1].fields
+        last["iteration_ms"], last["gap_ms"] = iteration_ms, gap_ms
+        if not self.step_listeners:
+            return
+        figures = StepFigures(global_step, sums.step_ms, iteration_ms, gap_ms, sums.flops, sums.tokens, sums.samples,
+                              sums.exposed_wait_ms, sums.collective_ms, sums.peak_allocated_bytes)
+        for listener in self.step_listeners:
+            listener(figures)
 
     def _mark_end(self, step: StepRecord) -> None:
         """The step ends here for now (its forward's end; then its step()'s end, which replaces it)."""
         step.end_ns = perf_counter_ns()
-        if self.device_events is not None:
+        if self.device_events is not None and step.start_mark is not None:
             self.device_events.release(step.end_mark)
             step.end_mark = self.device_events.mark()
 
@@ -196,14 +280,30 @@ class StepRecorder(Listener):
         if not step.complete(closing):
             if self.device_events is not None:
                 self.device_events.release(step.start_mark, step.end_mark)
+            if self.flops is not None:
+                self.flops.discard()
             return
         fields = step.fields
         if memory is not None:
             fields["memory"] = memory
-        if self.fetches is not None:
+        if self.flops is not None:
+            figures = self.flops.figures()
+            if figures is not None:
+                fields.update(flops=figures.flops, flops_source=figures.flops_source, tokens=figures.tokens,
+                              samples=figures.samples)
+        if step.written and self.fetches is not None:
             step.fetches = self.fetches.take()
             fields.update(step.fetches.fields)
-        if self.device_events is not None:
+        if fields["mode"] == "train":
+            if not step.ends_optimizer_step:
+                fields["iteration_ms"] = fields["gap_ms"] = None
+            self._step_records.append(step)
+            fetch_wait = fetch_wait_ms(step.fetches.entries()) if step.fetches is not None else 0.0
+            self.totals.micro_step(step.start_ns, step.end_ns, step.timing(),
+                                   figures if self.flops is not None else None, memory, fetch_wait)
+        if not step.written:
+            return
+        if self.device_events is not None and step.start_mark is not None:
             step.step_pair = self.device_events.pair(step.start_mark, step.end_mark, step.end_ns - step.start_ns)
             # the times this step's events found the pool exhausted and waited on the device
             fields["device_waits"] = self.device_events.waits - self._waits_at_open
@@ -248,6 +348,8 @@ class StepRecorder(Listener):
         if self.closed:
             return
         try:
+            if self.writes and self._file is None:
+                self._open_file()  # no forward came: the file says this run recorded nothing
             self._finish_open(closing=True)
             if self.device_events is not None:
                 self.device_events.settle(SETTLE_SECONDS)
@@ -258,7 +360,9 @@ class StepRecorder(Listener):
     def _detach(self) -> None:
         """Close the file and give the coordinator back as DeepSpeed made it."""
         self._forget_at_exit()
-        self._file.close()
+        self._closed = True
+        if self._file is not None:
+            self._file.close()
         self.collectives.step = None
         self._detach_collectives()
         if self.fetches is not None:

@@ -158,6 +158,11 @@ class ProfilerRun:
         return self.engine_driven and self._engine() is None
 
     @property
+    def recording(self) -> bool:
+        """The torch profiler records now: the step in progress is in a window's active part."""
+        return self._state is _State.RECORDING
+
+    @property
     def done(self) -> bool:
         """Every window is written (the schedule ended, or the run did): nothing is left to write."""
         return self._state is _State.DONE

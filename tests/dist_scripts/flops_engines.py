@@ -16,7 +16,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from ds_profutils.engine.flops import FlopCounter
+from ds_profutils.engine.throughput.flops import FlopCounter
 
 
 def make_model(kind: str) -> torch.nn.Module:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, NamedTuple, Optional, Set, Tuple
 
-from ..logging import logger
+from ...logging import logger
 
 __all__ = ["ACCELERATORS", "Accelerator", "Peak", "compute_dtype", "find_accelerator", "mfu", "peak_tflops",
            "resolve_peak"]

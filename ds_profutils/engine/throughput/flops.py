@@ -67,7 +67,7 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..logging import logger
+from ...logging import logger
 
 __all__ = ["DEFAULT_MAX_COUNTED_SHAPES", "FlopCounter", "MicroStepFlops", "inspect_batch"]
 
