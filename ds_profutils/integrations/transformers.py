@@ -72,7 +72,9 @@ def attach_trainer(trainer: Any, name: Optional[str] = None, *, config: Any = No
         if isinstance(callback, ProfUtilsTrainerCallback):
             return callback
     callback = ProfUtilsTrainerCallback(trainer, name, config, options)
-    trainer.add_callback(callback)
+    # first in line: at on_train_end it closes the attachment, whose last live events (an interval late on an
+    # accelerator) reach the report_to integrations before their own on_train_end closes their writers
+    trainer.callback_handler.callbacks.insert(0, callback)
     return callback
 
 
