@@ -365,3 +365,17 @@ def test_check_config_says_absent_in_the_resolved_view_as_in_the_effects(tmp_pat
     view, _, effects = capsys.readouterr().out.partition(EFFECTS_HEADER + "\n")
     assert "  comms_logger:" in view.splitlines() and "    enabled: false" in view.splitlines()
     assert "  comms_logger: present: " in effects
+
+
+def test_check_config_says_how_the_two_record_sections_combine(tmp_path, capsys):
+    """Both record sections on: one file per engine and rank, whose shared keys are step_metrics'."""
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3},
+                                "step_metrics": {"enabled": True, "output_dir": str(tmp_path / "a")},
+                                "partitioned_param_profiler": {"enabled": True, "output_dir": str(tmp_path / "b"),
+                                                               "log_interval": 1}}))
+    assert main(["check-config", str(path)]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: step_metrics")]
+    assert notes == [("note: step_metrics and partitioned_param_profiler are both on: one records file per engine "
+                      "and rank, its output_dir, ranks, log_interval, memory from step_metrics; the fetch section adds "
+                      f"the fetch events; not used: partitioned_param_profiler.output_dir \"{tmp_path / 'b'}\"")]

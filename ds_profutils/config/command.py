@@ -90,8 +90,8 @@ def _shared_record_keys(config: ProfUtilsConfig) -> Optional[str]:
     text = ("step_metrics and partitioned_param_profiler are both on: one records file per engine and rank, its "
             f"{', '.join(SHARED_RECORD_KEYS)} from step_metrics; the fetch section adds the fetch events")
     if differing:
-        text += (f"; partitioned_param_profiler's own {', '.join(differing)} "
-                 f"({', '.join(json.dumps(getattr(fetches, key)) for key in differing)}) are not used")
+        text += "; not used: " + ", ".join(f"partitioned_param_profiler.{key} {json.dumps(getattr(fetches, key))}"
+                                           for key in differing)
     return text
 
 

@@ -180,7 +180,8 @@ class _StepSnapshots(Listener):
 class Attachment:
     """Everything ``attach`` put on one engine; ``close()`` (also at the end of a ``with`` block) takes it off.
 
-    ``recorder`` is the fetch recorder (None when fetch records are off or this rank does not record).
+    ``recorder`` is the step recorder (None when neither record section is on, or this rank does not record;
+    with ``step_metrics`` on, a rank outside ``ranks`` has one that measures for its listeners and writes no file).
     ``live`` the live metrics (None unless ``"step_metrics"`` is on), which the recorder feeds.
     The engine's hooks are put on with the first feature that follows its steps.
     """
@@ -251,10 +252,11 @@ def attach(engine: Any,
            memory: Optional[bool] = None) -> Optional[Attachment]:
     """Switch on what the engine's ds_config asks of ds_profutils; return what was attached, if anything.
 
-    Reads the ``"partitioned_param_profiler"``, ``"profiler"``, ``"memory_snapshot"``, ``"nvtx"`` and
-    ``"comms_logger"`` sections and ``wall_clock_breakdown`` of the config the engine was built with
-    (or ``config``: a path or dict, for an engine built from another).  Keyword arguments override the
-    fetch-record section, ``DS_PROFUTILS_*`` variables override both.  An enabled ``"profiler"``
+    Reads the ``"step_metrics"``, ``"partitioned_param_profiler"``, ``"profiler"``, ``"memory_snapshot"``,
+    ``"nvtx"`` and ``"comms_logger"`` sections and ``wall_clock_breakdown`` of the config the engine was built
+    with (or ``config``: a path or dict, for an engine built from another).  Keyword arguments override the
+    record sections (``enabled`` and ``trace_ranges`` the fetch section's), ``DS_PROFUTILS_*`` variables
+    override both.  An enabled ``"profiler"``
     section runs the torch profiler from the engine's steps, with no decorator (docs/profiler.md).
 
     Several engines in one process (RLHF: actor, critic, ...) each write their own file: the first
@@ -316,8 +318,8 @@ def _record_settings(fetches: PartitionedParamProfilerConfig, metrics: Any) -> P
     """The records' settings: the fetch section's, with step_metrics' shared keys where it is on (module doc)."""
     if not metrics.enabled:
         return fetches
-    differing = [key for key in SHARED_RECORD_KEYS if fetches.enabled and getattr(fetches, key) != getattr(metrics, key)]
-    if differing:
+    differing = [key for key in SHARED_RECORD_KEYS if getattr(fetches, key) != getattr(metrics, key)]
+    if fetches.enabled and differing:
         warning_once("ds_profutils: step_metrics and partitioned_param_profiler are both on and differ in "
                      f"{', '.join(differing)}: the records (one file) take step_metrics' values")
     shared = {key: getattr(metrics, key) for key in SHARED_RECORD_KEYS}

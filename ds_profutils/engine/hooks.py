@@ -4,7 +4,9 @@ The fetch recorder, the memory snapshots and the engine-driven profiler all need
 a forward starts, a forward ends, ``engine.backward()`` returns, ``engine.step()`` starts and returns,
 and (for the snapshots and the profiler) an error leaves the engine's forward, backward or step.
 :class:`EngineHooks` puts one forward pre-hook (prepended, so it runs before DeepSpeed's own, which
-resets the ZeRO-3 coordinator's counters), one forward hook and wrappers of ``engine.backward`` and
+resets the ZeRO-3 coordinator's counters; with its keyword arguments, so listeners see the whole batch:
+the FLOP counter keys its counts by the input shapes), one forward hook (with the output, whose gradients
+tell the FLOP counter where the backward ends) and wrappers of ``engine.backward`` and
 ``engine.step`` -- and of ``engine.forward`` only when a listener watches errors -- and tells each
 listener.  ``backward`` is a moment of its own because Accelerate (and so the transformers Trainer)
 calls ``engine.step()`` only at the gradient-accumulation boundary: the micro steps before it end

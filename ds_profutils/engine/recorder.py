@@ -367,6 +367,8 @@ class StepRecorder(Listener):
         self._detach_collectives()
         if self.fetches is not None:
             self.fetches.remove()
+        if self.flops is not None:
+            self.flops.discard()  # a count in progress leaves the counting mode
         if getattr(self._engine, RECORDER_ATTR, None) is self:
             delattr(self._engine, RECORDER_ATTR)
 

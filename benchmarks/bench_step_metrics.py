@@ -1,0 +1,117 @@
+"""Step records from ``"step_metrics"`` on a ZeRO-2 engine, measured against no records in one run.
+
+    python benchmarks/bench_step_metrics.py [--turns 200]
+
+A ZeRO-2 training step (2 ranks under the deepspeed launcher, gloo on CPU, garbage collector on) with
+``step_metrics`` on (``attach`` before two steps, ``close`` after them) against off, interleaved: each
+turn runs off, on, and on with ``memory: false`` (on CPU the memory figures are RSS reads at each phase
+boundary), each mode first, second and third in turn.  The garbage ``attach`` and ``close`` leave is collected untimed.
+Figures per rank, medians over the turns of the ratio of adjacent steps:
+
+* the second step after ``attach`` (target <= 1.02x): the per-step cost, FLOPs looked up by shape;
+* the first step after ``attach``: it pays the FLOP count of the new input shape (every operator of that
+  micro step through ``FlopCounterMode``'s Python dispatch) and the file's opening -- once per shape per
+  attach in a job, printed without a target; the counting attempts say the count was taken once.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+REPO = Path(__file__).resolve().parent.parent
+STEP_TARGET = 1.02
+
+
+def worker(out: Path, turns: int) -> None:
+    import deepspeed
+    import torch
+
+    from ds_profutils import attach
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = torch.distributed.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(12)])
+    config = {
+        "train_micro_batch_size_per_gpu": 8,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}},
+        "zero_optimization": {"stage": 2},
+        "step_metrics": {"enabled": True, "output_dir": str(out / "records"), "console": False},
+    }
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    batch = torch.randn(8, 128)
+
+    def step() -> float:
+        began = time.perf_counter()
+        engine.backward(engine(batch).pow(2).mean())
+        engine.step()
+        return time.perf_counter() - began
+
+    for _ in range(5):
+        step()
+    configs = {"off": {**config, "step_metrics": {"enabled": False}}, "on": config,
+               "on, no memory": {**config, "step_metrics": {**config["step_metrics"], "memory": False}}}
+    modes = tuple(configs)
+    seconds: Dict[str, List[float]] = {mode: [] for mode in modes}
+    first_steps: Dict[str, List[float]] = {mode: [] for mode in modes}
+    attempts = []
+    for turn in range(turns):
+        for mode in modes[turn % 3:] + modes[:turn % 3]:  # each mode first, second and third in turn
+            attachment = attach(engine, config=configs[mode])
+            gc.collect()  # what attach and close leave is a job's once, not its steps'
+            first_steps[mode].append(step())
+            seconds[mode].append(step())
+            if attachment is not None:
+                attempts.append(attachment.recorder.flops.counting_attempts)
+                attachment.close()
+    (out / f"rank_{rank}.json").write_text(
+        json.dumps({"seconds": seconds, "first_steps": first_steps, "counting_attempts": sorted(set(attempts))}))
+
+
+def bench(turns: int) -> float:
+    sys.path.insert(0, str(REPO / "tests"))
+    from launcher import run_deepspeed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        run_deepspeed(Path(__file__), ["--worker", str(out), "--turns", str(turns)], timeout=900)
+        results = {rank: json.loads((out / f"rank_{rank}.json").read_text()) for rank in (0, 1)}
+    print(f"ZeRO-2 training step, 2 ranks (gloo, CPU), {turns} interleaved turns of off / step_metrics on")
+    worst = 0.0
+    for rank, result in results.items():
+        seconds, first_steps = result["seconds"], result["first_steps"]
+        ratio = statistics.median(b / a for a, b in zip(seconds["off"], seconds["on"]))
+        bare = statistics.median(b / a for a, b in zip(seconds["off"], seconds["on, no memory"]))
+        first = statistics.median(b / a for a, b in zip(first_steps["off"], first_steps["on"]))
+        worst = max(worst, ratio)
+        print(f"    rank {rank}: off {statistics.median(seconds['off']) * 1e3:7.2f} ms   on "
+              f"{statistics.median(seconds['on']) * 1e3:7.2f} ms   on/off {ratio:5.3f}x   without memory figures "
+              f"{bare:5.3f}x   first step after attach "
+              f"(counts the shape's FLOPs) {first:5.3f}x; FLOP counting attempts per attach "
+              f"{result['counting_attempts']}")
+    print(f"    worst rank, step_metrics on against off: {worst:5.3f}x  (target <= {STEP_TARGET}x)")
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=200, help="interleaved turns of the three modes")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        worker(args.worker, args.turns)
+        return
+    bench(args.turns)
+
+
+if __name__ == "__main__":
+    main()
