@@ -131,8 +131,8 @@ def run_lightning(out: Path) -> dict:
     callback = ProfUtilsCallback()
     strategy = strategies.DeepSpeedStrategy(config=lightning_config(out), parallel_devices=[torch.device("cpu", 0)])
     trainer = pl.Trainer(accelerator="cpu", devices=1, num_nodes=2, strategy=strategy, callbacks=[callback],
-                         max_steps=STEPS, accumulate_grad_batches=ACCUMULATE, logger=TensorBoardLogger(out / "lightning"),
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                         max_steps=STEPS, accumulate_grad_batches=ACCUMULATE,
+                         logger=TensorBoardLogger(out / "lightning"), enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     torch.manual_seed(0)
     trainer.fit(NextToken(), torch.utils.data.DataLoader(RandomTokens(256), batch_size=4))
     return trainer.global_rank, {"given_back": callback.attachment is None}
