@@ -7,7 +7,8 @@ Run it under the launcher (2 ranks, gloo), as the README shows:
 It trains a toy regression model, reads the fp32 master weights and gradients through the
 ``safe_get_*`` accessors, prints progress on rank 0 with ``print_dist``, and profiles as the ds_config
 says, through one line, ``attach(engine)``: the ``"partitioned_param_profiler"`` section's ZeRO-3 fetch
-records and the ``"profiler"`` section's torch traces, driven by the engine's optimizer steps (no
+records, the ``"profiler"`` section's torch traces, driven by the engine's optimizer steps, and the
+``"step_metrics"`` section's live line on rank 0 every ``monitor_interval`` steps (no
 decorator, no ``step_profiler()`` in the loop; the decorator is the other way, for a loop with no engine
 to follow: docs/profiler.md).  At the end rank 0 says where the outputs are, prints the merged fetch
 report, and last the command that prints it again.

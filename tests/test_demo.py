@@ -21,6 +21,7 @@ def demo_run(tmp_path_factory):
                          env={
                              "DS_PROFUTILS_PROFILER_OUTPUT_DIR": str(out),
                              "DS_PROFUTILS_PARTITIONED_PARAM_PROFILER_OUTPUT_DIR": str(out),
+                             "DS_PROFUTILS_STEP_METRICS_OUTPUT_DIR": str(out),
                          })
     return out, proc.stdout
 
@@ -31,6 +32,15 @@ def test_trains_and_prints_every_step_on_rank_0_as_output_not_as_a_warning(demo_
     # numbered as the records, the traces' ProfilerStep#N and the report number them: global steps from 0
     assert [line.split("[Rank 0] step ")[1].split(":")[0] for line in steps] == [str(n) for n in range(8)]
     assert not any("WARNING" in line for line in steps)
+
+
+def test_prints_the_live_line_of_both_ranks_figures_every_monitor_interval_on_rank_0(demo_run):
+    interval = json.loads(CONFIG.read_text())["step_metrics"]["monitor_interval"]
+    lines = [line for line in demo_run[1].splitlines() if "ds_profutils step " in line]
+    # after global steps 3 and 7 of the 8, once each (rank 1 printing too would make four)
+    assert [int(line.split("ds_profutils step ")[1].split(":")[0]) for line in lines] == \
+        list(range(interval - 1, 8, interval)) == [3, 7]
+    assert all(" ms, iteration " in line and "TFLOP/s" in line and "straggler" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("rank", [0, 1])

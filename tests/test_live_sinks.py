@@ -11,20 +11,10 @@ import torch
 from ds_profutils.engine.live import EVENT_NAMES, LiveMetrics, StepFigures
 from ds_profutils.integrations.live_sinks import AccelerateSink, LightningSink, TrainerSink
 
-event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+pytest.importorskip("tensorboard")
+from tensorboard_testing import scalars  # noqa: E402
 
 EVENTS = [("ds_profutils/step_ms", 12.5, 8), ("ds_profutils/mfu", 0.25, 8), ("ds_profutils/tokens_per_s", 640.0, 8)]
-
-
-def scalars(logdir: Path) -> dict:
-    """{tag: [(step, value), ...]} of every TensorBoard event file under ``logdir``."""
-    found = {}
-    for events_file in sorted(logdir.rglob("events.out.tfevents.*")):
-        accumulator = event_accumulator.EventAccumulator(str(events_file))
-        accumulator.Reload()
-        for tag in accumulator.Tags()["scalars"]:
-            found.setdefault(tag, []).extend((event.step, event.value) for event in accumulator.Scalars(tag))
-    return found
 
 
 class Regression(torch.nn.Module):
@@ -112,3 +102,33 @@ def test_lightning_loggers(tmp_path):
     assert [(int(row["step"]), float(row["ds_profutils/step_ms"])) for row in rows] == [(8, 12.5)]
     assert scalars(tmp_path / "tb")["ds_profutils/tokens_per_s"] == [(8, 640.0)]
     LightningSink(Trainer(logger=False, accelerator="cpu", devices=1)).write(EVENTS)  # no logger: nothing to do
+
+
+class Kept:
+    """A sink that keeps what it is sent."""
+
+    def __init__(self):
+        self.writes = []
+
+    def write(self, events):
+        self.writes.append(events)
+
+
+def test_an_attachment_takes_one_framework_sink_of_a_kind_and_none_without_live_metrics():
+    from ds_profutils.engine import Attachment
+
+    live = LiveMetrics(SimpleNamespace(monitor_interval=2, console=False), 100.0, [])
+    attachment = Attachment(SimpleNamespace(), None, None)
+    attachment.live = live  # as attach sets it with step_metrics on
+    first = Kept()
+    attachment.report_to(first)
+    attachment.report_to(Kept())  # attach(accelerator) again: the same attachment, no second sink
+    for step in range(4):
+        live.step_finished(figures(step))
+    assert [{step for _, _, step in events} for events in first.writes] == [{1}, {3}]
+    attachment.close()
+    assert live.sinks == [first]
+    off = Attachment(SimpleNamespace(), None, None)  # step_metrics off: nothing to send, nothing kept
+    off.report_to(Kept())
+    assert off.live is None
+    off.close()

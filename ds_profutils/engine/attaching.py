@@ -6,8 +6,11 @@ switched off in source (``ENABLE_PROFILER = False``).  ``attach`` puts our
 (:class:`ds_profutils.zero3.CoordinatorFetches`), and a :class:`~.recorder.StepRecorder` writes one
 JSON line per step and rank.  It also applies the config's engine settings (:mod:`.engine_setup`),
 the memory snapshot (:mod:`.snapshot`) and the torch profiler driven by the engine's steps
-(:mod:`.engine_driven`), all following the engine through one set of hooks (:mod:`.hooks`).  An engine it does not know is
-refused, untouched.  :class:`Attachment` is what it returns: ``close()`` takes everything off again.
+(:mod:`.engine_driven`), all following the engine through one set of hooks (:mod:`.hooks`).  With
+``"step_metrics"`` on, a :class:`~.live.LiveMetrics` on every rank takes the recorder's step figures and
+sends them, every ``monitor_interval`` steps, to DeepSpeed's monitor, the console and whatever sink a
+framework adapter adds (:meth:`Attachment.report_to`).  An engine it does not know is refused, untouched.
+:class:`Attachment` is what it returns: ``close()`` takes everything off again.
 
 Step records come from either section.  ``"step_metrics"`` records any ZeRO stage (0-3) and adds FLOPs;
 ``"partitioned_param_profiler"`` needs stage 3 and adds the fetch events.  With both on, one file is
@@ -39,6 +42,7 @@ from . import snapshot
 from .engine_driven import EngineDrivenProfiler
 from .engine_setup import apply_engine_settings
 from .hooks import EngineHooks, Listener
+from .live import LiveMetrics, LiveSink, monitor_sink
 from .memory import StepMemory
 from .recorder import StepRecorder
 from .throughput.accelerators import compute_dtype, resolve_peak
@@ -178,6 +182,7 @@ class Attachment:
 
     ``recorder`` is the step recorder (None when neither record section is on, or this rank does not record;
     with ``step_metrics`` on, a rank outside ``ranks`` has one that measures for its listeners and writes no file).
+    ``live`` the live metrics (None unless ``"step_metrics"`` is on), which the recorder feeds.
     The engine's hooks are put on with the first feature that follows its steps.
     """
 
@@ -185,6 +190,7 @@ class Attachment:
         self.engine = engine
         self.name = name
         self.recorder: Optional[StepRecorder] = None
+        self.live: Optional[LiveMetrics] = None
         self._hooks: Optional[EngineHooks] = None
         self._undo_settings = undo_settings
         self._closers: List[Callable[[], None]] = []
@@ -201,6 +207,14 @@ class Attachment:
         self._hooks.add(listener)
         self._closers.append(close)
 
+    def report_to(self, sink: LiveSink) -> None:
+        """Send the live events to ``sink`` as well: a framework's own reporting (the Trainer's ``report_to``,
+        Accelerate's trackers, Lightning's loggers), added by its adapter, which knows the framework's objects
+        while engine/ does not.  One sink of a kind: attaching the same framework object again adds none.
+        Nothing happens when live metrics are off."""
+        if self.live is not None and not any(type(known) is type(sink) for known in self.live.sinks):
+            self.live.sinks.append(sink)
+
     def close(self) -> None:
         """Write what is finished and give the engine and the process back as they were before ``attach``."""
         if self.closed:
@@ -209,6 +223,8 @@ class Attachment:
         try:
             for close in self._closers:
                 close()
+            if self.live is not None:
+                self.live.close()  # after the recorder's close: the recorder feeds it
         finally:
             if self._hooks is not None:
                 self._hooks.remove()
@@ -333,6 +349,8 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
     accelerator = get_accelerator()
     dtype = engine.get_data_types()[0]
     peak = resolve_peak(metrics.peak_tflops, _device_name(accelerator), compute_dtype(dtype)) if metrics else None
+    # on every rank (each takes part in the interval's gather), into DeepSpeed's monitor where one is enabled
+    attachment.live = None if metrics is None else LiveMetrics(metrics, peak.tflops, [monitor_sink(engine)])
     recorder = StepRecorder(engine, coordinator, settings,
                             name=name,
                             identity=identity,
@@ -344,7 +362,8 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
                             flops=FlopCounter() if metrics is not None else None,
                             peak_tflops=peak.tflops if peak is not None else None,
                             model_numel=model_numel(engine),
-                            profiler_active=profiler_active)
+                            profiler_active=profiler_active,
+                            step_listeners=[] if attachment.live is None else [attachment.live.step_finished])
     if writes:
         _started_files.add(path)
     attachment.recorder = recorder

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ..logging import warning_once
 from .frameworks import AttachTargetError
+from .live_sinks import AccelerateSink
 
 __all__ = ["attach_accelerator"]
 
@@ -31,4 +32,7 @@ def attach_accelerator(accelerator: Any, name: Optional[str] = None, *, config: 
             return None
         raise AttachTargetError("ds_profutils.attach: cannot profile this accelerate.Accelerator: it has no DeepSpeed "
                                 "engine yet: call attach(accelerator) after accelerator.prepare(model, ...)")
-    return attach(wrapped.engine, name, config=config, **options)
+    attachment = attach(wrapped.engine, name, config=config, **options)
+    if attachment is not None:
+        attachment.report_to(AccelerateSink(accelerator))  # its trackers, once init_trackers ran
+    return attachment

@@ -31,8 +31,9 @@ class FollowedEngines:
         self._config = config
         self._options = options
 
-    def begin(self, engine: Any) -> None:
-        """``engine`` is what the framework trains with from now on: attach to it (again, if it is the last one)."""
+    def begin(self, engine: Any, live_sink: Any = None) -> None:
+        """``engine`` is what the framework trains with from now on: attach to it (again, if it is the last one);
+        ``live_sink`` (a :mod:`.live_sinks` sink) takes the live events into the framework's own reporting."""
         from ..engine import attach, continue_series
 
         if self.closed:
@@ -44,6 +45,8 @@ class FollowedEngines:
             name = None  # attach takes the engine's own name
         attachment = attach(engine, name, config=self._config, **self._options)
         self._attachment = None if attachment is None else weakref.ref(attachment)
+        if attachment is not None and live_sink is not None:
+            attachment.report_to(live_sink)
         if attachment is not None and attachment.name is not None:
             self.name = attachment.name
 

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from .frameworks import AttachTargetError, Framework, check_release
 from .engines import FollowedEngines, FollowingCallback
+from .live_sinks import LightningSink
 
 __all__ = ["ProfUtilsCallbackMixin"]
 
@@ -44,7 +45,7 @@ class ProfUtilsCallbackMixin(FollowingCallback):
                                     "(Trainer(strategy=\"deepspeed_stage_3\") or DeepSpeedStrategy(...))")
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self._engines.begin(trainer.strategy.deepspeed_engine)
+        self._engines.begin(trainer.strategy.deepspeed_engine, LightningSink(trainer))
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._engines.end()

@@ -23,6 +23,7 @@ from transformers import TrainerCallback
 from ..config import load_config, resolve_section
 from ..logging import warning_once
 from .engines import FollowedEngines, FollowingCallback
+from .live_sinks import TrainerSink
 
 __all__ = ["ProfUtilsTrainerCallback", "attach_trainer"]
 
@@ -39,7 +40,7 @@ class ProfUtilsTrainerCallback(FollowingCallback, TrainerCallback):
         self._engines = FollowedEngines(name, config, options)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._engines.begin(self._trainer.model_wrapped)
+        self._engines.begin(self._trainer.model_wrapped, TrainerSink(self._trainer))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._engines.end()
@@ -71,7 +72,9 @@ def attach_trainer(trainer: Any, name: Optional[str] = None, *, config: Any = No
         if isinstance(callback, ProfUtilsTrainerCallback):
             return callback
     callback = ProfUtilsTrainerCallback(trainer, name, config, options)
-    trainer.add_callback(callback)
+    # first in line: at on_train_end it closes the attachment, whose last live events (an interval late on an
+    # accelerator) reach the report_to integrations before their own on_train_end closes their writers
+    trainer.callback_handler.callbacks.insert(0, callback)
     return callback
 
 
