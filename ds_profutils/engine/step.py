@@ -105,9 +105,25 @@ class StepRecord:
         return {
             "step_time_ms": step_ns / _NS_PER_MS,
             "collectives": entries,
-            "collective_ms": sum(entry["time_ms"] for entry in entries.values()),
+            "collective_ms": sum(entry["time_ms"] for entry in entries.values()) - self._overlap_ns() / _NS_PER_MS,
             "collective_wait_ms": sum(entry["exposed_ms"] for entry in entries.values()),
         }
+
+
+    def _overlap_ns(self) -> float:
+        """How much of the collectives' device intervals on this step's time axis overlap (a prefetch beside
+        a side stream's reduce-scatter): counted once in ``collective_ms``, which so stays within the step.
+        Intervals on the host clock are sequential on the host, and are left as they are."""
+        intervals = sorted((pair.offset_ns, pair.offset_ns + pair.device_ns) for totals in self.collectives.values()
+                           for pair in totals.blocking_pairs + totals.async_pairs
+                           if pair.offset_ns is not None and pair.resolved and pair.anchor is self.start_mark)
+        overlap = 0.0
+        reach = None
+        for start, end in intervals:
+            if reach is not None and start < reach:
+                overlap += min(end, reach) - start
+            reach = end if reach is None else max(reach, end)
+        return overlap
 
 
 class EngineCollectives:
