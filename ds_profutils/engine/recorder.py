@@ -259,6 +259,8 @@ class StepRecorder(Listener):
         """Close the file and give the coordinator back as DeepSpeed made it."""
         self._forget_at_exit()
         self._file.close()
+        if self.memory is not None:
+            self.memory.close()
         self.collectives.step = None
         self._detach_collectives()
         if self.fetches is not None:
