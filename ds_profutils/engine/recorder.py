@@ -85,6 +85,9 @@ class StepRecorder(Listener):
         self._engine = engine
         self._open: Optional[StepRecord] = None
         self._waits_at_open = 0
+        # The engine's micro steps (train forwards with their backwards) as they happen: DeepSpeed moves
+        # engine.micro_steps only in step(), which Accelerate and the Trainer call at the boundary only.
+        self._micro_steps = engine.micro_steps
         self._unwritten: Deque[StepRecord] = deque()
         self.collectives = EngineCollectives(engine)
         # once: at close, or when the recorder is collected with its engine
@@ -110,14 +113,18 @@ class StepRecorder(Listener):
         self._finish_open(closing=False)  # an eval forward, or a forward whose step() never came
         self._write_ready()
         recorded = engine.global_steps % self.settings.log_interval == 0
+        # a forward under no_grad in train mode (reference logits of DPO, PEFT) is no micro step
+        mode = ("train" if torch.is_grad_enabled() else "no_grad") if module.training else "eval"
+        micro_step = self._micro_steps
+        self._micro_steps += mode == "train"
         if self.fetches is not None:
             self.fetches.begin(recorded, _print_step(engine), self.settings.trace_ranges and ranges_active())
         if not recorded:
             return
         fields = {
-            "mode": "train" if module.training else "eval",
+            "mode": mode,
             "global_step": engine.global_steps,
-            "micro_step": engine.micro_steps,
+            "micro_step": micro_step,
             "time": time.time(),
             "comms_logger": _comms_logger_on(),
         }
@@ -139,7 +146,7 @@ class StepRecorder(Listener):
             return
         self._mark_end(step)
         step.forward_done = True
-        evaluating = step.fields["mode"] == "eval"
+        evaluating = step.fields["mode"] != "train"
         if evaluating:  # no step() follows: what comes next is another engine's or the loop's
             self._pause()
         if self.memory is not None:

@@ -56,13 +56,13 @@ class StepRecord:
 
     def complete(self, closing: bool) -> bool:
         """Whether this record holds a whole step: its ``step()`` returned, or its forward ended and no
-        ``step()`` was to come -- an eval forward, or a second forward started before one ``step()``
+        ``step()`` was to come -- an eval or no-grad forward, or a second forward started before one ``step()``
         (a micro step before the accumulation boundary, which ended when its backward returned).  At
         close, a train forward whose backward never returned was cut short (SIGTERM in its backward,
         an exception): not a whole step."""
         if self.step_done or self.backward_done:
             return True
-        return self.forward_done and (not closing or self.fields["mode"] == "eval")
+        return self.forward_done and (not closing or self.fields["mode"] != "train")
 
     def add_collective(self, op: str, stream: Any, is_async: bool, host_ns: int, pair: Optional[Pair]) -> None:
         """One collective of this step: ``host_ns`` and ``pair`` time it on its own stream (``stream``, the
