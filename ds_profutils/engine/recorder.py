@@ -87,7 +87,10 @@ class StepRecorder(Listener):
         self._waits_at_open = 0
         # The engine's micro steps (train forwards with their backwards) as they happen: DeepSpeed moves
         # engine.micro_steps only in step(), which Accelerate and the Trainer call at the boundary only.
-        self._micro_steps = engine.micro_steps
+        # Counted from the global step (the same figure under DeepSpeed's own loop, and across attaches
+        # and resumes): the train forwards seen since the engine's global step last moved.
+        self._micro_of: Optional[int] = None  # the global step the count is of
+        self._micro_index = 0
         self._unwritten: Deque[StepRecord] = deque()
         self.collectives = EngineCollectives(engine)
         # once: at close, or when the recorder is collected with its engine
@@ -115,8 +118,10 @@ class StepRecorder(Listener):
         recorded = engine.global_steps % self.settings.log_interval == 0
         # a forward under no_grad in train mode (reference logits of DPO, PEFT) is no micro step
         mode = ("train" if torch.is_grad_enabled() else "no_grad") if module.training else "eval"
-        micro_step = self._micro_steps
-        self._micro_steps += mode == "train"
+        if engine.global_steps != self._micro_of:
+            self._micro_of, self._micro_index = engine.global_steps, 0
+        micro_step = engine.global_steps * engine.gradient_accumulation_steps() + self._micro_index
+        self._micro_index += mode == "train"
         if self.fetches is not None:
             self.fetches.begin(recorded, _print_step(engine), self.settings.trace_ranges and ranges_active())
         if not recorded:
