@@ -29,13 +29,19 @@ _NS_PER_MS = 1e6
 
 class Pair:
     """One interval: its start and end events, the host time measured beside them, and (once known)
-    the device time."""
+    the device time.
 
-    __slots__ = ("start", "end", "host_ns", "device_ns")
+    With an ``anchor`` (an event recorded earlier, e.g. its step's start) the pair also learns where it
+    starts after the anchor (``offset_ns``): intervals of one anchor share a time axis, so overlapping
+    ones can be counted once.  The anchor must stay recorded until the pair resolves (a step's start is
+    given back only with its step's pair, which is registered after every pair of its step)."""
 
-    def __init__(self, start: Any, end: Any, host_ns: int) -> None:
-        self.start, self.end, self.host_ns = start, end, host_ns
+    __slots__ = ("start", "end", "host_ns", "device_ns", "anchor", "offset_ns")
+
+    def __init__(self, start: Any, end: Any, host_ns: int, anchor: Any = None) -> None:
+        self.start, self.end, self.host_ns, self.anchor = start, end, host_ns, anchor
         self.device_ns: Optional[float] = None
+        self.offset_ns: Optional[float] = None
 
     @property
     def resolved(self) -> bool:
@@ -94,9 +100,9 @@ class DeviceEvents:
         with self._lock:
             self._free += [event for event in events if event is not None]
 
-    def pair(self, start: Any, end: Any, host_ns: int) -> Pair:
+    def pair(self, start: Any, end: Any, host_ns: int, anchor: Any = None) -> Pair:
         """Register the interval between two marked events; its device time comes later."""
-        pair = Pair(start, end, host_ns)
+        pair = Pair(start, end, host_ns, anchor)
         with self._lock:
             self._in_flight.append(pair)
         return pair
@@ -111,6 +117,9 @@ class DeviceEvents:
         while in_flight and in_flight[0].end.query():
             pair = in_flight.popleft()
             pair.device_ns = pair.start.elapsed_time(pair.end) * _NS_PER_MS
+            anchor = pair.anchor
+            if anchor is not None and anchor.query():  # given back and recorded again: no longer an anchor
+                pair.offset_ns = anchor.elapsed_time(pair.start) * _NS_PER_MS
             self._free += (pair.start, pair.end)
         return not in_flight
 

@@ -6,8 +6,9 @@ interval timed on the host, gives a wrong figure.  Device work is modelled as CU
 
 * work issued on a stream moves that stream's clock (:meth:`StreamClockAccelerator.advance`);
 * a blocking collective runs on the stream it is issued on, for its duration;
-* an async collective runs on a stream of its own from its launch; waiting for it makes the waiting
-  stream wait until it ends (the waiting stream's clock becomes at least its end).
+* an async collective runs on a stream of its own from its launch; waiting for it (its handle, or its
+  future, which NCCL completes at launch) makes the waiting stream wait until it ends (the waiting
+  stream's clock becomes at least its end).
 
 :func:`simulate_collectives` wraps a ``deepspeed.comm`` backend object so that its collectives take
 those durations (the real call still runs, so a real engine trains as usual).  Installed with
@@ -71,6 +72,10 @@ class StreamClockAccelerator(CPU_Accelerator):
     def Event(self) -> Callable[..., StandInEvent]:
         return lambda enable_timing=False: StandInEvent(self, enable_timing)
 
+    @property
+    def Stream(self) -> Callable[..., StandInStream]:
+        return lambda *args, **kwargs: StandInStream(f"stream {len(self.recorded)}")
+
     def current_stream(self, device_index: Any = None) -> StandInStream:
         return self._current
 
@@ -107,8 +112,26 @@ class SimulatedWork:
         self._waited(stream.clock_ms - before)
         return result
 
+    def get_future(self) -> "SimulatedFuture":
+        return SimulatedFuture(self._accelerator, self._end_ms)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
+
+
+class SimulatedFuture:
+    """NCCL's future of an async collective: complete at launch (its events are on the collective's
+    stream); waiting makes the current stream wait until the collective ends, and never blocks the host."""
+
+    def __init__(self, accelerator: StreamClockAccelerator, end_ms: float) -> None:
+        self._accelerator, self._end_ms = accelerator, end_ms
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        stream = self._accelerator.current_stream()
+        stream.clock_ms = max(stream.clock_ms, self._end_ms)
 
 
 def simulate_collectives(accelerator: StreamClockAccelerator, backend: Any, durations_ms: Dict[str, float],

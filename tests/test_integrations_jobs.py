@@ -118,6 +118,8 @@ def test_a_record_for_every_micro_step_keyed_by_the_engines_global_step(job, ran
     steps = [record["global_step"] for record in train]
     # two micro steps per optimizer step, in order, through both phases and the killed one, nothing else
     assert steps == [n // 2 for n in range(len(steps))]
+    # each micro step its own micro_step (DeepSpeed's engine.micro_steps moves only at the boundary here)
+    assert [record["micro_step"] for record in train] == list(range(len(train)))
     assert len(steps) >= 2 * run.finished[rank] >= 2 * KILL_AFTER  # every finished step is there
     assert all(record["rank"] == rank and record["world_size"] == 2 and record["engine"] == "main" for record in train)
     assert all(record["events"]["forward_fetch_wait"]["count"] > 0 for record in train)  # ZeRO-3 fetched
@@ -142,10 +144,11 @@ def test_the_trainer_attaches_each_trains_engine_under_one_name_and_appends(trai
         assert findings["after_second"] == {"name": "main", "attachment": False, "new_engine": True,
                                             "engine_steps": FINISHED_AT, "engine_given_back": True}
         assert findings["attached_to_current_engine_at_every_step"] and findings["steps_watched"] == FINISHED_AT
-        # the resumed engine's records follow the first one's in the same file: its own micro-step count restarts
+        # the resumed engine's records follow the first one's in the same file, its micro steps counted on from
+        # the global step it resumed at (2 per optimizer step)
         resumed = [record for record in trainer_job.records[rank]
                    if record["mode"] == "train" and record["global_step"] == RESUMED_AT]
-        assert resumed[0]["micro_step"] == 0 and {record["pid"] for record in trainer_job.records[rank]} == {
+        assert [record["micro_step"] for record in resumed] == [2 * RESUMED_AT, 2 * RESUMED_AT + 1] and {record["pid"] for record in trainer_job.records[rank]} == {
             trainer_job.records[rank][0]["pid"]}
     assert not list((trainer_job.out / "records").glob("zero_fetch_engine*"))  # no second series beside "main"
 

@@ -113,6 +113,29 @@ def test_a_fresh_engine_counting_from_0_again_starts_the_files_afresh(tmp_path):
     assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [2, 3]
 
 
+@pytest.mark.parametrize("new_process", [False, True])
+def test_a_run_resumed_from_an_earlier_checkpoint_continues_the_trace_latest_wins(tmp_path, new_process):
+    """Steps 0-7 profiled (cycles 2-3 and 6-7), then a restart from the checkpoint at step 4 (in the same
+    process, or in a new one: the process's writers forgotten): the run trace keeps steps 2-3, and steps 6-7
+    are the new run's, once each -- as the records keep the latest record of each step."""
+    from ds_profutils.torch_profiler import writer as writer_module
+
+    engine = AccumulatingEngine(profiler_config(tmp_path))
+    with ds_profutils.attach(engine, config=engine.config):
+        engine.train(8)
+    first = {e["name"]: e["ts"] for e in read_trace(tmp_path / "trace_rank_0.json")["traceEvents"]
+             if e.get("name", "").startswith("ProfilerStep#")}
+    if new_process:
+        writer_module._writers.clear()
+    resumed = AccumulatingEngine(profiler_config(tmp_path), global_steps=4)
+    with ds_profutils.attach(resumed, config=resumed.config):
+        resumed.train(4)  # global steps 4-7: wait 4, warmup 5, active 6-7
+    trace = read_trace(tmp_path / "trace_rank_0.json")
+    assert profiler_steps(trace) == [2, 3, 6, 7]
+    later = {e["name"]: e["ts"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    assert later["ProfilerStep#2"] == first["ProfilerStep#2"] and later["ProfilerStep#6"] > first["ProfilerStep#7"]
+
+
 def test_an_engine_dropped_without_close_gives_the_profiler_to_the_next(tmp_path, ds_caplog):
     engine = AccumulatingEngine(profiler_config(tmp_path / "first", active=4))
     ds_profutils.attach(engine, config=engine.config)

@@ -193,8 +193,10 @@ def test_every_collective_is_timed_on_its_own_stream(tmp_path, accelerator, back
         "all_gather_into_tensor": {"count": 1, "async": 1, "time_ms": ALL_GATHER_MS, "exposed_ms": 0.0,
                                    "stream": "compute", "clock": "device"},
     }
-    # Time inside collectives, waiting for late peers included, against what stalled the compute stream.
-    assert record["collective_ms"] == ALL_REDUCE_MS + REDUCE_SCATTER_MS + ALL_GATHER_MS
+    # Time inside collectives, waiting for late peers included, against what stalled the compute stream; on the
+    # step's axis the side stream's reduce-scatter (0-7 ms) overlaps the all-reduce (5-10 ms, after the forward
+    # and its fetch wait) and their 2 ms in common count once, then the all-gather (10-14 ms).
+    assert record["collective_ms"] == 14.0 <= record["step_time_ms"]
     assert record["collective_wait_ms"] == ALL_REDUCE_MS
     assert record["exposed_wait_ms"] == record["fetch_wait_ms"] + ALL_REDUCE_MS
     assert "all_reduce" not in vars(backend) or vars(backend)["all_reduce"].__name__ == "call"  # the simulation's
@@ -217,6 +219,49 @@ def test_a_misplaced_event_gives_a_wrong_figure(tmp_path, accelerator, backend, 
         one_step_of_collectives(engine, accelerator, backend)
     (record, ) = read_records(tmp_path)
     assert record["collectives"]["reduce_scatter_tensor@side-stream"]["time_ms"] != REDUCE_SCATTER_MS
+
+
+COMPUTE_MS = 10.0
+
+
+def test_an_async_collective_is_its_own_time_however_late_it_is_waited_for(tmp_path, accelerator, backend):
+    """A 4 ms gather launched, 10 ms of compute, then the wait: the gather took 4 ms, not the 10 ms between."""
+    simulated(accelerator, backend)
+    engine = on_device(Engine(), accelerator)
+    tensor = torch.ones(2)
+    with recorder_for(engine, tmp_path, device_events=DeviceEvents(accelerator.Event)):
+        engine.module.train()
+        engine.forward()
+        handle = backend.all_gather_into_tensor(tensor, tensor, None, True)
+        accelerator.advance(COMPUTE_MS)
+        handle.wait()
+        engine.backward()
+        engine.step()
+    (record, ) = read_records(tmp_path)
+    gather = record["collectives"]["all_gather_into_tensor"]
+    assert gather == {"count": 1, "async": 1, "time_ms": ALL_GATHER_MS, "exposed_ms": 0.0, "stream": "compute",
+                      "clock": "device"}
+    assert record["collective_ms"] == ALL_GATHER_MS
+
+
+def test_overlapping_collectives_count_once_on_the_steps_time_axis(tmp_path, accelerator, backend):
+    """Two 4 ms gathers launched 1 ms apart cover 5 ms of the step, not 8: ``collective_ms`` stays within it."""
+    simulated(accelerator, backend)
+    engine = on_device(Engine(), accelerator)
+    tensor = torch.ones(2)
+    with recorder_for(engine, tmp_path, device_events=DeviceEvents(accelerator.Event)):
+        engine.module.train()
+        engine.forward()
+        first = backend.all_gather_into_tensor(tensor, tensor, None, True)
+        accelerator.advance(1.0)
+        second = backend.all_gather_into_tensor(tensor, tensor, None, True)
+        first.wait()
+        second.wait()
+        engine.backward()
+        engine.step()
+    (record, ) = read_records(tmp_path)
+    assert record["collectives"]["all_gather_into_tensor"]["time_ms"] == 2 * ALL_GATHER_MS  # each its own 4 ms
+    assert record["collective_ms"] == ALL_GATHER_MS + 1.0 <= record["step_time_ms"]
 
 
 def test_on_the_host_clock_async_collectives_count_their_wait(tmp_path, backend, monkeypatch):

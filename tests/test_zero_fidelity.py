@@ -60,12 +60,15 @@ def test_every_figure_is_the_device_time_of_the_stream_it_ran_on(device_run, ran
             assert (side["count"], side["time_ms"], side["exposed_ms"]) == (model["side_reduces"],
                                                                             model["side_reduces"] * 5.0, 0.0)
             for op, entry in record["collectives"].items():  # the compute stream's
+                # each call its own duration, an async one's however late it was waited for
+                assert entry["time_ms"] == pytest.approx(entry["count"] * durations[op]), op
                 blocking_ms = (entry["count"] - entry["async"]) * durations[op]
-                assert entry["time_ms"] == pytest.approx(blocking_ms + model["async_inside_ms"].get(op, 0.0)), op
                 assert entry["exposed_ms"] == pytest.approx(blocking_ms) and entry["clock"] == "device"
             assert record["collectives"]["all_gather_into_tensor"]["async"] > 0  # ZeRO-3's parameter gathers
-            assert record["collective_ms"] == pytest.approx(side["time_ms"] + sum(
-                entry["time_ms"] for entry in record["collectives"].values()))
+            # overlapping collectives count once on the step's axis (prefetches beside each other and the rest)
+            entries = [side, *record["collectives"].values()]
+            assert max(entry["time_ms"] for entry in entries) <= record["collective_ms"]
+            assert record["collective_ms"] <= sum(entry["time_ms"] for entry in entries)
 
 
 @pytest.mark.parametrize("rank", [0, 1])

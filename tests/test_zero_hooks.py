@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from ds_profutils.engine.hooks import EngineHooks, Listener
 from test_zero_attach import Engine, read_records, recorder_for
@@ -175,7 +176,47 @@ def test_a_micro_step_without_a_step_ends_when_its_backward_returns(tmp_path):
         engine.backward()
         engine.step()  # the boundary
     first, second = read_records(tmp_path)
-    assert (first["micro_step"], second["micro_step"]) == (0, 0) and first["global_step"] == second["global_step"]
+    assert (first["micro_step"], second["micro_step"]) == (0, 1) and first["global_step"] == second["global_step"]
     assert first["step_time_ms"] >= 50 and second["step_time_ms"] >= 50
     assert first["events"]["backward_fetch_wait"]["count"] == 1
     assert vars(engine)["backward"] is slow_backward
+
+
+def test_a_forward_under_no_grad_in_train_mode_is_no_train_micro_step(tmp_path):
+    """DPO or PEFT reference logits: a forward under torch.no_grad() while the model trains is recorded as what
+    it is, and the micro steps around it keep their numbers."""
+    engine = Engine()
+    with recorder_for(engine, tmp_path):
+        engine.module.train()
+        with torch.no_grad():
+            engine.forward()
+        engine.forward()
+        engine.backward()
+        engine.step()
+        engine.train_step()
+    reference, first, second = read_records(tmp_path)
+    assert reference["mode"] == "no_grad" and (first["mode"], second["mode"]) == ("train", "train")
+    assert (reference["micro_step"], first["micro_step"], second["micro_step"]) == (0, 0, 1)
+
+
+def test_a_torch_style_backward_ends_its_micro_step_where_the_backward_ends(tmp_path):
+    """``loss.backward()`` instead of engine.backward(), two micro steps before the boundary: each record holds
+    its backward (50 ms, with its fetch wait), so its step time covers its waits (busy time >= 0)."""
+    engine = Engine()
+
+    def slow_backward(grad):
+        engine.coordinator.fetch("backward_fetch_wait", 5)
+        time.sleep(0.05)
+
+    with recorder_for(engine, tmp_path):
+        engine.module.train()
+        for _ in range(2):
+            output = engine.forward(torch.ones(1, requires_grad=True))
+            output.register_hook(slow_backward)
+            output.sum().backward()
+        engine.step()
+    first, second = read_records(tmp_path)
+    assert (first["micro_step"], second["micro_step"]) == (0, 1)
+    for record in (first, second):
+        assert record["events"]["backward_fetch_wait"]["count"] == 1
+        assert record["step_time_ms"] >= 50 and record["step_time_ms"] >= record["exposed_wait_ms"]

@@ -204,3 +204,30 @@ def test_an_accelerator_without_allocator_history_says_so_once(ds_caplog):
     lines = [r.getMessage() for r in ds_caplog.records if "memory_snapshot" in r.getMessage()]
     assert lines == ["memory_snapshot: the 'cpu' accelerator keeps no allocator history (CUDA's does); no memory "
                      "snapshot is written"]
+
+
+def test_peaks_reset_by_deepspeeds_memory_breakdown_mark_the_records_disturbed(tmp_path):
+    """A real ZeRO-3 engine on one gloo rank (tests/dist_scripts/memory_breakdown.py): with ``memory_breakdown``
+    DeepSpeed's see_memory_usage resets the stand-in allocator's peaks inside forward, backward and step, and
+    every record of that engine says so; the engine without it is not marked."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from launcher import DIST_SCRIPTS, REPO, free_port
+    from report_testing import read_records_file
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+           "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(DIST_SCRIPTS / "memory_breakdown.py"), "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    resets = json.loads((tmp_path / "resets.json").read_text())
+    records = {name: read_records_file(next(tmp_path.glob(f"*{name}*.jsonl"))) for name in resets}
+    assert resets["breakdown"] > resets["plain"] and len(records["breakdown"]) == 3  # DeepSpeed's, beside ours
+    for record in records["breakdown"]:
+        assert record["memory"]["source"] == "allocator" and record["memory"]["disturbed"] is True
+    for record in records["plain"]:
+        assert record["memory"]["source"] == "allocator" and "disturbed" not in record["memory"]

@@ -10,10 +10,19 @@ recording then):
 * a blocking call, from its start to its end on the stream it is issued on: device events recorded on
   that stream around the call where the accelerator times on the device (with NCCL a blocking call
   returns once the stream is made to wait; the events see the wait), else the host clock;
-* an ``async_op`` call (ZeRO-3's parameter all-gathers), from its launch to where its handle is
-  waited: on the device clock a start event at the launch and an end event after ``wait()`` on the
-  waiting stream; on the host clock the time blocked in ``wait()`` (the host cannot see when the
-  collective itself ended, and launch-to-wait would count the compute in between).
+* an ``async_op`` call (ZeRO-3's parameter all-gathers), on the device clock from its launch to its
+  own end, however late the program waits: a start event at the launch, and right after it a timing
+  stream of ours is made to wait on the work's future and records the end event (the timing stream
+  runs nothing else, so the event completes when the collective does).  Only a future already
+  complete at launch is waited on there: NCCL's is (its events sit on the NCCL stream, and waiting
+  only makes the current stream wait), gloo's is not (waiting would block the host until the
+  collective ends); for those, and on the host clock, the time blocked in ``wait()`` (the host cannot
+  see when the collective itself ended, and launch-to-wait would count the compute in between).
+  ``Work.wait()`` itself is not used on the timing stream: it may give the work's tensors back to the
+  allocator (NCCL without record streams) before the program's own stream has waited.
+
+Device intervals are anchored to their step's start, so the record's ``collective_ms`` counts
+overlapping collectives (a prefetch beside a reduce-scatter) once on the step's time axis.
 
 The record tells the compute stream (the one its step's forward started on) from side streams
 (ZeRO-3's gradient reduce-scatter with ``overlap_comm``): only blocking calls on the compute stream
@@ -27,7 +36,7 @@ import weakref
 from time import perf_counter_ns
 from typing import Any, Callable, Dict, List, Optional
 
-from .._device_clock import DeviceEvents
+from .._device_clock import DeviceEvents, Pair
 from .hooks import running
 from .step import EngineCollectives
 
@@ -57,15 +66,17 @@ _ABSENT = object()
 
 
 class _TimedWork:
-    """The handle of an async collective: its first ``wait()`` ends the collective's interval.
+    """The handle of an async collective: its first ``wait()`` hands the collective to the steps recording
+    then (its device interval, ``pair``, was made at launch; without one, ``start`` and the waiting
+    stream make it).
 
     Everything else is the handle's own (DeepSpeed wraps handles the same way, e.g. its StagedWork).
     """
 
     def __init__(self, work: Any, op: str, stream: Any, start: Any, engines: List[EngineCollectives],
-                 events: Optional[DeviceEvents]) -> None:
+                 events: Optional[DeviceEvents], pair: Optional[Pair]) -> None:
         self._work, self._op, self._stream, self._start = work, op, stream, start
-        self._engines, self._events = engines, events
+        self._engines, self._events, self._pair = engines, events, pair
         self._timed = False
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
@@ -78,8 +89,10 @@ class _TimedWork:
         events, start = self._events, self._start
         self._start = None
         recording = [engine.step for engine in self._engines if engine.step is not None]
-        pair = None
-        if events is not None:
+        pair = self._pair
+        if pair is not None:  # timed on the device since its launch; never waited, it resolves in the pool
+            pair.host_ns = host_ns
+        elif events is not None:
             if recording:
                 pair = events.pair(start, events.mark(), host_ns)
             else:
@@ -99,11 +112,12 @@ class _TimedWork:
 class _Monitor:
     """The wrappers installed on one backend object, and the engines recorded through them."""
 
-    def __init__(self, backend: Any, device_events: Optional[DeviceEvents],
-                 current_stream: Optional[Callable[[], Any]]) -> None:
+    def __init__(self, backend: Any, device_events: Optional[DeviceEvents], accelerator: Any) -> None:
         self.backend = backend
         self.device_events = device_events
-        self.current_stream = current_stream
+        self.accelerator = accelerator  # DeepSpeed's, where the device clock is used
+        self.current_stream = accelerator.current_stream if device_events is not None else None
+        self._timing_stream: Any = None
         # Weakly: a recorder reaches its engine, and a dropped engine must not be kept alive by the
         # process-wide wrappers.
         self.engines: List["weakref.ref[EngineCollectives]"] = []
@@ -133,20 +147,44 @@ class _Monitor:
                 if start is not None:
                     events.release(start)
                 raise
+            anchor = recording[0].step.start_mark
             if is_async:
                 if result is None:  # nothing to wait for: no interval to time
                     if start is not None:
                         events.release(start)
                     return result
-                return _TimedWork(result, op, stream, start, recording, events)
+                end = self._device_end(result) if events is not None else None
+                if end is None:
+                    return _TimedWork(result, op, stream, start, recording, events, None)
+                return _TimedWork(result, op, stream, None, recording, events, events.pair(start, end, 0, anchor))
             host_ns = perf_counter_ns() - began
-            pair = events.pair(start, events.mark(), host_ns) if events is not None else None
+            pair = events.pair(start, events.mark(), host_ns, anchor) if events is not None else None
             for engine in recording:
                 if engine.step is not None:
                     engine.step.add_collective(op, stream, False, host_ns, pair)
             return result
 
         return timed
+
+    def _device_end(self, work: Any) -> Any:
+        """An end event for an async collective, recorded on our timing stream made to wait on ``work``'s
+        future; None where that would block the host (a future not complete at launch) or the work has
+        no future."""
+        try:
+            future = work.get_future()
+        except (AttributeError, RuntimeError, NotImplementedError):
+            return None
+        if not future.done():
+            return None
+        accelerator = self.accelerator
+        if self._timing_stream is None:
+            make_stream = accelerator.Stream  # a property in DeepSpeed: the stream class, None without streams
+            if make_stream is None:
+                return None
+            self._timing_stream = make_stream()
+        with accelerator.stream(self._timing_stream):
+            future.wait()
+            return self.device_events.mark()
 
     def _recording(self) -> List[EngineCollectives]:
         """The engines a collective issued now belongs to: the running one if it records, else (outside
@@ -191,12 +229,9 @@ def attach_engine(engine: EngineCollectives, device_events: Optional[DeviceEvent
     if backend is None:
         return lambda: None
     if _monitor is None or _monitor.backend is not backend:
-        current_stream = None
-        if device_events is not None:
-            from deepspeed.accelerator import get_accelerator
+        from deepspeed.accelerator import get_accelerator
 
-            current_stream = get_accelerator().current_stream
-        _monitor = _Monitor(backend, device_events, current_stream)
+        _monitor = _Monitor(backend, device_events, get_accelerator())
     monitor = _monitor
     ref = weakref.ref(engine)
     monitor.engines.append(ref)

@@ -31,13 +31,50 @@ from __future__ import annotations
 import functools
 import signal
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
+from torch.autograd.graph import register_multi_grad_hook
 
-__all__ = ["EngineHooks", "Listener", "raised_by_signal_handler", "running"]
+__all__ = ["EngineHooks", "Listener", "grad_outputs", "on_backward_end", "raised_by_signal_handler", "running"]
 
 _ABSENT = object()
+
+
+def grad_outputs(output: Any) -> List[torch.Tensor]:
+    """The tensors of a forward's output (nested tuples, lists, dicts, ModelOutputs) that need a gradient."""
+    found: List[torch.Tensor] = []
+    pending = [output]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            if value.requires_grad:
+                found.append(value)
+        elif isinstance(value, (tuple, list)):
+            pending.extend(value)
+        elif isinstance(value, Mapping):
+            pending.extend(value.values())
+    return found
+
+
+def on_backward_end(output: Any, reached: Callable[[], None], done: Callable[[], None]) -> Optional[Any]:
+    """Call ``reached`` when a backward first reaches ``output``'s tensors that need a gradient, and ``done``
+    when that whole backward is done (an autograd-engine callback), whichever call started the backward:
+    ``engine.backward()`` or a torch-style ``loss.backward()``.  Both may run on an autograd device thread.
+    Returns the hook's handle (remove it when the forward is forgotten), None where nothing needs a gradient."""
+    tensors = grad_outputs(output)
+    if not tensors:
+        return None
+
+    def on_gradient(_grad: Any) -> None:
+        reached()
+        torch.autograd.Variable._execution_engine.queue_callback(done)
+
+    return register_multi_grad_hook(tensors, on_gradient, mode="any")
+
+
+def _nothing() -> None:
+    pass
 
 
 class _Running:
@@ -109,6 +146,8 @@ class EngineHooks:
         self._active = True
         self._engine_id = id(engine)
         self._outside: Optional[int] = None  # the engine running when this one's forward started
+        self._in_backward = False  # inside engine.backward(), which tells its own end
+        self._backward_watch: Optional[Any] = None  # the last train forward's outputs, watched for a backward
         module = engine.module
         self._handles = [
             module.register_forward_pre_hook(self._forward_started, prepend=True, with_kwargs=True),
@@ -148,6 +187,7 @@ class EngineHooks:
             running.engine_id = self._outside
         for handle in self._handles:
             handle.remove()
+        self._forget_backward_watch()
         engine = self.engine
         for attribute, before, wrapper in reversed(self._wrapped):
             if vars(engine).get(attribute) is not wrapper:
@@ -178,12 +218,26 @@ class EngineHooks:
 
     def _forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         if self._active:
+            self._forget_backward_watch()
             self._outside, running.engine_id = running.engine_id, self._engine_id
             self._tell("forward_started", module, args, kwargs)
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._active:
             self._tell("forward_ended", module, output)
+            if module.training and torch.is_grad_enabled():
+                self._backward_watch = on_backward_end(output, _nothing, self._torch_style_backward_ended)
+
+    def _torch_style_backward_ended(self) -> None:
+        """A backward through this forward's outputs is done: outside ``engine.backward()`` (a torch-style
+        ``loss.backward()``) nothing else tells its end."""
+        if self._active and not self._in_backward:
+            self._tell("backward_ended")
+
+    def _forget_backward_watch(self) -> None:
+        if self._backward_watch is not None:
+            self._backward_watch.remove()
+            self._backward_watch = None
 
     def _forward_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if running.engine_id == self._engine_id:
@@ -191,10 +245,12 @@ class EngineHooks:
 
     def _around_backward(self, backward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         outside, running.engine_id = running.engine_id, self._engine_id
+        self._in_backward = True
         try:
             result = self._around_call(backward, *args, **kwargs)
         finally:
             running.engine_id = outside
+            self._in_backward = False
         self._tell("backward_ended")
         return result
 

@@ -14,17 +14,30 @@ peaks each read RSS afresh through a new ``psutil.Process``), and its peak stati
 
 The peak statistics are the accelerator's, shared with whoever else reads them: while memory figures
 are on, ``max_memory_allocated()`` read by other code gives the peak since the last phase boundary
-(``"memory": false`` in the section leaves them alone).
+(``"memory": false`` in the section leaves them alone).  And others reset them: DeepSpeed's
+``see_memory_usage`` (``memory_breakdown: true``) resets rank 0's peaks inside forward, backward and
+step, so the peak read at the phase's end holds only what came after.  Such a step's record says
+``"disturbed": true``.  It is told by the accelerator's ``reset_peak_memory_stats`` itself, wrapped
+on the accelerator object while the figures are taken (our own resets call the method as it was):
+every DeepSpeed reset goes through ``get_accelerator().reset_peak_memory_stats()``, so none is missed
+there, where a figure test (a peak below what was allocated at the phase start) misses every reset
+made after memory first grew.  A reset through ``torch.cuda`` directly is not seen.
+
+On CUDA a boundary reads the statistics once: ``memory_stats()`` gives both peaks, where
+``max_memory_allocated()`` and ``max_memory_reserved()`` each build the whole dictionary.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
 import psutil
+from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
 __all__ = ["PHASES", "StepMemory"]
 
 PHASES = ("forward", "backward", "step")
+_PEAKS = ("allocated_bytes.all.peak", "reserved_bytes.all.peak")  # torch.cuda.memory_stats()'s keys
+_ABSENT = object()
 
 
 class StepMemory:
@@ -32,17 +45,42 @@ class StepMemory:
 
     def __init__(self, accelerator: Any) -> None:
         self._accelerator = accelerator
-        self.source = "rss" if accelerator.device_name() == "cpu" else "allocator"
+        # RSS where the peaks are DeepSpeed's CPU accelerator's (a subclass keeping an allocator has its own)
+        rss = getattr(type(accelerator), "max_memory_allocated", None) is CPU_Accelerator.max_memory_allocated
+        self.source = "rss" if rss else "allocator"
         self._process = psutil.Process() if self.source == "rss" else None
         self._phases: Dict[str, tuple] = {}
         self._open: Optional[str] = None
         self._start_rss = 0
+        self._disturbed = False
+        self._one_read = accelerator.device_name() == "cuda"  # memory_stats() holds both peaks there
+        if self._process is None:
+            self._reset = accelerator.reset_peak_memory_stats  # ours: as it was
+            self._before = vars(accelerator).get("reset_peak_memory_stats", _ABSENT)
+            accelerator.reset_peak_memory_stats = self._reset_by_others
+
+    def _reset_by_others(self, *args: Any, **kwargs: Any) -> Any:
+        """The accelerator's ``reset_peak_memory_stats`` while we take figures: a reset inside a phase of
+        ours marks the step's figures disturbed."""
+        if self._open is not None:
+            self._disturbed = True
+        return self._reset(*args, **kwargs)
+
+    def close(self) -> None:
+        """Give the accelerator its ``reset_peak_memory_stats`` back (a wrapper put over ours since stays,
+        and ours in it counts nothing once closed)."""
+        self._open = None
+        if self._process is None and vars(self._accelerator).get("reset_peak_memory_stats") == self._reset_by_others:
+            if self._before is _ABSENT:
+                del self._accelerator.reset_peak_memory_stats
+            else:
+                self._accelerator.reset_peak_memory_stats = self._before
 
     def begin(self, phase: str) -> None:
         """``phase`` starts now (ending the one open, if any)."""
         end_rss = self._end()
         if self._process is None:
-            self._accelerator.reset_peak_memory_stats()
+            self._reset()
         else:
             self._start_rss = end_rss if end_rss is not None else self._process.memory_info().rss
         self._open = phase
@@ -58,7 +96,11 @@ class StepMemory:
             return None
         if self._process is None:
             accelerator = self._accelerator
-            self._phases[phase] = (accelerator.max_memory_allocated(), accelerator.max_memory_reserved())
+            if self._one_read:
+                stats = accelerator.memory_stats()
+                self._phases[phase] = (stats.get(_PEAKS[0], 0), stats.get(_PEAKS[1], 0))
+            else:
+                self._phases[phase] = (accelerator.max_memory_allocated(), accelerator.max_memory_reserved())
             return None
         rss = self._process.memory_info().rss
         peak = max(self._start_rss, rss)
@@ -69,11 +111,15 @@ class StepMemory:
         """The step's ``memory`` entry (None if no phase was measured), and a fresh start for the next step."""
         self.end()
         phases, self._phases = self._phases, {}
+        disturbed, self._disturbed = self._disturbed, False
         if not phases:
             return None
-        return {
+        entry = {
             "source": self.source,
             "peak_allocated_bytes": max(allocated for allocated, _ in phases.values()),
             "peak_reserved_bytes": max(reserved for _, reserved in phases.values()),
             "phases": {phase: phases[phase][0] for phase in PHASES if phase in phases},
         }
+        if disturbed:
+            entry["disturbed"] = True
+        return entry

@@ -49,7 +49,7 @@ from . import collectives
 from .hooks import Listener
 from .live import StepFigures
 from .memory import StepMemory
-from .step import EngineCollectives, StepRecord
+from .step import EngineCollectives, MicroSteps, StepRecord
 from .throughput.flops import FlopCounter
 from .throughput.totals import OptimizerStepTotals
 
@@ -111,6 +111,7 @@ class StepRecorder(Listener):
         self._engine = engine
         self._open: Optional[StepRecord] = None
         self._waits_at_open = 0
+        self._micro_steps = MicroSteps()
         self._unwritten: Deque[StepRecord] = deque()
         self.totals = OptimizerStepTotals()
         self._steps_before: Optional[int] = None  # global_steps when engine.step() started
@@ -154,20 +155,22 @@ class StepRecorder(Listener):
         self._write_ready()
         global_step = engine.global_steps
         recorded = self.writes and global_step % self.settings.log_interval == 0
+        # a forward under no_grad in train mode (reference logits of DPO, PEFT) is no micro step
+        mode = ("train" if torch.is_grad_enabled() else "no_grad") if module.training else "eval"
+        micro_step = self._micro_steps.next(engine, mode == "train")
         if self.fetches is not None:
-            self.fetches.begin(recorded, _print_step(engine), self.settings.trace_ranges and ranges_active())
+            self.fetches.begin(recorded, self.settings.trace_ranges and ranges_active())
         if not recorded and not self.step_listeners:
             return
         if recorded and self._file is None:
             self._open_file()
-        training = module.training
-        if training and global_step <= self._finished_step:
+        if mode == "train" and global_step <= self._finished_step:
             self.segment += 1  # this file finished the step before: a run went back to an earlier checkpoint
             self._finished_step = global_step - 1
         fields = {
-            "mode": "train" if training else "eval",
+            "mode": mode,
             "global_step": global_step,
-            "micro_step": engine.micro_steps,
+            "micro_step": micro_step,
             "segment": self.segment,
             "time": time.time(),
             "comms_logger": _comms_logger_on(),
@@ -197,7 +200,7 @@ class StepRecorder(Listener):
             self.flops.forward_ended(output)
         self._mark_end(step)
         step.forward_done = True
-        evaluating = step.fields["mode"] == "eval"
+        evaluating = step.fields["mode"] != "train"
         if evaluating:  # no step() follows: what comes next is another engine's or the loop's
             self._pause()
         if self.memory is not None:
@@ -363,6 +366,8 @@ class StepRecorder(Listener):
         self._closed = True
         if self._file is not None:
             self._file.close()
+        if self.memory is not None:
+            self.memory.close()
         self.collectives.step = None
         self._detach_collectives()
         if self.fetches is not None:
@@ -383,13 +388,6 @@ class StepRecorder(Listener):
         except Exception:  # the same failure again: the records before it are on disk
             pass
         self._detach()
-
-
-def _print_step(engine: Any) -> bool:
-    """The first forward of a global step at which DeepSpeed's engine prints (``steps_per_print``)."""
-    every = engine.steps_per_print()
-    first_micro_step = engine.micro_steps % engine.gradient_accumulation_steps() == 0
-    return bool(every) and engine.global_steps % every == 0 and first_micro_step
 
 
 def _comms_logger_on() -> bool:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 from .._device_clock import Pair, pair_ns, pairs_clock
 
-__all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "StepRecord"]
+__all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord"]
 
 SIDE_STREAM_SUFFIX = "@side-stream"
 """Appended to a collective called from a stream other than the one the step's forward started on
@@ -58,13 +58,13 @@ class StepRecord:
 
     def complete(self, closing: bool) -> bool:
         """Whether this record holds a whole step: its ``step()`` returned, or its forward ended and no
-        ``step()`` was to come -- an eval forward, or a second forward started before one ``step()``
+        ``step()`` was to come -- an eval or no-grad forward, or a second forward started before one ``step()``
         (a micro step before the accumulation boundary, which ended when its backward returned).  At
         close, a train forward whose backward never returned was cut short (SIGTERM in its backward,
         an exception): not a whole step."""
         if self.step_done or self.backward_done:
             return True
-        return self.forward_done and (not closing or self.fields["mode"] == "eval")
+        return self.forward_done and (not closing or self.fields["mode"] != "train")
 
     def add_collective(self, op: str, stream: Any, is_async: bool, host_ns: int, pair: Optional[Pair]) -> None:
         """One collective of this step: ``host_ns`` and ``pair`` time it on its own stream (``stream``, the
@@ -107,9 +107,25 @@ class StepRecord:
         return {
             "step_time_ms": step_ns / _NS_PER_MS,
             "collectives": entries,
-            "collective_ms": sum(entry["time_ms"] for entry in entries.values()),
+            "collective_ms": sum(entry["time_ms"] for entry in entries.values()) - self._overlap_ns() / _NS_PER_MS,
             "collective_wait_ms": sum(entry["exposed_ms"] for entry in entries.values()),
         }
+
+
+    def _overlap_ns(self) -> float:
+        """How much of the collectives' device intervals on this step's time axis overlap (a prefetch beside
+        a side stream's reduce-scatter): counted once in ``collective_ms``, which so stays within the step.
+        Intervals on the host clock are sequential on the host, and are left as they are."""
+        intervals = sorted((pair.offset_ns, pair.offset_ns + pair.device_ns) for totals in self.collectives.values()
+                           for pair in totals.blocking_pairs + totals.async_pairs
+                           if pair.offset_ns is not None and pair.resolved and pair.anchor is self.start_mark)
+        overlap = 0.0
+        reach = None
+        for start, end in intervals:
+            if reach is not None and start < reach:
+                overlap += min(end, reach) - start
+            reach = end if reach is None else max(reach, end)
+        return overlap
 
 
 class EngineCollectives:
@@ -125,3 +141,25 @@ class EngineCollectives:
 def _total_ms(pairs: List[Pair], host_ns: int) -> float:
     """Intervals on the device clock where there are any, else the host's total."""
     return (sum(map(pair_ns, pairs)) if pairs else host_ns) / _NS_PER_MS
+
+
+class MicroSteps:
+    """The engine's micro steps (train forwards with their backwards) numbered as they happen.
+
+    DeepSpeed moves ``engine.micro_steps`` only in ``step()``, which Accelerate and the Trainer call at
+    the accumulation boundary only, so its count would give every micro step of an optimizer step one
+    number.  Counted from the global step instead (the same figure under DeepSpeed's own loop, and
+    across attaches and resumes): the train forwards seen since the engine's global step last moved.
+    """
+
+    def __init__(self) -> None:
+        self._of: Optional[int] = None  # the global step the count is of
+        self._index = 0
+
+    def next(self, engine: Any, train: bool) -> int:
+        """The number of the forward starting now; only a train forward moves the count."""
+        if engine.global_steps != self._of:
+            self._of, self._index = engine.global_steps, 0
+        number = engine.global_steps * engine.gradient_accumulation_steps() + self._index
+        self._index += train
+        return number

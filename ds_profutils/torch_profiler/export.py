@@ -194,6 +194,11 @@ class RunTrace:
         else:
             self._write_whole([*self.cycles, *cycle_traces], metadata)
 
+    def drop(self, cycle_traces: Set[str]) -> None:
+        """Leave the cycles at these paths out: the next :meth:`add` writes the file whole from the rest."""
+        self.cycles = [path for path in self.cycles if str(path) not in cycle_traces]
+        self._state = None
+
     def _unchanged(self) -> bool:
         try:
             stat = os.stat(self.path)

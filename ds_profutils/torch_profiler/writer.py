@@ -7,11 +7,14 @@ in the cycle's events.  So a job killed later loses nothing already recorded, an
 is all an interruption has to write.  Building the summary from a large window takes seconds: on
 interruption it is skipped, with a line saying so.
 
-A later run in the same process writing to the same directory continues its files when both name
-their steps by an engine's global step and the new run begins after the last step recorded (a
-resumed ``trainer.train()``): its cycles are added to the run trace and the summary, as the fetch
-records are appended to.  Otherwise (steps counted per call, a fresh engine counting from 0 again, the
-run trace gone) it starts them afresh, so that no step number is recorded twice in one file.
+Restarts follow the records' rule.  A later run writing to the same directory continues its files
+when both name their steps by an engine's global step: in the same process (a resumed
+``trainer.train()``), or in a new process whose first step is above 0 (a job restarted from its
+checkpoint), which takes up the earlier process's cycles from their own files in ``rank_{r}/`` (their
+metadata says their steps).  Where the new run repeats global steps (its checkpoint is older than the
+last step recorded), the latest wins: the cycles holding a step from the new run's first on are left
+out of the run trace (their own files stay; the operator summary keeps what it took in).  Otherwise
+(steps counted per call, a run starting from step 0, the run trace gone) the files start afresh.
 
 A file that cannot be written is named in one ERROR line with the cause, whatever the exception (a
 full disk, a failing export), and training goes on.  No signal handler runs while the files are
@@ -20,13 +23,14 @@ written (:mod:`.signals` holds them), so no exception of a program's handler is 
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from ..config import ProfilerConfig
 from ..logging import log_dist, logger
 from ..outputs import ProcessIdentity, atomic_path, cycle_dir, summary_file, trace_file
-from .export import RunTrace, rename_trace_events
+from .export import RunTrace, read_layout, rename_trace_events
 from .summary import OperatorSummary
 
 __all__ = ["RunWriter", "show_comms_summary"]
@@ -56,11 +60,45 @@ class RunWriter:
         continues its files (see the module doc), else a new one."""
         key = (str(Path(settings.output_dir).resolve()), identity.rank)
         earlier = _writers.get(key)
-        if (earlier is not None and first_step is not None and earlier.last_global_step is not None
-                and first_step > earlier.last_global_step and earlier.trace.path.exists()):
+        if (earlier is not None and first_step and earlier.last_global_step is not None
+                and earlier.trace.path.exists()):
+            earlier._supersede(first_step)
             return earlier
         writer = _writers[key] = cls(settings, identity)
+        if earlier is None and first_step and writer.trace.path.exists():
+            writer._take_up(first_step)
         return writer
+
+    def _supersede(self, first_step: int) -> None:
+        """Leave the cycles holding global step ``first_step`` or later out of the run trace (the latest
+        run's steps win)."""
+        dropped = {entry["trace"] for entry in self.cycles if entry["steps"] and entry["steps"][-1] >= first_step}
+        if dropped:
+            self.cycles = [entry for entry in self.cycles if entry["trace"] not in dropped]
+            self.trace.drop(dropped)
+            log_dist(f"profiler: global steps from {first_step} on are recorded again; the run trace leaves out "
+                     f"the {len(dropped)} earlier cycle(s) that held them", ranks=_ALL_RANKS)
+
+    def _take_up(self, first_step: int) -> None:
+        """A new process resuming at global step ``first_step``: the earlier processes' cycles of earlier
+        global steps, from their own files (newest last), go on in the run trace."""
+        found = []
+        for path in sorted(cycle_dir(self.settings.output_dir, self.identity.rank).glob("*.pt.trace.json")):
+            try:
+                metadata = read_layout(path).header.get("ds_profutils", {})
+                metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
+            except (OSError, ValueError):
+                continue  # not one of ours, or cut short
+            if not isinstance(metadata, dict):
+                continue
+            for entry in metadata.get("cycles", []):
+                if metadata.get("step_numbering") == "global" and entry.get("steps"):
+                    found.append({**entry, "trace": str(path)})
+        kept = [entry for entry in found if entry["steps"][-1] < first_step]
+        if kept:
+            self.cycles = kept
+            self.trace.cycles = [Path(entry["trace"]) for entry in kept]
+            self.last_global_step = kept[-1]["steps"][-1]
 
     def __init__(self, settings: ProfilerConfig, identity: ProcessIdentity) -> None:
         self.settings = settings

@@ -72,6 +72,7 @@ class CoordinatorFetches:
         state = vars(coordinator)
         profiler.available_params = lambda: state[AVAILABLE_ATTR]
         self.header = {"max_live_parameters": engine.zero_max_live_parameters()}
+        self._engine = engine
         self._coordinator = coordinator
         self._original = state[PROFILER_ATTR]
         setattr(coordinator, PROFILER_ATTR, profiler)
@@ -85,11 +86,11 @@ class CoordinatorFetches:
 
             coordinator._invalidate_trace = counting_invalidate
 
-    def begin(self, recorded: bool, print_step: bool, trace_ranges: bool) -> None:
+    def begin(self, recorded: bool, trace_ranges: bool) -> None:
         """A forward starts (before DeepSpeed's ``reset_step``, which zeroes the counters)."""
         profiler = self.profiler
         profiler.recording = recorded
-        profiler.logging_enabled = recorded and print_step  # DeepSpeed's reset_step logs next
+        profiler.logging_enabled = recorded and _print_step(self._engine)  # DeepSpeed's reset_step logs next
         if recorded:
             profiler.trace_ranges = trace_ranges
 
@@ -107,3 +108,10 @@ class CoordinatorFetches:
             setattr(coordinator, PROFILER_ATTR, self._original)
         if self._counts_invalidations:
             vars(coordinator).pop("_invalidate_trace", None)
+
+
+def _print_step(engine: Any) -> bool:
+    """The first forward of a global step at which DeepSpeed's engine prints (``steps_per_print``)."""
+    every = engine.steps_per_print()
+    first_micro_step = engine.micro_steps % engine.gradient_accumulation_steps() == 0
+    return bool(every) and engine.global_steps % every == 0 and first_micro_step

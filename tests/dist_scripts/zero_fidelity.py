@@ -83,17 +83,14 @@ class DeviceModel:
 
     def __init__(self, accelerator: StreamClockAccelerator) -> None:
         self.accelerator = accelerator
-        self.records = defaultdict(lambda: {"async_inside_ms": defaultdict(float), "stall_ms": 0.0,
-                                            "stall_in_reset_ms": 0.0, "side_reduces": 0})
+        self.records = defaultdict(lambda: {"stall_ms": 0.0, "stall_in_reset_ms": 0.0, "side_reduces": 0})
         self.current = None
         self.in_reset = False
 
     def async_waited(self, op: str, inside_ms: float, stall_ms: float) -> None:
         if self.current is None:
             return
-        record = self.records[self.current]
-        record["async_inside_ms"][op] += inside_ms
-        record["stall_in_reset_ms" if self.in_reset else "stall_ms"] += stall_ms
+        self.records[self.current]["stall_in_reset_ms" if self.in_reset else "stall_ms"] += stall_ms
 
     def follow(self, name: str, engine) -> None:
         """This engine's records: opened at its forward start (before attach's hook), compute per layer,

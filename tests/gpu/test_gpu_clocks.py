@@ -98,3 +98,53 @@ def test_step_time_is_the_compute_streams(cuda_accelerator, gpu_sleep, tmp_path)
     (record, ) = read_records(tmp_path)
     assert record["clock"] == "device"
     assert record["step_time_ms"] == pytest.approx(start.elapsed_time(end), rel=REL, abs=0.1)
+
+
+class NcclGatherBackend:
+    """deepspeed.comm's backend over a real single-rank NCCL group: each all-gather is ``gather_ms`` of device
+    work on a stream of its own, then NCCL's all-gather after it (the gather's time as a slow peer makes it)."""
+
+    def __init__(self, sleep, gather_ms):
+        self.sleep, self.gather_ms = sleep, gather_ms
+
+    def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False):
+        own = torch.cuda.Stream()
+        own.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(own):
+            self.sleep(self.gather_ms)
+            return torch.distributed.all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+
+
+@pytest.fixture
+def nccl_group(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("gathers", [1, 2])
+def test_async_gathers_are_their_own_time_and_overlap_once(cuda_accelerator, gpu_sleep, nccl_group, tmp_path,
+                                                           monkeypatch, gathers):
+    """4 ms gathers launched, 10 ms of compute, then waited: each is 4 ms (not the 14 ms to its wait); two
+    launched together cover 4 ms of the step, not 8."""
+    from deepspeed.accelerator import get_accelerator
+
+    backend = NcclGatherBackend(gpu_sleep, 4.0)
+    monkeypatch.setattr(deepspeed.comm.comm, "cdb", backend)
+    engine, tensor = Engine(), torch.ones(2, device="cuda")
+    with recorder_for(engine, tmp_path, device_events=DeviceEvents(get_accelerator().Event)):
+        engine.forward()
+        handles = [backend.all_gather_into_tensor(torch.empty_like(tensor), tensor, None, True)
+                   for _ in range(gathers)]
+        gpu_sleep(10)
+        for handle in handles:
+            handle.wait()
+        engine.backward()
+        engine.step()
+    (record, ) = read_records(tmp_path)
+    gather = record["collectives"]["all_gather_into_tensor"]
+    assert gather["clock"] == "device" and gather["async"] == gathers
+    assert gather["time_ms"] == pytest.approx(4.0 * gathers, rel=REL, abs=0.3)
+    assert record["collective_ms"] == pytest.approx(4.0, rel=REL, abs=0.3) < record["step_time_ms"]

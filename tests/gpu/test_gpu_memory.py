@@ -34,6 +34,30 @@ def test_records_hold_the_allocators_peaks(cuda_accelerator, tmp_path):
     assert memory["peak_reserved_bytes"] >= memory["peak_allocated_bytes"]
 
 
+def test_a_peak_reset_inside_a_phase_as_see_memory_usage_makes_marks_the_record(cuda_accelerator, tmp_path):
+    """DeepSpeed's see_memory_usage (memory_breakdown) resets the peaks through the accelerator mid-forward:
+    the forward's 320 MiB peak is gone from the allocator, and the record says its figures are disturbed; a
+    step without the reset is not marked, and the accelerator's method is given back at close."""
+    from deepspeed.runtime.utils import see_memory_usage
+
+    engine, kept = Engine(), []
+
+    def activations(module, args):
+        torch.empty(320 * MB, dtype=torch.uint8, device="cuda")  # the peak, freed at once
+        if kept:
+            see_memory_usage("inside forward", force=True)
+        kept.append(True)
+
+    engine.module.register_forward_pre_hook(activations)
+    with recorder_for(engine, tmp_path, memory=StepMemory(cuda_accelerator)):
+        engine.train_step()
+        engine.train_step()
+    assert "reset_peak_memory_stats" not in vars(cuda_accelerator)
+    calm, reset = read_records(tmp_path)
+    assert "disturbed" not in calm["memory"] and reset["memory"]["disturbed"] is True
+    assert reset["memory"]["phases"]["forward"] < calm["memory"]["phases"]["forward"]
+
+
 def test_an_out_of_memory_error_writes_the_allocator_history(cuda_accelerator, tmp_path):
     engine = Engine()
     settings = MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path), max_entries=10_000)

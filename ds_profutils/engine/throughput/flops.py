@@ -63,11 +63,11 @@ import math
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
-from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ...logging import logger
+from ..hooks import on_backward_end
 
 __all__ = ["DEFAULT_MAX_COUNTED_SHAPES", "FlopCounter", "MicroStepFlops", "inspect_batch"]
 
@@ -152,22 +152,6 @@ def inspect_batch(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[tup
     return tuple(shapes), None, (None if first is None else first[0] if first else 1)
 
 
-def _grad_outputs(output: Any) -> List[torch.Tensor]:
-    """The tensors of a forward's output (nested tuples, lists, dicts, ModelOutputs) that need a gradient."""
-    found: List[torch.Tensor] = []
-    pending = [output]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, torch.Tensor):
-            if value.requires_grad:
-                found.append(value)
-        elif isinstance(value, (tuple, list)):
-            pending.extend(value)
-        elif isinstance(value, Mapping):
-            pending.extend(value.values())
-    return found
-
-
 class FlopCounter:
     """Counts each new input shape's micro step with FlopCounterMode, then reuses the count (module doc)."""
 
@@ -220,11 +204,10 @@ class FlopCounter:
         if micro is None or not micro.counting or micro.forward_flops is not None or self._mode is None:
             return
         micro.forward_flops = self._mode.get_total_flops()
-        tensors = _grad_outputs(output) if micro.grad else []
-        if tensors:
-            self._hook = register_multi_grad_hook(tensors, functools.partial(self._backward_reached, micro),
-                                                  mode="any")
-        else:
+        if micro.grad:
+            self._hook = on_backward_end(output, functools.partial(self._backward_reached, micro),
+                                         functools.partial(self._backward_done, micro))
+        if self._hook is None:
             self._keep(micro, micro.forward_flops, backward=False)
             self._leave()
 
@@ -280,10 +263,9 @@ class FlopCounter:
         self._mode = None
         mode.__exit__(None, None, None)
 
-    def _backward_reached(self, micro: _MicroStep, _grad: Any) -> None:
+    def _backward_reached(self, micro: _MicroStep) -> None:
         """The backward reached the counted forward's outputs (maybe on an autograd device thread)."""
         micro.backward_reached = True
-        torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._backward_done, micro))
 
     def _backward_done(self, micro: _MicroStep) -> None:
         """The whole backward is done: keep the count (the mode leaves later, on the training thread)."""
