@@ -163,14 +163,30 @@ class PartitionedParameterProfiler:
         """Mark the start of one ``name`` event."""
         if not self.recording:
             return
-        counter = self.event_counters.get(name)
-        if counter is None:
+        try:  # a subscript, not .get(): no method call on the hot path
+            counter = self.event_counters[name]
+        except KeyError:
             counter = self._new_counter(name)
-        elif counter.started_ns is not None:  # already running: keep the first start
+        if counter.started_ns is not None:  # already running: keep the first start
             counter.dropped += 1
             return
-        if counter.extras:
-            self._start_extras(counter, name)
+        if counter.extras:  # written out here, not in a helper: a call costs what the rest of start_event does
+            if self._trace_ranges:
+                self._open_range(name)
+            kind = counter.kind
+            if kind is _GATHER:  # an all-gather starts: the coordinator has just counted its elements as gathered
+                available = self.available_params
+                if available is not None:
+                    live = available()
+                    if live > self.live_params_max:
+                        self.live_params_max = live
+            elif kind is not None:
+                self._gathering = kind
+            timer = counter.timer
+            if timer is not None:
+                timer.start()
+            if counter.device_pairs is not None:
+                counter.device_start = self.device_events.mark()
         counter.started_ns = perf_counter_ns()
 
     def stop_event(self, name: str, num_elem: int) -> None:
@@ -178,10 +194,11 @@ class PartitionedParameterProfiler:
         if not self.recording:
             return
         end_ns = perf_counter_ns()
-        counter = self.event_counters.get(name)
-        if counter is None:
+        try:
+            counter = self.event_counters[name]
+        except KeyError:
             if self.strict:  # never started: a caller's mistake, which DeepSpeed's asserts on
-                raise InvalidArgumentError(f"unknown event {name}")
+                raise InvalidArgumentError(f"unknown event {name}") from None
             counter = self._new_counter(name)
         counter.count += 1
         counter.num_elem += num_elem
@@ -196,47 +213,21 @@ class PartitionedParameterProfiler:
             counter.feed()
             counter.durations.fold()
             counter.fed = 0
-        if counter.extras:
-            self._stop_extras(counter, name, num_elem, end_ns - started_ns)
-
-    def _start_extras(self, counter: "PartitionedParameterProfiler.EventCounter", name: str) -> None:
-        """What some events need at their start besides the host clock: a trace range, the all-gather
-        bookkeeping, a timer of the ``timers`` group, a device event."""
-        if self._trace_ranges:
-            self._open_range(name)
-        kind = counter.kind
-        if kind is _GATHER:
-            self._note_gathered()
-        elif kind is not None:
-            self._gathering = kind
-        if counter.timer is not None:
-            counter.timer.start()
-        if counter.device_pairs is not None:
-            counter.device_start = self.device_events.mark()
-
-    def _stop_extras(self, counter: "PartitionedParameterProfiler.EventCounter", name: str, num_elem: int,
-                     host_ns: int) -> None:
-        if counter.device_pairs is not None:
-            end = self.device_events.mark()
-            counter.device_pairs.append(self.device_events.pair(counter.device_start, end, host_ns))
-        if counter.timer is not None:
-            counter.timer.stop()
-        kind = counter.kind
-        if kind is _GATHER:
-            if self._gathering is not None:
-                self.gathered[self._gathering] += num_elem
-        elif kind is not None:
-            self._gathering = None
-        if self._trace_ranges:
-            self._close_range(name, num_elem)
-
-    def _note_gathered(self) -> None:
-        """An all-gather starts: the coordinator has just counted its elements as gathered."""
-        available = self.available_params
-        if available is not None:
-            live = available()
-            if live > self.live_params_max:
-                self.live_params_max = live
+        if counter.extras:  # start_event's extras in reverse order
+            if counter.device_pairs is not None:
+                events = self.device_events
+                counter.device_pairs.append(events.pair(counter.device_start, events.mark(), end_ns - started_ns))
+            timer = counter.timer
+            if timer is not None:
+                timer.stop()
+            kind = counter.kind
+            if kind is _GATHER:
+                if self._gathering is not None:
+                    self.gathered[self._gathering] += num_elem
+            elif kind is not None:
+                self._gathering = None
+            if self._trace_ranges:
+                self._close_range(name, num_elem)
 
     def _new_counter(self, name: str) -> "PartitionedParameterProfiler.EventCounter":
         counter = self.event_counters[name] = self.EventCounter(name)
