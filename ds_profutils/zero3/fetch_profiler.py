@@ -52,12 +52,15 @@ __all__ = ["PartitionedParameterProfiler"]
 
 # What an event tells about where an all-gather inside it comes from (DeepSpeed's coordinator opens a
 # submit event, gathers, and closes it): on demand (a fetch submit) or ahead of need (a prefetch submit).
-_GATHER, _ON_DEMAND, _PREFETCH = "gather", "on_demand", "prefetch"
-_KINDS = {
-    "forward_all_gather": _GATHER, "backward_all_gather": _GATHER,
-    "forward_fetch_submit": _ON_DEMAND, "backward_fetch_submit": _ON_DEMAND,
-    "forward_prefetch_submit": _PREFETCH, "backward_prefetch_submit": _PREFETCH,
+_ON_DEMAND, _PREFETCH = "on_demand", "prefetch"
+# Per all-gather event, the submit events of its pass and which kind each makes it: at the all-gather's
+# stop the one running says where it came from (read there, so the submits themselves do no extra work).
+_SUBMITS = {
+    "forward_all_gather": ((_PREFETCH, "forward_prefetch_submit"), (_ON_DEMAND, "forward_fetch_submit")),
+    "backward_all_gather": ((_PREFETCH, "backward_prefetch_submit"), (_ON_DEMAND, "backward_fetch_submit")),
 }
+_FOLD_MASK = FOLD_EVERY - 1  # stop_event folds when an event's count is a multiple of FOLD_EVERY (a power of 2)
+assert FOLD_EVERY & _FOLD_MASK == 0
 
 _FROM_ACCELERATOR: Any = object()  # device_events default: as the accelerator's timers decide
 
@@ -87,23 +90,32 @@ class PartitionedParameterProfiler:
         timer: Any = None  # a timer of the ``timers`` group started and stopped with each event
         feeds: Any = None  # a host-clock timer of ds_profutils given this counter's durations in batches
         fed: int = 0  # how many of the pending durations ``feeds`` has had
-        kind: Optional[str] = None  # what an all-gather inside this event is (see _KINDS)
+        submits: Any = None  # an all-gather's: the submit events it may run inside (see _SUBMITS)
         extras: bool = False  # anything beyond the host clock to do at start and stop (trace ranges included)
 
         def __post_init__(self) -> None:
             if self.durations is None:
                 self.durations = DurationStats(self.name)
             self.pending = self.durations.pending  # the hot path appends here
-            self.kind = _KINDS.get(self.name)
+            self.submits = _SUBMITS.get(self.name)
 
         def feed(self) -> None:
             """Give ``feeds`` the durations it has not had yet (before they are folded or forgotten)."""
-            if self.feeds is not None and len(self.pending) > self.fed:
-                self.feeds.add_durations(self.pending[self.fed:])
-                self.fed = len(self.pending)
+            pending, fed = self.pending, self.fed
+            if self.feeds is not None and len(pending) > fed:
+                self.feeds.add_durations(pending[fed:] if fed else pending)  # (every forward: no copy when it can)
+                self.fed = len(pending)
+
+        def fold(self) -> None:
+            """Fold the pending durations into the statistics, ``feeds`` given them first."""
+            self.feed()
+            self.durations.fold()
+            self.fed = 0
 
         def reset(self) -> None:
             """Forget what was counted; an event that is running keeps running."""
+            if not (self.count or self.dropped):  # nothing since the last reset (every forward resets)
+                return
             self.feed()
             self.count = self.num_elem = self.dropped = self.fed = 0
             self.durations.reset()
@@ -141,7 +153,6 @@ class PartitionedParameterProfiler:
         self.live_params_max = 0
         self.gathered = {_ON_DEMAND: 0, _PREFETCH: 0}
         self.trace_cache_invalidations = 0
-        self._gathering: Optional[str] = None  # the submit event open now, if an all-gather comes
 
     @property
     def trace_ranges(self) -> bool:
@@ -173,15 +184,12 @@ class PartitionedParameterProfiler:
         if counter.extras:  # written out here, not in a helper: a call costs what the rest of start_event does
             if self._trace_ranges:
                 self._open_range(name)
-            kind = counter.kind
-            if kind is _GATHER:  # an all-gather starts: the coordinator has just counted its elements as gathered
+            if counter.submits is not None:  # an all-gather starts: the coordinator has just counted it as gathered
                 available = self.available_params
                 if available is not None:
                     live = available()
                     if live > self.live_params_max:
                         self.live_params_max = live
-            elif kind is not None:
-                self._gathering = kind
             timer = counter.timer
             if timer is not None:
                 timer.start()
@@ -200,19 +208,18 @@ class PartitionedParameterProfiler:
             if self.strict:  # never started: a caller's mistake, which DeepSpeed's asserts on
                 raise InvalidArgumentError(f"unknown event {name}") from None
             counter = self._new_counter(name)
-        counter.count += 1
+        count = counter.count = counter.count + 1
         counter.num_elem += num_elem
         started_ns = counter.started_ns
         if started_ns is None:
             counter.dropped += 1
+            if not count & _FOLD_MASK:
+                counter.fold()
             return
         counter.started_ns = None
-        pending = counter.pending
-        pending.append(end_ns - started_ns)
-        if len(pending) >= FOLD_EVERY:
-            counter.feed()
-            counter.durations.fold()
-            counter.fed = 0
+        counter.pending.append(end_ns - started_ns)
+        if not count & _FOLD_MASK:  # at most FOLD_EVERY pending: a count, not len(), is at hand
+            counter.fold()
         if counter.extras:  # start_event's extras in reverse order
             if counter.device_pairs is not None:
                 events = self.device_events
@@ -220,14 +227,18 @@ class PartitionedParameterProfiler:
             timer = counter.timer
             if timer is not None:
                 timer.stop()
-            kind = counter.kind
-            if kind is _GATHER:
-                if self._gathering is not None:
-                    self.gathered[self._gathering] += num_elem
-            elif kind is not None:
-                self._gathering = None
+            if counter.submits is not None:
+                self._note_gathered(counter.submits, num_elem)
             if self._trace_ranges:
                 self._close_range(name, num_elem)
+
+    def _note_gathered(self, submits: Any, num_elem: int) -> None:
+        """An all-gather of ``num_elem`` elements ended: count it for the submit event it ran inside."""
+        for kind, name in submits:
+            submit = self.event_counters.get(name)
+            if submit is not None and submit.started_ns is not None:
+                self.gathered[kind] += num_elem
+                return
 
     def _new_counter(self, name: str) -> "PartitionedParameterProfiler.EventCounter":
         counter = self.event_counters[name] = self.EventCounter(name)
@@ -272,7 +283,7 @@ class PartitionedParameterProfiler:
         for counter in self.event_counters.values():
             counter.reset()
         self.live_params_max = 0
-        self.gathered = {_ON_DEMAND: 0, _PREFETCH: 0}
+        self.gathered[_ON_DEMAND] = self.gathered[_PREFETCH] = 0
         self.trace_cache_invalidations = 0
 
     def host_statistics(self) -> Dict[str, Dict[str, Any]]:
@@ -325,4 +336,4 @@ class PartitionedParameterProfiler:
 
 def _needs_extras(counter: "PartitionedParameterProfiler.EventCounter") -> bool:
     """Whether an event always has more to do than the host clock: device events, a timer, all-gathers."""
-    return counter.device_pairs is not None or counter.timer is not None or counter.kind is not None
+    return counter.device_pairs is not None or counter.timer is not None or counter.submits is not None
