@@ -1,14 +1,21 @@
 """ZeRO-3 fetch profiling, measured against DeepSpeed in one run.
 
-    python benchmarks/bench_zero_fetch.py [--pairs 20000] [--per-step 250] [--repeats 25] [--step-pairs 300]
+    python benchmarks/bench_zero_fetch.py [--repeats 61] [--steps 10] [--modules 40] [--step-pairs 300]
                                           [--skip-train]
 
-(a) ``start_event`` + ``stop_event`` per fetch, as added cost over two empty method calls, with the
-    counters reset every ``--per-step`` fetches as DeepSpeed resets them every forward: ours enabled,
-    driving ds_profutils' timers (as ``attach`` drives the engine's with ``wall_clock_breakdown``),
-    against DeepSpeed's profiler with DeepSpeed's ``SynchronizedWallClockTimer`` (target <= 0.5x);
-    disabled, whole call against DeepSpeed's disabled one (target <= 1.0x; both add ~0 over empty
-    calls, so the ratio of the whole calls is the meaningful one).
+(a) ``start_event`` + ``stop_event`` as DeepSpeed 0.19's engine calls them, added cost per pair over the
+    same calls on empty methods, garbage collector on.  Per fetched module the coordinator's
+    ``_fetch_sub_module_impl`` (its trace complete) opens and closes the fetch wait, then the prefetch
+    submit with ``__all_gather_params_``'s all-gather inside; each forward's ``reset_step`` calls
+    ``reset_events()`` (and ``log_events()``, left out on both sides: ``attach`` lets it through on
+    print steps only).  Each repeat makes a new profiler and timer group, as an engine does, and runs
+    ``--steps`` steps (``attach`` reads the timers every ``steps_per_print``); nothing is reset that
+    the engine would not reset.  Ours enabled driving ds_profutils' timers (as ``attach`` drives the
+    engine's) against DeepSpeed's with DeepSpeed's ``SynchronizedWallClockTimer`` (target <= 0.5x);
+    ours given DeepSpeed's timers against DeepSpeed's (<= 1.0x); disabled, whole call against
+    DeepSpeed's disabled one (<= 1.0x; both add ~0 over empty calls, so the ratio of the whole calls
+    is the meaningful one).  Thread CPU time, medians of interleaved repeats (each candidate in every
+    position in turn), so a noisy neighbour hits all sides alike.
 (b) Memory over 200k events (tracemalloc), ours and DeepSpeed's: ours must not grow.
 (c) A ZeRO-3 training step (2 ranks under the deepspeed launcher, gloo on CPU) with fetch records
     on (``attach`` before two steps, ``close`` after them) against off, interleaved, in three modes:
@@ -20,8 +27,6 @@
     printed too, without a target.
 
 The report on these records and the trace summary are measured in ``bench_report.py``.
-
-Micro figures are medians of interleaved repeats, so a noisy neighbour hits all sides alike.
 """
 from __future__ import annotations
 
@@ -216,11 +221,13 @@ def bench_training_step(pairs: int) -> float:
     sys.path.insert(0, str(REPO / "tests"))
     from launcher import run_deepspeed
 
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         run_deepspeed(Path(__file__), ["--worker", str(out), "--step-pairs", str(pairs)], timeout=900)
         results = {rank: json.loads((out / f"rank_{rank}.json").read_text()) for rank in (0, 1)}
-    print(f"(c) ZeRO-3 training step, 2 ranks, {pairs} interleaved turns of off / records / records without memory")
+    print(f"(c) ZeRO-3 training step, 2 ranks, {pairs} interleaved turns of off / records / records without memory; "
+          f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
     worst = 0.0
     for rank, result in results.items():
         seconds, first_steps = result["seconds"], result["first_steps"]
