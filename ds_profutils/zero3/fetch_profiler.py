@@ -53,15 +53,22 @@ __all__ = ["PartitionedParameterProfiler"]
 # What an event tells about where an all-gather inside it comes from (DeepSpeed's coordinator opens a
 # submit event, gathers, and closes it): on demand (a fetch submit) or ahead of need (a prefetch submit).
 _ON_DEMAND, _PREFETCH = "on_demand", "prefetch"
-# Per all-gather event, the submit events of its pass and which kind each makes it: at the all-gather's
-# stop the one running says where it came from (read there, so the submits themselves do no extra work).
+# Per all-gather event, the submit events of its pass: (prefetch, on demand).  At the all-gather's stop the
+# one running says where it came from (read there, so the submits themselves do no extra work).
 _SUBMITS = {
-    "forward_all_gather": ((_PREFETCH, "forward_prefetch_submit"), (_ON_DEMAND, "forward_fetch_submit")),
-    "backward_all_gather": ((_PREFETCH, "backward_prefetch_submit"), (_ON_DEMAND, "backward_fetch_submit")),
+    "forward_all_gather": ("forward_prefetch_submit", "forward_fetch_submit"),
+    "backward_all_gather": ("backward_prefetch_submit", "backward_fetch_submit"),
 }
 _FOLD_MASK = FOLD_EVERY - 1  # stop_event folds when an event's count is a multiple of FOLD_EVERY (a power of 2)
 assert FOLD_EVERY & _FOLD_MASK == 0
 
+class _NeverRunning:
+    """Stands for a submit event not seen yet: an all-gather's stop reads ``started_ns`` off it."""
+
+    started_ns = None
+
+
+_NEVER_RUNNING = _NeverRunning()
 _FROM_ACCELERATOR: Any = object()  # device_events default: as the accelerator's timers decide
 
 
@@ -91,6 +98,7 @@ class PartitionedParameterProfiler:
         feeds: Any = None  # a host-clock timer of ds_profutils given this counter's durations in batches
         fed: int = 0  # how many of the pending durations ``feeds`` has had
         submits: Any = None  # an all-gather's: the submit events it may run inside (see _SUBMITS)
+        within: Any = None  # an all-gather's: those submits' counters, (prefetch, on demand), read at its stop
         extras: bool = False  # anything beyond the host clock to do at start and stop (trace ranges included)
 
         def __post_init__(self) -> None:
@@ -227,21 +235,22 @@ class PartitionedParameterProfiler:
             timer = counter.timer
             if timer is not None:
                 timer.stop()
-            if counter.submits is not None:
-                self._note_gathered(counter.submits, num_elem)
+            within = counter.within
+            if within is not None:  # an all-gather ended: count it for the submit it ran inside
+                prefetch, on_demand = within
+                if prefetch.started_ns is not None:
+                    self.gathered[_PREFETCH] += num_elem
+                elif on_demand.started_ns is not None:
+                    self.gathered[_ON_DEMAND] += num_elem
             if self._trace_ranges:
                 self._close_range(name, num_elem)
 
-    def _note_gathered(self, submits: Any, num_elem: int) -> None:
-        """An all-gather of ``num_elem`` elements ended: count it for the submit event it ran inside."""
-        for kind, name in submits:
-            submit = self.event_counters.get(name)
-            if submit is not None and submit.started_ns is not None:
-                self.gathered[kind] += num_elem
-                return
-
     def _new_counter(self, name: str) -> "PartitionedParameterProfiler.EventCounter":
-        counter = self.event_counters[name] = self.EventCounter(name)
+        counters = self.event_counters
+        counter = counters[name] = self.EventCounter(name)
+        for gather in counters.values():  # all-gathers hold their submits' counters, as they come
+            if gather.submits is not None:
+                gather.within = tuple(counters.get(submit, _NEVER_RUNNING) for submit in gather.submits)
         if self.device_events is not None and name in DEVICE_TIMED:
             counter.device_pairs = []
         if self._drives_timers:
