@@ -62,6 +62,7 @@ _SUBMITS = {
 _FOLD_MASK = FOLD_EVERY - 1  # stop_event folds when an event's count is a multiple of FOLD_EVERY (a power of 2)
 assert FOLD_EVERY & _FOLD_MASK == 0
 
+
 class _NeverRunning:
     """Stands for a submit event not seen yet: an all-gather's stop reads ``started_ns`` off it."""
 
