@@ -137,7 +137,7 @@ def bench_hot_path(repeats: int, steps: int, modules: int) -> Dict[str, float]:
                 ("disabled, whole call", disabled, DISABLED_TARGET, "; the same test as DeepSpeed's "
                  "`if self.timers is None: return`, so equal within noise"))
     for what, ratio, target, note in verdicts:
-        print(f"    {what + " vs DeepSpeed:":58s} {ratio:5.2f}x  (target <= {target}x{note})")
+        print(f"    {what + ' vs DeepSpeed:':58s} {ratio:5.2f}x  (target <= {target}x{note})")
     return {"enabled_ratio": enabled, "given_ratio": given, "disabled_ratio": disabled}
 
 
