@@ -193,15 +193,13 @@ class PartitionedParameterProfiler:
         if counter.extras:  # written out here, not in a helper: a call costs what the rest of start_event does
             if self._trace_ranges:
                 self._open_range(name)
-            if counter.submits is not None:  # an all-gather starts: the coordinator has just counted it as gathered
-                available = self.available_params
-                if available is not None:
-                    live = available()
-                    if live > self.live_params_max:
-                        self.live_params_max = live
-            timer = counter.timer
-            if timer is not None:
-                timer.start()
+            # (few locals: each one costs every call, the disabled one included, as it sets up the frame)
+            if counter.submits is not None and self.available_params is not None:  # an all-gather starts:
+                live = self.available_params()  # the coordinator has just counted it as gathered
+                if live > self.live_params_max:
+                    self.live_params_max = live
+            if counter.timer is not None:
+                counter.timer.start()
             if counter.device_pairs is not None:
                 counter.device_start = self.device_events.mark()
         counter.started_ns = perf_counter_ns()
@@ -231,17 +229,15 @@ class PartitionedParameterProfiler:
             counter.fold()
         if counter.extras:  # start_event's extras in reverse order
             if counter.device_pairs is not None:
-                events = self.device_events
-                counter.device_pairs.append(events.pair(counter.device_start, events.mark(), end_ns - started_ns))
-            timer = counter.timer
-            if timer is not None:
-                timer.stop()
-            within = counter.within
-            if within is not None:  # an all-gather ended: count it for the submit it ran inside
-                prefetch, on_demand = within
-                if prefetch.started_ns is not None:
+                counter.device_pairs.append(self.device_events.pair(counter.device_start, self.device_events.mark(),
+                                                                    end_ns - started_ns))
+            if counter.timer is not None:
+                counter.timer.stop()
+            within = counter.within  # an all-gather's (prefetch, on demand) submits: count it for the one running
+            if within is not None:
+                if within[0].started_ns is not None:
                     self.gathered[_PREFETCH] += num_elem
-                elif on_demand.started_ns is not None:
+                elif within[1].started_ns is not None:
                     self.gathered[_ON_DEMAND] += num_elem
             if self._trace_ranges:
                 self._close_range(name, num_elem)
