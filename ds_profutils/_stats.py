@@ -71,11 +71,14 @@ class DurationStats:
         self._seed = seed
         self.pending: List[float] = []
         self._random: Optional[numpy.random.Generator] = None  # made when a sample first fills
+        self._count = 1  # so that reset() sets everything
         self.reset()
 
     def reset(self) -> None:
         """Forget every duration (``pending`` stays the same list, so hot paths may hold it)."""
         self.pending.clear()
+        if not self._count:  # nothing folded in since the last reset (the fetch profiler resets every forward)
+            return
         self._count = 0  # durations folded in
         self._sample: List[float] = []
         self._first: Any = None  # once the sample filled: its first ``size`` durations, or their figures

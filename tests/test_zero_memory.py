@@ -1,7 +1,7 @@
 """Memory in the fetch records (per phase, from the accelerator's peak statistics) and the allocator-history
 snapshot written where memory runs out, on the stand-in engine of test_zero_attach."""
+import os
 import pickle
-import types
 
 import psutil
 import pytest
@@ -12,6 +12,7 @@ from ds_profutils.outputs import ProcessIdentity
 from ds_profutils.engine import snapshot
 from ds_profutils.engine.attaching import _StepSnapshots
 from ds_profutils.engine.hooks import EngineHooks
+from ds_profutils.engine import memory
 from ds_profutils.engine.memory import StepMemory
 from test_zero_attach import Engine, read_records, recorder_for
 
@@ -95,7 +96,7 @@ def test_on_cpu_rss_is_read_once_per_phase_boundary_and_deepspeeds_peaks_are_lef
     accelerator = CPU_Accelerator()
     accelerator.max_mem = 7  # another reader's peak: not reset by the records
     reads = iter([100 * mib, 300 * mib, 200 * mib, 150 * mib, 250 * mib])
-    monkeypatch.setattr(psutil.Process, "memory_info", lambda self: types.SimpleNamespace(rss=next(reads)))
+    monkeypatch.setattr(memory, "_rss", lambda: next(reads))
     engine = Engine()
     with recorder_for(engine, tmp_path, memory=StepMemory(accelerator)):
         engine.train_step()
@@ -105,6 +106,28 @@ def test_on_cpu_rss_is_read_once_per_phase_boundary_and_deepspeeds_peaks_are_lef
     assert record["memory"] == {"source": "rss", "peak_allocated_bytes": 300 * mib, "peak_reserved_bytes": 300 * mib,
                                 "phases": {"forward": 300 * mib, "backward": 300 * mib, "step": 250 * mib}}
     assert next(reads, None) is None and accelerator.max_mem == 7
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc")
+def test_rss_is_what_psutil_reads_and_a_forked_child_reads_its_own():
+    """The kept /proc/self/statm descriptor gives psutil's figure; after a fork it is the child's process."""
+    read = memory._rss_reader()
+    assert isinstance(read, memory._StatmRss)
+    before, ours, after = psutil.Process().memory_info().rss, read(), psutil.Process().memory_info().rss
+    assert min(before, after) - 2**20 <= ours <= max(before, after) + 2**20
+    ballast = bytearray(b"\x01") * (64 * 2**20)  # the parent grows; the child frees its copy, so their RSS part
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        del ballast[:]
+        os.write(writer, f"{read()} {psutil.Process().memory_info().rss}".encode())
+        os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    child_ours, child_psutil = map(int, os.read(reader, 100).split())
+    assert abs(child_ours - child_psutil) <= 2**20
+    assert read() - child_ours > 32 * 2**20  # the parent's own, not the child's
+    del ballast
 
 
 def test_steps_left_out_by_log_interval_do_not_touch_the_allocator(tmp_path):

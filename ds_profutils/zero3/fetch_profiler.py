@@ -52,13 +52,24 @@ __all__ = ["PartitionedParameterProfiler"]
 
 # What an event tells about where an all-gather inside it comes from (DeepSpeed's coordinator opens a
 # submit event, gathers, and closes it): on demand (a fetch submit) or ahead of need (a prefetch submit).
-_GATHER, _ON_DEMAND, _PREFETCH = "gather", "on_demand", "prefetch"
-_KINDS = {
-    "forward_all_gather": _GATHER, "backward_all_gather": _GATHER,
-    "forward_fetch_submit": _ON_DEMAND, "backward_fetch_submit": _ON_DEMAND,
-    "forward_prefetch_submit": _PREFETCH, "backward_prefetch_submit": _PREFETCH,
+_ON_DEMAND, _PREFETCH = "on_demand", "prefetch"
+# Per all-gather event, the submit events of its pass: (prefetch, on demand).  At the all-gather's stop the
+# one running says where it came from (read there, so the submits themselves do no extra work).
+_SUBMITS = {
+    "forward_all_gather": ("forward_prefetch_submit", "forward_fetch_submit"),
+    "backward_all_gather": ("backward_prefetch_submit", "backward_fetch_submit"),
 }
+_FOLD_MASK = FOLD_EVERY - 1  # stop_event folds when an event's count is a multiple of FOLD_EVERY (a power of 2)
+assert FOLD_EVERY & _FOLD_MASK == 0
 
+
+class _NeverRunning:
+    """Stands for a submit event not seen yet: an all-gather's stop reads ``started_ns`` off it."""
+
+    started_ns = None
+
+
+_NEVER_RUNNING = _NeverRunning()
 _FROM_ACCELERATOR: Any = object()  # device_events default: as the accelerator's timers decide
 
 
@@ -87,23 +98,33 @@ class PartitionedParameterProfiler:
         timer: Any = None  # a timer of the ``timers`` group started and stopped with each event
         feeds: Any = None  # a host-clock timer of ds_profutils given this counter's durations in batches
         fed: int = 0  # how many of the pending durations ``feeds`` has had
-        kind: Optional[str] = None  # what an all-gather inside this event is (see _KINDS)
+        submits: Any = None  # an all-gather's: the submit events it may run inside (see _SUBMITS)
+        within: Any = None  # an all-gather's: those submits' counters, (prefetch, on demand), read at its stop
         extras: bool = False  # anything beyond the host clock to do at start and stop (trace ranges included)
 
         def __post_init__(self) -> None:
             if self.durations is None:
                 self.durations = DurationStats(self.name)
             self.pending = self.durations.pending  # the hot path appends here
-            self.kind = _KINDS.get(self.name)
+            self.submits = _SUBMITS.get(self.name)
 
         def feed(self) -> None:
             """Give ``feeds`` the durations it has not had yet (before they are folded or forgotten)."""
-            if self.feeds is not None and len(self.pending) > self.fed:
-                self.feeds.add_durations(self.pending[self.fed:])
-                self.fed = len(self.pending)
+            pending, fed = self.pending, self.fed
+            if self.feeds is not None and len(pending) > fed:
+                self.feeds.add_durations(pending[fed:] if fed else pending)  # (every forward: no copy when it can)
+                self.fed = len(pending)
+
+        def fold(self) -> None:
+            """Fold the pending durations into the statistics, ``feeds`` given them first."""
+            self.feed()
+            self.durations.fold()
+            self.fed = 0
 
         def reset(self) -> None:
             """Forget what was counted; an event that is running keeps running."""
+            if not (self.count or self.dropped):  # nothing since the last reset (every forward resets)
+                return
             self.feed()
             self.count = self.num_elem = self.dropped = self.fed = 0
             self.durations.reset()
@@ -141,7 +162,6 @@ class PartitionedParameterProfiler:
         self.live_params_max = 0
         self.gathered = {_ON_DEMAND: 0, _PREFETCH: 0}
         self.trace_cache_invalidations = 0
-        self._gathering: Optional[str] = None  # the submit event open now, if an all-gather comes
 
     @property
     def trace_ranges(self) -> bool:
@@ -163,14 +183,25 @@ class PartitionedParameterProfiler:
         """Mark the start of one ``name`` event."""
         if not self.recording:
             return
-        counter = self.event_counters.get(name)
-        if counter is None:
+        try:  # a subscript, not .get(): no method call on the hot path
+            counter = self.event_counters[name]
+        except KeyError:
             counter = self._new_counter(name)
-        elif counter.started_ns is not None:  # already running: keep the first start
+        if counter.started_ns is not None:  # already running: keep the first start
             counter.dropped += 1
             return
-        if counter.extras:
-            self._start_extras(counter, name)
+        if counter.extras:  # written out here, not in a helper: a call costs what the rest of start_event does
+            if self._trace_ranges:
+                self._open_range(name)
+            # (few locals: each one costs every call, the disabled one included, as it sets up the frame)
+            if counter.submits is not None and self.available_params is not None:  # an all-gather starts:
+                live = self.available_params()  # the coordinator has just counted it as gathered
+                if live > self.live_params_max:
+                    self.live_params_max = live
+            if counter.timer is not None:
+                counter.timer.start()
+            if counter.device_pairs is not None:
+                counter.device_start = self.device_events.mark()
         counter.started_ns = perf_counter_ns()
 
     def stop_event(self, name: str, num_elem: int) -> None:
@@ -178,68 +209,45 @@ class PartitionedParameterProfiler:
         if not self.recording:
             return
         end_ns = perf_counter_ns()
-        counter = self.event_counters.get(name)
-        if counter is None:
+        try:
+            counter = self.event_counters[name]
+        except KeyError:
             if self.strict:  # never started: a caller's mistake, which DeepSpeed's asserts on
-                raise InvalidArgumentError(f"unknown event {name}")
+                raise InvalidArgumentError(f"unknown event {name}") from None
             counter = self._new_counter(name)
-        counter.count += 1
+        count = counter.count = counter.count + 1
         counter.num_elem += num_elem
         started_ns = counter.started_ns
         if started_ns is None:
             counter.dropped += 1
+            if not count & _FOLD_MASK:
+                counter.fold()
             return
         counter.started_ns = None
-        pending = counter.pending
-        pending.append(end_ns - started_ns)
-        if len(pending) >= FOLD_EVERY:
-            counter.feed()
-            counter.durations.fold()
-            counter.fed = 0
-        if counter.extras:
-            self._stop_extras(counter, name, num_elem, end_ns - started_ns)
-
-    def _start_extras(self, counter: "PartitionedParameterProfiler.EventCounter", name: str) -> None:
-        """What some events need at their start besides the host clock: a trace range, the all-gather
-        bookkeeping, a timer of the ``timers`` group, a device event."""
-        if self._trace_ranges:
-            self._open_range(name)
-        kind = counter.kind
-        if kind is _GATHER:
-            self._note_gathered()
-        elif kind is not None:
-            self._gathering = kind
-        if counter.timer is not None:
-            counter.timer.start()
-        if counter.device_pairs is not None:
-            counter.device_start = self.device_events.mark()
-
-    def _stop_extras(self, counter: "PartitionedParameterProfiler.EventCounter", name: str, num_elem: int,
-                     host_ns: int) -> None:
-        if counter.device_pairs is not None:
-            end = self.device_events.mark()
-            counter.device_pairs.append(self.device_events.pair(counter.device_start, end, host_ns))
-        if counter.timer is not None:
-            counter.timer.stop()
-        kind = counter.kind
-        if kind is _GATHER:
-            if self._gathering is not None:
-                self.gathered[self._gathering] += num_elem
-        elif kind is not None:
-            self._gathering = None
-        if self._trace_ranges:
-            self._close_range(name, num_elem)
-
-    def _note_gathered(self) -> None:
-        """An all-gather starts: the coordinator has just counted its elements as gathered."""
-        available = self.available_params
-        if available is not None:
-            live = available()
-            if live > self.live_params_max:
-                self.live_params_max = live
+        counter.pending.append(end_ns - started_ns)
+        if not count & _FOLD_MASK:  # at most FOLD_EVERY pending: a count, not len(), is at hand
+            counter.fold()
+        if counter.extras:  # start_event's extras in reverse order
+            if counter.device_pairs is not None:
+                counter.device_pairs.append(self.device_events.pair(counter.device_start, self.device_events.mark(),
+                                                                    end_ns - started_ns))
+            if counter.timer is not None:
+                counter.timer.stop()
+            within = counter.within  # an all-gather's (prefetch, on demand) submits: count it for the one running
+            if within is not None:
+                if within[0].started_ns is not None:
+                    self.gathered[_PREFETCH] += num_elem
+                elif within[1].started_ns is not None:
+                    self.gathered[_ON_DEMAND] += num_elem
+            if self._trace_ranges:
+                self._close_range(name, num_elem)
 
     def _new_counter(self, name: str) -> "PartitionedParameterProfiler.EventCounter":
-        counter = self.event_counters[name] = self.EventCounter(name)
+        counters = self.event_counters
+        counter = counters[name] = self.EventCounter(name)
+        for gather in counters.values():  # all-gathers hold their submits' counters, as they come
+            if gather.submits is not None:
+                gather.within = tuple(counters.get(submit, _NEVER_RUNNING) for submit in gather.submits)
         if self.device_events is not None and name in DEVICE_TIMED:
             counter.device_pairs = []
         if self._drives_timers:
@@ -281,7 +289,7 @@ class PartitionedParameterProfiler:
         for counter in self.event_counters.values():
             counter.reset()
         self.live_params_max = 0
-        self.gathered = {_ON_DEMAND: 0, _PREFETCH: 0}
+        self.gathered[_ON_DEMAND] = self.gathered[_PREFETCH] = 0
         self.trace_cache_invalidations = 0
 
     def host_statistics(self) -> Dict[str, Dict[str, Any]]:
@@ -334,4 +342,4 @@ class PartitionedParameterProfiler:
 
 def _needs_extras(counter: "PartitionedParameterProfiler.EventCounter") -> bool:
     """Whether an event always has more to do than the host clock: device events, a timer, all-gathers."""
-    return counter.device_pairs is not None or counter.timer is not None or counter.kind is not None
+    return counter.device_pairs is not None or counter.timer is not None or counter.submits is not None
