@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
@@ -165,6 +166,7 @@ class FlopCounter:
         self._counted: List[Tuple[tuple, _Count]] = []
         self._current: Optional[_MicroStep] = None
         self._mode: Optional[FlopCounterMode] = None
+        self._mode_thread: Optional[int] = None  # the thread the counting mode was entered on
         self._hook: Optional[Any] = None
         self._scaling_said = False
 
@@ -247,6 +249,7 @@ class FlopCounter:
         mode = FlopCounterMode(display=False)
         mode.__enter__()
         self._mode = mode
+        self._mode_thread = threading.get_ident()  # dispatch modes are per thread: left on this one only
 
     def _leave(self) -> None:
         """Switch the counting mode off on the training thread, if it is the innermost dispatch mode.
@@ -258,8 +261,8 @@ class FlopCounter:
             self._hook.remove()
             self._hook = None
         mode = self._mode
-        if mode is None or _get_current_dispatch_mode() is not mode.mode:
-            return
+        if mode is None or threading.get_ident() != self._mode_thread or _get_current_dispatch_mode() is not mode.mode:
+            return  # an autograd device thread sees a copy of the training thread's modes: not ours to pop
         self._mode = None
         mode.__exit__(None, None, None)
 
