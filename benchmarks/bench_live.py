@@ -23,29 +23,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List
 
+from bench_engines import mlp_engine  # benchmarks/ is the script's own folder
+
 REPO = Path(__file__).resolve().parent.parent
 TARGET = 1.03
 
 
 def worker(out: Path, turns: int, interval: int) -> None:
-    import deepspeed
-    import torch
-
     from ds_profutils.engine.live import LiveMetrics, StepFigures, monitor_sink
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    rank = torch.distributed.get_rank()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(12)])
-    config = {
-        "train_micro_batch_size_per_gpu": 8,
-        "steps_per_print": 10**9,
-        "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}},
-        "zero_optimization": {"stage": 2},
-        "csv_monitor": {"enabled": True, "output_path": str(out / "csv"), "job_name": "bench"},
-    }
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    batch = torch.randn(8, 128)
+    engine, batch, rank, _ = mlp_engine({"stage": 2}, csv_monitor={
+        "enabled": True, "output_path": str(out / "csv"), "job_name": "bench"})
     live = LiveMetrics(SimpleNamespace(monitor_interval=interval, console=True), 100.0, [monitor_sink(engine)])
     last_end = [None]
 

@@ -25,29 +25,17 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from bench_engines import mlp_engine  # benchmarks/ is the script's own folder
+
 REPO = Path(__file__).resolve().parent.parent
 STEP_TARGET = 1.02
 
 
 def worker(out: Path, turns: int) -> None:
-    import deepspeed
-    import torch
-
     from ds_profutils import attach
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    rank = torch.distributed.get_rank()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(12)])
-    config = {
-        "train_micro_batch_size_per_gpu": 8,
-        "steps_per_print": 10**9,
-        "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}},
-        "zero_optimization": {"stage": 2},
-        "step_metrics": {"enabled": True, "output_dir": str(out / "records"), "console": False},
-    }
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    batch = torch.randn(8, 128)
+    engine, batch, rank, config = mlp_engine({"stage": 2}, step_metrics={
+        "enabled": True, "output_dir": str(out / "records"), "console": False})
 
     def step() -> float:
         began = time.perf_counter()

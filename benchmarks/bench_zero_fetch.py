@@ -42,6 +42,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
+from bench_engines import mlp_engine  # benchmarks/ is the script's own folder
+
 from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParameterProfiler as DeepSpeedProfiler
 from deepspeed.utils.timer import SynchronizedWallClockTimer
 
@@ -172,24 +174,10 @@ def bench_memory(events: int) -> None:
 
 
 def worker(out: Path, pairs: int) -> None:
-    import deepspeed
-    import torch
-
     from ds_profutils import attach
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    rank = torch.distributed.get_rank()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(12)])
-    config = {
-        "train_micro_batch_size_per_gpu": 8,
-        "steps_per_print": 10**9,
-        "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}},
-        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-        "partitioned_param_profiler": {"enabled": True, "output_dir": str(out / "records")},
-    }
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    batch = torch.randn(8, 128)
+    engine, batch, rank, _ = mlp_engine({"stage": 3, "stage3_param_persistence_threshold": 0},
+                                     partitioned_param_profiler={"enabled": True, "output_dir": str(out / "records")})
 
     def step() -> float:
         began = time.perf_counter()
