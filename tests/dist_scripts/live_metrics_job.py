@@ -5,7 +5,9 @@ Each step all-reduces a small tensor, then trains a step of a ZeRO-2 engine; the
 inside that all-reduce are timed as the recorder times a step and its collectives.  Rank 1 sleeps 80 ms
 between steps, so rank 0 waits for it inside the all-reduce (the figures are measured, not made up).
 One LiveMetrics (``monitor_interval`` 4, console on) writes to the engine's monitor; a second, fed the
-same figures, takes the deferred path (read an interval late, the rest at close) into a list.  Rank 0
+same figures, takes the deferred path (read an interval late, the rest at close) into a list; rank 1
+enters the last interval's deferred gather only once rank 0 has launched its side and counted what it
+had written, so the last interval can only come at close, whatever the load.  Rank 0
 writes what it saw to ``{out}/findings.json``; each rank its wall time per interval and
 its step and collective times per step to ``{out}/rank_{rank}.json``.
 """
@@ -39,6 +41,14 @@ class Kept:
         self.writes.append(events)
 
 
+def wait_for(path: Path, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in {timeout_s:.0f} s")
+        time.sleep(0.01)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -62,6 +72,7 @@ def main() -> None:
                            defer=True)
     batch = torch.randn(BATCH, SIZE)
     flops = 3 * 2 * BATCH * (SIZE * SIZE + SIZE)  # forward and backward of the two layers
+    launched_last = out / "rank_0_launched_the_last_deferred_gather"
     last_end = None
     walls = []  # this rank's wall time per interval: its iteration times (the first step: its step time)
     collectives, steps = [], []
@@ -88,8 +99,13 @@ def main() -> None:
                               tokens=TOKENS, samples=1, exposed_wait_ms=collective_ms, collective_ms=collective_ms,
                               peak_allocated_bytes=None)
         live.step_finished(figures)
+        last = step == STEPS - 1
+        if last and rank == 1:
+            wait_for(launched_last)
         deferred.step_finished(figures)
-    deferred_before_close = len(kept.writes)
+        if last and rank == 0:
+            deferred_before_close = len(kept.writes)
+            launched_last.touch()
     live.close()
     deferred.close()
     (out / f"rank_{rank}.json").write_text(json.dumps({"walls_ms": walls, "collective_ms": collectives,
