@@ -87,6 +87,9 @@ class Engine:
     def zero_max_live_parameters(self):
         return 1_000_000_000
 
+    def wall_clock_breakdown(self):
+        return bool(self.config.get("wall_clock_breakdown"))
+
     def steps_per_print(self):
         return 10
 
@@ -557,6 +560,9 @@ def test_real_engine_rank_subset_and_our_timers(zero3_run, rank):
     assert {"fwd", "bwd", "step", "optimizer_step"} <= set(found["timer_names"])
     # the fetch profiler drives the engine's timers, as DeepSpeed's does when switched on in source
     assert ({"forward_fetch_wait", "backward_fetch_wait"} <= set(found["timer_names"])) is (rank == 0)
+    # and only with wall_clock_breakdown, where DeepSpeed gives them to its coordinator (else a NoopTimer)
+    without_breakdown = zero3_run.expected[rank]["timer_names_without_breakdown"]
+    assert not {"forward_fetch_wait", "backward_fetch_wait"} & set(without_breakdown), without_breakdown
 
 
 def test_real_engine_report_of_a_rank_subset(zero3_run):

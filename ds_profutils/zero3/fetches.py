@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from deepspeed.utils.timer import NoopTimer
+
 from .._device_clock import DeviceEvents, Pair
 from .entries import DEVICE_TIMED, device_entry
 from .fetch_profiler import PartitionedParameterProfiler
@@ -64,8 +66,11 @@ class CoordinatorFetches:
 
     def __init__(self, engine: Any, coordinator: Any, *, element_size: int,
                  device_events: Optional[DeviceEvents]) -> None:
-        # The engine's timers, driven as DeepSpeed's profiler drives them when switched on in source.
-        self.profiler = profiler = PartitionedParameterProfiler(engine.timers, element_size=element_size,
+        # The timer group DeepSpeed's engine hands its ZeRO-3 optimizer and coordinator: its own with
+        # wall_clock_breakdown, else a NoopTimer.  Driving the engine's group regardless would time every
+        # fetch into timers nothing logs or resets (a list growing per event, and its cost every event).
+        timers = engine.timers if engine.wall_clock_breakdown() else NoopTimer()
+        self.profiler = profiler = PartitionedParameterProfiler(timers, element_size=element_size,
                                                                 device_events=device_events)
         profiler.recording = False
         profiler.strict = False  # recording is switched per step: an event may straddle the switch

@@ -141,6 +141,8 @@ def main() -> None:
         engine(torch.randn(4, 16, generator=generator))  # written by the recorder at exit
 
     findings["counted"] = {key: dict(counts) for key, counts in counter.by_record.items()}
+    # without wall_clock_breakdown DeepSpeed gives its coordinator a NoopTimer: no fetch timed into the group
+    findings["timer_names_without_breakdown"] = sorted(engine.timers.get_timers())
     findings["rank0_only"] = rank0_only_with_our_timers(args.out / "rank0_only", rank)
     findings["limited_max_live"] = train_limited(records)
     findings["phases"] = attached_in_phases(records)
