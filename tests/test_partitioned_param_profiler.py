@@ -341,6 +341,11 @@ def test_drives_the_timers_it_is_given_as_deepspeeds_does(timers_class, capsys):
     assert sorted(ours_timers.get_timers()) == sorted(theirs_timers.get_timers()) == names
     assert set(ours_timers.get_mean(names)) == set(names)  # every timer holds its durations
     assert all(not timer.started_ for timer in ours_timers.get_timers().values())
+    if timers_class is SynchronizedWallClockTimer:  # given our durations: one per stop(), the same total
+        totals = {name: entry["time_ms"] for name, entry in ours.host_statistics().items()}
+        for name in names:
+            assert len(ours_timers(name).event_timers) == len(theirs_timers(name).event_timers)
+            assert sum(ours_timers(name).event_timers) * 1e3 == pytest.approx(totals[name])
     capsys.readouterr()
     ours.log_events()
     printed = capsys.readouterr().out
@@ -352,7 +357,8 @@ def test_a_noop_timer_group_is_not_driven_and_nothing_else_is_needed():
     profiler = PartitionedParameterProfiler(NoopTimer())
     with profiler.event("forward_fetch_wait", 3):
         pass
-    assert profiler.event_counters["forward_fetch_wait"].timer is None
+    counter = profiler.event_counters["forward_fetch_wait"]
+    assert counter.timer_start is counter.timer_stop is counter.feeds is None
     assert counts(profiler) == {"forward_fetch_wait": (1, 3)}
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from deepspeed.utils.timer import NoopTimer
+from deepspeed.utils.timer import NoopTimer, SynchronizedWallClockTimer
 
 from .._device_clock import DeviceEvents, Pair, process_device_events
 from .._stats import FOLD_EVERY, DurationStats
@@ -63,6 +63,21 @@ _FOLD_MASK = FOLD_EVERY - 1  # stop_event folds when an event's count is a multi
 assert FOLD_EVERY & _FOLD_MASK == 0
 
 
+class _DeepSpeedHostTimerFeed:
+    """Gives durations to a DeepSpeed host-clock timer: its ``stop()`` appends each interval in seconds to
+    ``event_timers``, which is all its ``elapsed()``, ``mean()`` and the timers' log read.  Appending the
+    profiler's own durations there (monotonic, in batches) costs a fraction of a ``start()``/``stop()`` pair,
+    each of which reads the wall clock and looks the accelerator up again."""
+
+    __slots__ = ("event_timers", )
+
+    def __init__(self, event_timers: List[float]) -> None:
+        self.event_timers = event_timers
+
+    def add_durations(self, durations_ns: List[float]) -> None:
+        self.event_timers.extend([duration / 1e9 for duration in durations_ns])
+
+
 class _NeverRunning:
     """Stands for a submit event not seen yet: an all-gather's stop reads ``started_ns`` off it."""
 
@@ -70,6 +85,7 @@ class _NeverRunning:
 
 
 _NEVER_RUNNING = _NeverRunning()
+_DEEPSPEED_TIMER = SynchronizedWallClockTimer.Timer
 _FROM_ACCELERATOR: Any = object()  # device_events default: as the accelerator's timers decide
 
 
@@ -95,8 +111,9 @@ class PartitionedParameterProfiler:
         started_ns: Optional[int] = None  # perf_counter_ns() at start_event while the event runs
         device_start: Any = None  # the device event marked at start_event, when timed on the device
         device_pairs: Optional[List[Pair]] = None  # this step's device intervals; None: host clock only
-        timer: Any = None  # a timer of the ``timers`` group started and stopped with each event
-        feeds: Any = None  # a host-clock timer of ds_profutils given this counter's durations in batches
+        timer_start: Any = None  # start() and stop() of a timer of the ``timers`` group, bound: called with
+        timer_stop: Any = None  # each event (one lookup on the hot path, not two)
+        feeds: Any = None  # a host-clock timer (ours, or DeepSpeed's through a feed) given the durations in batches
         fed: int = 0  # how many of the pending durations ``feeds`` has had
         submits: Any = None  # an all-gather's: the submit events it may run inside (see _SUBMITS)
         within: Any = None  # an all-gather's: those submits' counters, (prefetch, on demand), read at its stop
@@ -198,8 +215,8 @@ class PartitionedParameterProfiler:
                 live = self.available_params()  # the coordinator has just counted it as gathered
                 if live > self.live_params_max:
                     self.live_params_max = live
-            if counter.timer is not None:
-                counter.timer.start()
+            if counter.timer_start is not None:
+                counter.timer_start()
             if counter.device_pairs is not None:
                 counter.device_start = self.device_events.mark()
         counter.started_ns = perf_counter_ns()
@@ -231,8 +248,8 @@ class PartitionedParameterProfiler:
             if counter.device_pairs is not None:
                 counter.device_pairs.append(self.device_events.pair(counter.device_start, self.device_events.mark(),
                                                                     end_ns - started_ns))
-            if counter.timer is not None:
-                counter.timer.stop()
+            if counter.timer_stop is not None:
+                counter.timer_stop()
             within = counter.within  # an all-gather's (prefetch, on demand) submits: count it for the one running
             if within is not None:
                 if within[0].started_ns is not None:
@@ -254,8 +271,10 @@ class PartitionedParameterProfiler:
             timer = self.timers(name)
             if type(timer) is HostTimer:  # ours, on the host clock: the same durations, given in batches
                 counter.feeds = timer
-            else:  # DeepSpeed's, or ours on device events: started and stopped as DeepSpeed does
-                counter.timer = timer
+            elif type(timer) is _DEEPSPEED_TIMER and timer.use_host_timer:  # DeepSpeed's on the host clock: likewise
+                counter.feeds = _DeepSpeedHostTimerFeed(timer.event_timers)
+            else:  # on device events: started and stopped as DeepSpeed does
+                counter.timer_start, counter.timer_stop = timer.start, timer.stop
         counter.extras = self._trace_ranges or _needs_extras(counter)
         return counter
 
@@ -342,4 +361,4 @@ class PartitionedParameterProfiler:
 
 def _needs_extras(counter: "PartitionedParameterProfiler.EventCounter") -> bool:
     """Whether an event always has more to do than the host clock: device events, a timer, all-gathers."""
-    return counter.device_pairs is not None or counter.timer is not None or counter.submits is not None
+    return counter.device_pairs is not None or counter.timer_start is not None or counter.submits is not None
