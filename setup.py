@@ -36,7 +36,7 @@ setup(
         "transformers": ["transformers>=5.0,<6", "accelerate>=1.0,<2"],  # the Trainer runs DeepSpeed through Accelerate
         "accelerate": ["accelerate>=1.0,<2"],
         "lightning": ["lightning>=2.0,<3"],
-        "test": ["pytest>=7", "matplotlib>=3.5", "transformers>=5.0,<6", "accelerate>=1.0,<2", "lightning>=2.0,<3",
+        "test": ["pytest>=7", "pytest-xdist>=3", "matplotlib>=3.5", "transformers>=5.0,<6", "accelerate>=1.0,<2", "lightning>=2.0,<3",
                  "pytorch-lightning>=2.0,<3",
                  "tensorboard>=2.10",  # the live metrics' sink tests read TensorBoard event files back
                  "nvtx>=0.2"],  # the tests take both paths: with and without nvtx

@@ -11,6 +11,7 @@ import pytest
 
 from ds_profutils.cli import EXIT_INVALID, main
 from ds_profutils.config.command import EFFECTS_HEADER
+from ds_profutils.config.errors import show_value
 from report_testing import record, write_records, write_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -270,8 +271,9 @@ def test_an_output_dir_that_cannot_be_created_is_an_error(tmp_path, capsys):
     path.write_text(json.dumps({"profiler": {"output_dir": str(blocker / "traces")},
                                 "partitioned_param_profiler": {"enabled": False, "output_dir": str(blocker / "x")}}))
     assert main(["check-config", str(path)]) == EXIT_INVALID
-    assert capsys.readouterr().err == (f'{path}: profiler.output_dir: "{blocker}/traces" cannot be created: {blocker} '
-                                       "is not a directory\n")  # the disabled section writes nothing: not checked
+    # the value as the user wrote it, shortened past 80 characters (how long tmp_path is varies)
+    assert capsys.readouterr().err == (f'{path}: profiler.output_dir: {show_value(str(blocker / "traces"))} cannot be '
+                                       f"created: {blocker} is not a directory\n")  # the disabled section writes nothing: not checked
 
 
 def test_an_output_dir_that_cannot_be_written_is_an_error(tmp_path, capsys):
@@ -302,8 +304,8 @@ def test_check_config_checks_step_metrics_ranks_and_output_dir(tmp_path, capsys)
                                        "expected global ranks 0..1, or null for all ranks\n")
     path.write_text(json.dumps({"step_metrics": {"enabled": True, "output_dir": str(blocker / "m")}}))
     assert main(["check-config", str(path)]) == EXIT_INVALID
-    assert capsys.readouterr().err == (f'{path}: step_metrics.output_dir: "{blocker}/m" cannot be created: {blocker} '
-                                       "is not a directory\n")
+    assert capsys.readouterr().err == (f'{path}: step_metrics.output_dir: {show_value(str(blocker / "m"))} cannot be '
+                                       f"created: {blocker} is not a directory\n")
 
 
 def test_version_prints_the_package_version_without_torch():
