@@ -7,7 +7,8 @@ forward and backward of the same model and batch shape with torch's FlopCounterM
 records' ``flops`` must match.  Then a ZeRO-1 engine recording on rank 0 only (rank 1 measures for its
 listeners and writes nothing) and a stage-0 engine with gradient accumulation 2 (``iteration_ms`` on the
 record that ends each optimizer step only) and one more hidden layer (a model of another size for the
-diff).  A ZeRO-2 engine with ``partitioned_param_profiler`` on must still be refused.  Findings go to ``{out}/found_rank_{rank}.json``.
+diff).  A ZeRO-2 engine with ``partitioned_param_profiler`` on must still be refused.  Findings go to
+``{out}/found_rank_{rank}.json``.
 """
 import argparse
 import dataclasses
