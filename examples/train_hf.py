@@ -106,6 +106,9 @@ def main() -> None:
                       eval_dataset=RandomTokens(8, seed=1))
     attach(trainer)  # the one line: fetch records, traces (whatever the ds_config asks) for every train()
     trainer.train()
+    # Destroys the process group while the interpreter is whole: left to its teardown, gloo's threads can end the
+    # process with "terminate called without an active exception" (docs/integrations.md, "Known: an exit ...").
+    trainer.end()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from ds_profutils.report import build_report
+from ds_profutils.report import build_report, render_text
 from launcher import DIST_SCRIPTS, REPO, LauncherJob, accelerate_launch
 from profiler_testing import profiler_steps, read_trace
 from report_testing import read_records_file
@@ -190,3 +190,22 @@ def test_the_report_reads_every_record(job):
     assert engine["ranks"] == list(RANKS)
     assert engine["records"] == {mode: sum(record["mode"] == mode for rank in RANKS for record in run.records[rank])
                                  for mode in ("train", "eval")}
+
+
+def test_the_memory_rise_after_the_trainers_profiled_steps_is_marked_as_the_profilers(trainer_job):
+    """The torch profiler's own buffers raise the process's memory at the end of its first window (the trace is
+    built there): the report's jump at the step after it is marked ``during_profiler``, and said in the text;
+    every jump is marked exactly where it starts in a step the records call profiled, or the step after one."""
+    report = build_report(trainer_job.out / "records")
+    memory = report["engines"]["main"]["memory"]
+    first_window = scheduled_steps(RESUMED_AT)[:SCHEDULE["active"]]
+    for rank in RANKS:
+        profiled = {record["global_step"] for record in trainer_job.records[rank] if record.get("profiler_active")}
+        assert set(first_window) <= profiled, profiled
+        jumps = [jump for jump in memory["jumps"] if jump["rank"] == rank]
+        assert [jump["during_profiler"] for jump in jumps] == [
+            jump["global_step"] in profiled or jump["global_step"] - 1 in profiled for jump in jumps]
+        after = [jump for jump in jumps if jump["global_step"] == first_window[-1] + 1]
+        assert after and after[0]["during_profiler"], memory["jumps"]
+    text = " ".join(render_text(report).split())  # the text wraps its lines
+    assert "during the torch profiler's window (its own buffers, not a leak)" in text

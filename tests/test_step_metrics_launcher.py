@@ -2,16 +2,19 @@
 
 One launcher start (tests/dist_scripts/step_metrics_job.py) trains a ZeRO-2 engine whose rank 1 sleeps
 80 ms between steps, then a ZeRO-1 engine recording on rank 0 only and a stage-0 engine with gradient
-accumulation 2.  The job shares the machine with others, so what is asserted is what load cannot move:
+accumulation 2 and one more hidden layer (the diff of its records and the ZeRO-2 engine's must warn).
+The job shares the machine with others, so what is asserted is what load cannot move:
 the sleep is in rank 1's gap and not in rank 0's, rank 1 is named, FLOPs are a count, not a time.
 """
 import json
+import subprocess
+import sys
 
 import pytest
 
 from ds_profutils.cli import main
 
-from launcher import DIST_SCRIPTS, run_deepspeed
+from launcher import DIST_SCRIPTS, REPO, run_deepspeed
 from report_testing import read_records_file
 
 
@@ -37,6 +40,29 @@ def test_zero2_records_name_the_rank_that_sleeps_between_steps_by_its_gap(job, c
     assert late["late_by_gap"] is True
     assert sorted(engine["memory"]["ranks"]) == ["0", "1"]
     assert engine["model_numel"] == 64 * 256 + 256 + 256 * 256 + 256 + 256 + 1
+
+
+def numel(hidden):
+    """The parameter count of step_metrics_job.Net with ``hidden`` 256-wide hidden layers."""
+    return 64 * 256 + 256 + hidden * (256 * 256 + 256) + 256 + 1
+
+
+def test_the_diff_of_a_smaller_and_a_larger_model_warns_first_and_lists_model_numel(job):
+    """``ds-profutils diff`` as a user runs it, on two engines of one job whose models differ by a layer."""
+    out, _ = job
+    done = subprocess.run([sys.executable, "-m", "ds_profutils", "diff", str(out / "zero2"), str(out / "stage0")],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    small, large = numel(1), numel(2)
+    assert done.stdout.splitlines()[1].startswith("WARNING: engine main: the runs trained models of different sizes")
+    text = " ".join(done.stdout.split())  # the text wraps its lines
+    assert (f"WARNING: engine main: the runs trained models of different sizes (model_numel {small:,} -> {large:,}): "
+            "this compares two different jobs.") in text, done.stdout
+    settings = text[text.index("Settings that differ:"):]
+    assert f"model_numel {small} -> {large}" in settings.split(". ")[0], done.stdout
+    same = subprocess.run([sys.executable, "-m", "ds_profutils", "diff", str(out / "zero2"), str(out / "zero1")],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert same.returncode == 0 and "WARNING" not in same.stdout, same.stdout + same.stderr
 
 
 def test_records_carry_the_iteration_flops_and_batch_of_each_step(job):

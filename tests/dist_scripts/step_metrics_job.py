@@ -6,8 +6,9 @@ step's StepFigures are collected from the recorder's ``step_listeners``.  Each r
 forward and backward of the same model and batch shape with torch's FlopCounterMode, the figure the
 records' ``flops`` must match.  Then a ZeRO-1 engine recording on rank 0 only (rank 1 measures for its
 listeners and writes nothing) and a stage-0 engine with gradient accumulation 2 (``iteration_ms`` on the
-record that ends each optimizer step only).  A ZeRO-2 engine with ``partitioned_param_profiler`` on
-must still be refused.  Findings go to ``{out}/found_rank_{rank}.json``.
+record that ends each optimizer step only) and one more hidden layer (a model of another size for the
+diff).  A ZeRO-2 engine with ``partitioned_param_profiler`` on must still be refused.  Findings go to
+``{out}/found_rank_{rank}.json``.
 """
 import argparse
 import dataclasses
@@ -28,11 +29,15 @@ ROWS, FEATURES = 8, 64
 
 
 class Net(torch.nn.Module):
+    """``hidden`` 256-wide layers between the input layer and the output: the stage-0 engine trains one more than
+    the others, so the diff of its records and the ZeRO-2 engine's compares models of different sizes."""
 
-    def __init__(self):
+    def __init__(self, hidden: int = 1):
         super().__init__()
-        self.layers = torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                          torch.nn.ReLU(), torch.nn.Linear(256, 1))
+        blocks = [torch.nn.Linear(FEATURES, 256), torch.nn.ReLU()]
+        for _ in range(hidden):
+            blocks += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+        self.layers = torch.nn.Sequential(*blocks, torch.nn.Linear(256, 1))
 
     def forward(self, x):
         return self.layers(x)
@@ -50,9 +55,9 @@ def ds_config(stage: int, section: dict, accumulation: int = 1, **extra) -> dict
     }
 
 
-def engine_for(config: dict):
+def engine_for(config: dict, hidden: int = 1):
     torch.manual_seed(0)
-    model = Net()
+    model = Net(hidden)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     return engine
 
@@ -108,7 +113,7 @@ def main() -> None:
     attachment.close()
     found["zero1_figures"] = [dataclasses.asdict(step) for step in figures]
 
-    engine = engine_for(ds_config(0, {"enabled": True, "output_dir": str(out / "stage0")}, accumulation=2))
+    engine = engine_for(ds_config(0, {"enabled": True, "output_dir": str(out / "stage0")}, accumulation=2), hidden=2)
     with ds_profutils.attach(engine, name="stage0"):
         train(engine, 6, rank)
 
