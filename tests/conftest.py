@@ -15,6 +15,17 @@ _NOT_A_SETTING = "DS_PROFUTILS_TOX_DIR"
 _LAUNCHER_NAMES = {name for names in LAUNCHER_VARIABLES for name in names if name}
 
 
+# What a test file imports from tests/launcher.py to start real multi-process jobs (10-60 s each).
+_JOB_STARTERS = ("DIST_SCRIPTS", "run_deepspeed", "LauncherJob", "run_ranks_as_nodes", "run_two_nodes")
+
+
+def pytest_collection_modifyitems(items):
+    """The files that start real jobs first, each file's tests in their order.  tox runs two workers that
+    take whole files in collection order: started early, the long files are shared out between them
+    instead of one worker running the last of them alone while the other waits."""
+    items.sort(key=lambda item: not any(hasattr(item.module, name) for name in _JOB_STARTERS))
+
+
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     """Tests decide rank and overrides themselves; nothing leaks in from the shell, tox or a launcher."""
