@@ -84,6 +84,9 @@ def main() -> None:
     if args.until_killed:
         attach(accelerator)
         train(accelerator, model, optimizer, batches, eval_batch, 10**6, say_steps=True)
+    # The documented shutdown: gloo's threads left to interpreter teardown can abort the exit
+    # ("terminate called without an active exception", docs/integrations.md).
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -89,6 +89,9 @@ def main() -> None:
         watch.say_steps = True
         trainer.args.save_strategy = "no"
         resume(trainer, checkpoints / f"checkpoint-{SECOND_STOP}", 10**6)
+    # The documented shutdown: gloo's threads left to interpreter teardown can abort the exit
+    # ("terminate called without an active exception", docs/integrations.md).
+    trainer.end()
 
 
 if __name__ == "__main__":

@@ -76,7 +76,11 @@ def run_trainer(out: Path) -> dict:
     profiling = attach(trainer)  # the one line
     trainer.train()
     logged = sorted({key for entry in trainer.state.log_history for key in entry})
-    return torch.distributed.get_rank(), {"given_back": profiling.attachment is None, "log_history_keys": logged}
+    rank = torch.distributed.get_rank()
+    # The documented shutdown: gloo's threads left to interpreter teardown can abort the exit
+    # ("terminate called without an active exception", docs/integrations.md).
+    trainer.end()
+    return rank, {"given_back": profiling.attachment is None, "log_history_keys": logged}
 
 
 def run_accelerate(out: Path) -> dict:
