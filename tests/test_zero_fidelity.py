@@ -95,7 +95,7 @@ def exposed_waits(out, engine, rank):
 
 
 def test_the_rank_that_waits_for_a_slowed_peer_records_the_wait(straggler_run):
-    """Rank 1 sleeps 30 ms in every forward: rank 0 spends that time blocked in the gradient collectives
+    """Rank 1 sleeps 60 ms in every forward: rank 0 spends that time blocked in the gradient collectives
     and fetches; rank 1, which held it back, waits least."""
     waits = {rank: exposed_waits(straggler_run, "slowed", rank) for rank in (0, 1)}
     excess = [zero - one for zero, one in zip(waits[0], waits[1])]

@@ -12,8 +12,8 @@ and end) goes to ``{out}/expected_rank_{r}.json``, per record, for the test to h
 
 ``--mode straggler``: the real CPU accelerator; every forward of every rank sleeps 20 ms (a step that
 waits on its device, as a GPU job's host does, so two ranks sharing two busy cores stay even); engine
-"slowed" trains with rank 1 sleeping 30 ms more in forward, engine "slowed-backward" with rank 1
-sleeping 30 ms more in backward only, then engine "calm" trains with no rank slowed.
+"slowed" trains with rank 1 sleeping 60 ms more in forward, engine "slowed-backward" with rank 1
+sleeping 60 ms more in backward only, then engine "calm" trains with no rank slowed.
 
 ``--mode interleaved``: the real CPU accelerator; an actor and a critic (ZeRO-3 engines of different
 sizes) train one after the other (engines "actor-alone", "critic-alone"), then two new ones ("actor",
@@ -48,7 +48,7 @@ DURATIONS_MS = {"all_gather_into_tensor": 3.0, "reduce_scatter_tensor": 4.0, "al
 # Enough steps that scheduling noise, which makes either rank the step straggler now and then, cannot reach
 # the report's bar by chance.
 STRAGGLER_STEPS = 60
-DEVICE_SECONDS, SLOW_SECONDS = 0.02, 0.03
+DEVICE_SECONDS, SLOW_SECONDS = 0.02, 0.06  # a slowdown the waits show even on two cores shared by six busy processes
 
 
 def mlp(width: int) -> torch.nn.Module:
