@@ -224,20 +224,31 @@ def test_a_misplaced_event_gives_a_wrong_figure(tmp_path, accelerator, backend, 
 COMPUTE_MS = 10.0
 
 
-def test_an_async_collective_is_its_own_time_however_late_it_is_waited_for(tmp_path, accelerator, backend):
-    """A 4 ms gather launched, 10 ms of compute, then the wait: the gather took 4 ms, not the 10 ms between."""
+def record_of_a_step_doing(between_forward_and_backward, tmp_path, accelerator, backend):
+    """The record of one simulated device step that runs ``between_forward_and_backward(gather)`` after its
+    forward, ``gather()`` launching a 4 ms async all-gather and returning its handle."""
     simulated(accelerator, backend)
     engine = on_device(Engine(), accelerator)
     tensor = torch.ones(2)
     with recorder_for(engine, tmp_path, device_events=DeviceEvents(accelerator.Event)):
         engine.module.train()
         engine.forward()
-        handle = backend.all_gather_into_tensor(tensor, tensor, None, True)
-        accelerator.advance(COMPUTE_MS)
-        handle.wait()
+        between_forward_and_backward(lambda: backend.all_gather_into_tensor(tensor, tensor, None, True))
         engine.backward()
         engine.step()
     (record, ) = read_records(tmp_path)
+    return record
+
+
+def test_an_async_collective_is_its_own_time_however_late_it_is_waited_for(tmp_path, accelerator, backend):
+    """A 4 ms gather launched, 10 ms of compute, then the wait: the gather took 4 ms, not the 10 ms between."""
+
+    def gather_compute_wait(gather):
+        handle = gather()
+        accelerator.advance(COMPUTE_MS)
+        handle.wait()
+
+    record = record_of_a_step_doing(gather_compute_wait, tmp_path, accelerator, backend)
     gather = record["collectives"]["all_gather_into_tensor"]
     assert gather == {"count": 1, "async": 1, "time_ms": ALL_GATHER_MS, "exposed_ms": 0.0, "stream": "compute",
                       "clock": "device"}
@@ -246,20 +257,15 @@ def test_an_async_collective_is_its_own_time_however_late_it_is_waited_for(tmp_p
 
 def test_overlapping_collectives_count_once_on_the_steps_time_axis(tmp_path, accelerator, backend):
     """Two 4 ms gathers launched 1 ms apart cover 5 ms of the step, not 8: ``collective_ms`` stays within it."""
-    simulated(accelerator, backend)
-    engine = on_device(Engine(), accelerator)
-    tensor = torch.ones(2)
-    with recorder_for(engine, tmp_path, device_events=DeviceEvents(accelerator.Event)):
-        engine.module.train()
-        engine.forward()
-        first = backend.all_gather_into_tensor(tensor, tensor, None, True)
+
+    def two_gathers_1_ms_apart(gather):
+        first = gather()
         accelerator.advance(1.0)
-        second = backend.all_gather_into_tensor(tensor, tensor, None, True)
+        second = gather()
         first.wait()
         second.wait()
-        engine.backward()
-        engine.step()
-    (record, ) = read_records(tmp_path)
+
+    record = record_of_a_step_doing(two_gathers_1_ms_apart, tmp_path, accelerator, backend)
     assert record["collectives"]["all_gather_into_tensor"]["time_ms"] == 2 * ALL_GATHER_MS  # each its own 4 ms
     assert record["collective_ms"] == ALL_GATHER_MS + 1.0 <= record["step_time_ms"]
 
