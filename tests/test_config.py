@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -14,8 +11,8 @@ import pytest
 from ds_profutils.config import (BOOL_FALSE, BOOL_TRUE, SUMMARY_SORT_KEYS, ConfigError, ConfigProblem, NvtxConfig,
                                  PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, StepMetricsConfig,
                                  check_ranks, load_config, resolve_section)
+from launcher import REPO, run_one_rank
 
-REPO = Path(__file__).resolve().parent.parent
 DS_CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
 
 
@@ -138,15 +135,8 @@ def test_real_engine_is_a_source(tmp_path):
         config = load_config(engine)
         print("RESULT", config.profiler.active, config.partitioned_param_profiler.enabled, config.nvtx.domain)
     """)
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port)}
-    done = subprocess.run([sys.executable, "-c", script, str(REPO / "ds_configs" / "zero3_all_profiling.json")],
-                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_one_rank(["-c", script, str(REPO / "ds_configs" / "zero3_all_profiling.json")], timeout=300,
+                        cwd=tmp_path)
     assert "RESULT 2 True DeepSpeed" in done.stdout
 
 

@@ -1,9 +1,6 @@
 """What attach sets up in an engine and its process (timers, comms logger, NVTX), and the undo that puts
 everything back: on stand-ins shaped as DeepSpeed 0.19's objects, and on real ZeRO 1/2/3 engines."""
 import json
-import os
-import subprocess
-import sys
 import types
 
 import deepspeed.comm as dist
@@ -17,7 +14,7 @@ from ds_profutils.comms_logging import CommsLogger
 from ds_profutils.config import load_config
 from ds_profutils.timer import SynchronizedWallClockTimer
 from ds_profutils.engine.engine_setup import apply_engine_settings, install_timers
-from launcher import DIST_SCRIPTS, REPO, free_port
+from launcher import DIST_SCRIPTS, run_one_rank
 
 
 def zero3_engine():
@@ -116,12 +113,7 @@ def test_every_section_applies_and_the_undo_restores_exactly(process_state):
 def test_real_zero_engines_train_on_our_timers_and_get_their_own_back(tmp_path):
     """One gloo rank (tests/dist_scripts/engine_setup_undo.py): ZeRO 1, 2 and 3 engines built by DeepSpeed."""
     out = tmp_path / "findings.json"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(DIST_SCRIPTS / "engine_setup_undo.py"), "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_one_rank([str(DIST_SCRIPTS / "engine_setup_undo.py"), "--out", str(out)])
     findings = json.loads(out.read_text())
     expected_holders = {"1": ["engine", "engine.optimizer"], "2": ["engine", "engine.optimizer"],
                         "3": ["engine", "engine.optimizer", "engine.optimizer.parameter_offload"]}

@@ -1,15 +1,12 @@
 """FlopCounter: one FlopCounterMode count per input shape, reused; tokens and samples; scaling; real engines."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ds_profutils.engine.throughput.flops import FlopCounter, MicroStepFlops, inspect_batch
-from launcher import DIST_SCRIPTS, REPO, free_port
+from launcher import DIST_SCRIPTS, run_one_rank
 
 
 def mlp() -> torch.nn.Module:
@@ -224,12 +221,7 @@ def test_max_counted_shapes_must_be_a_positive_integer(bad):
 def test_counts_on_zero_2_and_3_engines_match_flop_counter_mode(tmp_path):
     """One gloo rank (tests/dist_scripts/flops_engines.py): an MLP and a tiny GPT-2 on ZeRO-2 and ZeRO-3."""
     out = tmp_path / "findings.json"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(DIST_SCRIPTS / "flops_engines.py"), "--out", str(out)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_one_rank([str(DIST_SCRIPTS / "flops_engines.py"), "--out", str(out)])
     findings = json.loads(out.read_text())
     assert sorted(findings) == ["gpt2-2", "gpt2-3", "mlp-2", "mlp-3"]
     for name, found in findings.items():

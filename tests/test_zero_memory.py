@@ -234,19 +234,11 @@ def test_peaks_reset_by_deepspeeds_memory_breakdown_mark_the_records_disturbed(t
     DeepSpeed's see_memory_usage resets the stand-in allocator's peaks inside forward, backward and step, and
     every record of that engine says so; the engine without it is not marked."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    from launcher import DIST_SCRIPTS, REPO, free_port
+    from launcher import DIST_SCRIPTS, run_one_rank
     from report_testing import read_records_file
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(DIST_SCRIPTS / "memory_breakdown.py"), "--out", str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_one_rank([str(DIST_SCRIPTS / "memory_breakdown.py"), "--out", str(tmp_path)])
     resets = json.loads((tmp_path / "resets.json").read_text())
     records = {name: read_records_file(next(tmp_path.glob(f"*{name}*.jsonl"))) for name in resets}
     assert resets["breakdown"] > resets["plain"] and len(records["breakdown"]) == 3  # DeepSpeed's, beside ours
