@@ -1,4 +1,5 @@
-"""The engine the step benchmarks train, built the one way (imported by the workers they start under the launcher).
+"""The engine the step benchmarks train, built the one way, and the interleaved turns they time it in
+(imported by the workers they start under the launcher).
 
 A 12-layer MLP of 128-wide linears on 2 gloo ranks, micro batch 8, Adam; each benchmark adds the
 ZeRO section and the ds_config sections it measures.  One definition, so the step ratios of
@@ -6,7 +7,9 @@ bench_zero_fetch.py, bench_step_metrics.py and bench_live.py are taken on the sa
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+import gc
+import time
+from typing import Any, Callable, Dict, List, Tuple
 
 MICRO_BATCH, WIDTH, LAYERS = 8, 128, 12
 
@@ -28,3 +31,40 @@ def mlp_engine(zero_optimization: Dict[str, Any], **sections: Any) -> Tuple[Any,
     }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     return engine, torch.randn(MICRO_BATCH, WIDTH), torch.distributed.get_rank(), config
+
+
+Seconds = Dict[str, List[float]]
+
+
+def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Callable[[], Any]],
+                 before_close: Callable[[Any], None] = lambda attachment: None) -> Tuple[Seconds, Seconds]:
+    """Time ``engine``'s training step in each mode of ``attach_for`` (mode -> the call that attaches for it,
+    returning the attachment or None), ``turns`` times, the modes interleaved so a neighbour's load hits
+    them alike (each mode first, second, ... in turn).  Per mode and turn: attach, collect the garbage
+    (attach and close are a job's once, not its steps', so neither is timed), time two steps, call
+    ``before_close`` with the attachment, close it.  Returns (the second steps' seconds, the first steps'
+    seconds) per mode: the first step pays what a job pays once per attach (a recorder's first record, a
+    new shape's FLOP count), the second is the per-step cost."""
+
+    def step() -> float:
+        began = time.perf_counter()
+        engine.backward(engine(batch).pow(2).mean())
+        engine.step()
+        return time.perf_counter() - began
+
+    for _ in range(5):
+        step()
+    modes = list(attach_for)
+    seconds: Seconds = {mode: [] for mode in modes}
+    first_steps: Seconds = {mode: [] for mode in modes}
+    for turn in range(turns):
+        shift = turn % len(modes)
+        for mode in modes[shift:] + modes[:shift]:
+            attachment = attach_for[mode]()
+            gc.collect()
+            first_steps[mode].append(step())
+            seconds[mode].append(step())
+            if attachment is not None:
+                before_close(attachment)
+                attachment.close()
+    return seconds, first_steps

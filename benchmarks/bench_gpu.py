@@ -19,7 +19,6 @@ import statistics
 import tempfile
 import time
 import tracemalloc
-from pathlib import Path
 from typing import Any, Dict, List
 
 TIMER_TARGET, STEP_TARGET = 0.9, 1.01

@@ -16,16 +16,13 @@ Figures per rank, medians over the turns of the ratio of adjacent steps:
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Dict, List
 
-from bench_engines import mlp_engine  # benchmarks/ is the script's own folder
+from bench_engines import attach_turns, mlp_engine  # benchmarks/ is the script's own folder
 
 REPO = Path(__file__).resolve().parent.parent
 STEP_TARGET = 1.02
@@ -36,30 +33,12 @@ def worker(out: Path, turns: int) -> None:
 
     engine, batch, rank, config = mlp_engine({"stage": 2}, step_metrics={
         "enabled": True, "output_dir": str(out / "records"), "console": False})
-
-    def step() -> float:
-        began = time.perf_counter()
-        engine.backward(engine(batch).pow(2).mean())
-        engine.step()
-        return time.perf_counter() - began
-
-    for _ in range(5):
-        step()
     configs = {"off": {**config, "step_metrics": {"enabled": False}}, "on": config,
                "on, no memory": {**config, "step_metrics": {**config["step_metrics"], "memory": False}}}
-    modes = tuple(configs)
-    seconds: Dict[str, List[float]] = {mode: [] for mode in modes}
-    first_steps: Dict[str, List[float]] = {mode: [] for mode in modes}
     attempts = []
-    for turn in range(turns):
-        for mode in modes[turn % 3:] + modes[:turn % 3]:  # each mode first, second and third in turn
-            attachment = attach(engine, config=configs[mode])
-            gc.collect()  # what attach and close leave is a job's once, not its steps'
-            first_steps[mode].append(step())
-            seconds[mode].append(step())
-            if attachment is not None:
-                attempts.append(attachment.recorder.flops.counting_attempts)
-                attachment.close()
+    seconds, first_steps = attach_turns(
+        engine, batch, turns, {mode: lambda mode=mode: attach(engine, config=configs[mode]) for mode in configs},
+        before_close=lambda attachment: attempts.append(attachment.recorder.flops.counting_attempts))
     (out / f"rank_{rank}.json").write_text(
         json.dumps({"seconds": seconds, "first_steps": first_steps, "counting_attempts": sorted(set(attempts))}))
 

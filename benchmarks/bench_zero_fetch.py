@@ -42,7 +42,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
-from bench_engines import mlp_engine  # benchmarks/ is the script's own folder
+from bench_engines import attach_turns, mlp_engine  # benchmarks/ is the script's own folder
 
 from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParameterProfiler as DeepSpeedProfiler
 from deepspeed.utils.timer import SynchronizedWallClockTimer
@@ -178,29 +178,9 @@ def worker(out: Path, pairs: int) -> None:
 
     engine, batch, rank, _ = mlp_engine({"stage": 3, "stage3_param_persistence_threshold": 0},
                                      partitioned_param_profiler={"enabled": True, "output_dir": str(out / "records")})
-
-    def step() -> float:
-        began = time.perf_counter()
-        engine.backward(engine(batch).pow(2).mean())
-        engine.step()
-        return time.perf_counter() - began
-
-    for _ in range(5):
-        step()
-    modes = ("off", "on", "on, no memory")
-    seconds: Dict[str, List[float]] = {mode: [] for mode in modes}
-    first_steps: Dict[str, List[float]] = {mode: [] for mode in modes}
-    for turn in range(pairs):
-        for mode in modes[turn % 3:] + modes[:turn % 3]:  # each mode first, second and third in turn
-            # attach and close are not timed, nor collecting the garbage they leave (a job pays that once)
-            attachment = None if mode == "off" else attach(engine, memory=mode == "on")
-            gc.collect()
-            # The first step pays what a job pays once per attach, not per step: the recorder's first
-            # counters and write.  Timed apart; the second is the per-step cost.
-            first_steps[mode].append(step())
-            seconds[mode].append(step())
-            if attachment is not None:
-                attachment.close()
+    seconds, first_steps = attach_turns(engine, batch, pairs, {
+        "off": lambda: None, "on": lambda: attach(engine, memory=True),
+        "on, no memory": lambda: attach(engine, memory=False)})
     last_record = fetch_records_file(out / "records", rank).read_text().splitlines()[-1]
     events = sum(event["count"] for event in json.loads(last_record)["events"].values())
     (out / f"rank_{rank}.json").write_text(
