@@ -131,6 +131,7 @@ def memory_run(directory: Path, ranks: int, steps: int, peak: Callable[[int, int
 
 
 def iteration_record(rank: int, step: int, *, micro_steps: int = 1, busy_ms: float = 20.0, gap_ms: float = 5.0,
+                     tokens: Optional[int] = 512,
                      flops: Optional[float] = 3e12, peak_tflops: Optional[float] = 100.0, model_numel: int = 1_000_000,
                      **extra: Any) -> List[Dict[str, Any]]:
     """The records of one optimizer step of ``micro_steps`` micro steps as a step_metrics writer lays them out:
@@ -139,7 +140,7 @@ def iteration_record(rank: int, step: int, *, micro_steps: int = 1, busy_ms: flo
     rows = []
     for micro in range(micro_steps):
         last = micro == micro_steps - 1
-        row = record(rank, step, busy_ms=busy_ms, micro_step=step * micro_steps + micro, flops=flops, tokens=512,
+        row = record(rank, step, busy_ms=busy_ms, micro_step=step * micro_steps + micro, flops=flops, tokens=tokens,
                      samples=4, model_numel=model_numel, peak_tflops=peak_tflops, **extra)
         step_ms = row["step_time_ms"]
         row["iteration_ms"] = micro_steps * step_ms + gap_ms if last else None

@@ -40,6 +40,7 @@ import torch
 from .._device_clock import DeviceEvents, pairs_clock
 from .._signal_exit import close_at_exit
 from ..config import PartitionedParamProfilerConfig
+from ..diagnosis.settings import effective_values
 from ..logging import log_dist, logger, warning_once
 from ..nvtx import ranges_active
 from ..outputs import ProcessIdentity, fetch_records_file, last_record
@@ -108,6 +109,7 @@ class StepRecorder(Listener):
             "model_numel": model_numel, "peak_tflops": peak_tflops,
             **(fetches.header if fetches is not None else {})
         }  # on the device clock, each record says its own clock
+        self._first_fields = {"ds_config": effective_values(engine)}  # on the first record this process writes
         self._engine = engine
         self._open: Optional[StepRecord] = None
         self._waits_at_open = 0
@@ -322,7 +324,7 @@ class StepRecorder(Listener):
             self._write(line)
 
     def _line(self, step: StepRecord) -> bytes:
-        record = {**self._header, **step.fields}
+        record = {**self._header, **self._first_fields, **step.fields}
         events = step.fetches.entries() if step.fetches is not None else {}
         timing = step.timing()
         record["step_time_ms"] = timing.pop("step_time_ms")
@@ -336,6 +338,7 @@ class StepRecorder(Listener):
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
 
     def _write(self, line: bytes) -> None:
+        self._first_fields = {}
         try:
             self._file.write(line)
         except OSError as exc:

@@ -10,6 +10,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..diagnosis.stragglers import rank_causes, rank_work, work_imbalance
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
 from .memory import memory_report
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
@@ -105,7 +106,7 @@ def _mean_split(records: FileRecords) -> Dict[str, Optional[float]]:
     return dict(zip(_MEAN_SPLIT_KEYS, (step, fetch, other, step - fetch - other)))
 
 
-def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[str, Any]]:
+def _rank_table(files: Sequence[FileRecords], view: StepView, device_clock: bool) -> Dict[int, Dict[str, Any]]:
     table = {}
     for records in files:
         rank = records.rank
@@ -124,6 +125,7 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
             "busy_ms_median": _median_of(step - wait for step, wait in zip(records.step_ms, exposed)),
             "iteration_ms_median": _median_of(records.iteration_ms),
             "gap_ms_median": _median_of(records.gap_ms),
+            "tokens_median": _median_of(records.tokens),
             "tflops_median": achieved,
             "mfu_median": achieved / records.peak_tflops if achieved is not None and records.peak_tflops else None,
             **_mean_split(records),
@@ -134,24 +136,12 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
             "straggler_p_value": view.p_values.get(rank),
             "straggler": is_straggler(view, rank),
         }
+    work = rank_work(view)
+    causes = rank_causes(view, [rank for rank, row in table.items() if row["straggler"]], device_clock)
     for rank, row in table.items():
-        row["late_by_gap"] = _late_by_gap(table, rank, view) if row["straggler"] else None
+        row.update(work_unit=view.work_unit, **work[rank], **causes[rank])
+        row["late_by_gap"] = row["cause"] == "input_pipeline" if row["straggler"] else None
     return table
-
-
-def _late_by_gap(table: Mapping[int, Mapping[str, Any]], rank: int, view: StepView) -> bool:
-    """Whether a straggler's lateness is its time between steps: its gap (``gap_ms``) stands out from the other
-    ranks' by a step straggler's threshold while its busy time does not (a slow input pipeline, not slow
-    compute)."""
-    others = [row for other, row in table.items() if other != rank]
-    gaps = [row["gap_ms_median"] for row in others if row["gap_ms_median"] is not None]
-    busy = [row["busy_ms_median"] for row in others if row["busy_ms_median"] is not None]
-    thresholds = [value for value in view.threshold_ms if value is not None]
-    own = table[rank]
-    if not gaps or not busy or not thresholds or own["gap_ms_median"] is None or own["busy_ms_median"] is None:
-        return False
-    threshold = median(thresholds)
-    return own["gap_ms_median"] - median(gaps) >= threshold and own["busy_ms_median"] - median(busy) < threshold
 
 
 def _host_table(ranks_summary: Mapping[int, Mapping[str, Any]], view: StepView) -> Dict[str, Dict[str, Any]]:
@@ -195,7 +185,8 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
     incomplete += _ending_early("records", {records.rank: (Path(records.path), list(records.global_steps))
                                             for records in with_records}, name)
     view = step_view(with_records, trace_steps)
-    ranks_summary = _rank_table(with_records, view)
+    clocks = _sum_counts(records.clocks for records in files)
+    ranks_summary = _rank_table(with_records, view, device_clock=bool(clocks) and set(clocks) == {"device"})
     hosts_summary = _host_table(ranks_summary, view)
     ranks = len(view.ranks)
     return {
@@ -203,7 +194,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "recording_ranks": None if isinstance(recording, range) else list(recording),
         "ranks": [records.rank for records in with_records],
         "records": _sum_counts(records.modes for records in files),
-        "clocks": _sum_counts(records.clocks for records in files),
+        "clocks": clocks,
         "old_format_records": sum(records.old_format for records in files),
         "comms_logger_records": sum(records.comms_logger for records in files),
         "superseded_records": sum(records.superseded for records in files),
@@ -216,6 +207,8 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
                            "rank_level": STRAGGLER_LEVEL / ranks if ranks else None,
                            "host_level": STRAGGLER_LEVEL / len(hosts_summary) if hosts_summary else None},
         "straggler_ranks": [rank for rank in view.ranks if is_straggler(view, rank)],
+        "work_unit": view.work_unit,
+        "work_imbalance": work_imbalance(ranks_summary),
         "ranks_summary": ranks_summary,
         "straggler_hosts": [host for host, row in hosts_summary.items() if row["straggler"]],
         "hosts_summary": hosts_summary,

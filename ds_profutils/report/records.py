@@ -15,8 +15,9 @@ of earlier segments (``superseded``), so no two runs' figures are ever added.  O
 restart pay the second pass; to decide it, the first keeps each segment's first and last step.
 
 Optional fields of later writers, read where present (null or absent: NaN here): ``iteration_ms`` and
-``gap_ms`` (on the record whose micro step ended with ``engine.step()``), ``flops`` (model FLOPs of the
-micro step, summed over the step), ``model_numel`` and ``peak_tflops`` (the latest given),
+``gap_ms`` (on the record whose micro step ended with ``engine.step()``), ``flops``, ``tokens`` and
+``samples`` (of the micro step, summed over the step), ``ds_config`` (the engine's effective values, on a
+file's first record), ``prefetch.in_flight_waited``, ``model_numel`` and ``peak_tflops`` (the latest given),
 ``profiler_active`` (the step ran in the torch profiler's active window), ``memory.disturbed`` (the
 step's peaks were reset between our boundaries: kept apart from the peaks that are trusted).
 
@@ -51,7 +52,8 @@ COUNT, NUMEL, BYTES, TIME, MIN, MAX = range(6)
 _INF, _NAN = math.inf, math.nan
 _NO_INSIDE = (_NAN, )  # a step's time inside collectives where the record lacks it (schema 2 or older)
 _NO_PEAKS = (_NAN, _NAN)  # a step's peak allocated and reserved bytes where the record has no memory figures
-_STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops")  # optional per-record figures, added up per step where present
+# optional per-record figures, added up per step where present
+_STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops", "tokens", "samples")
 
 # What is counted per record, as one key: mode, host, clock, old format, comms logger on, memory source
 # (None: no memory figures), time inside collectives recorded.
@@ -89,6 +91,8 @@ class FileRecords:
     iteration_ms: array = field(default_factory=lambda: array("d"))  # NaN: not recorded (earlier writers)
     gap_ms: array = field(default_factory=lambda: array("d"))
     flops: array = field(default_factory=lambda: array("d"))  # model FLOPs of the step's train micro steps
+    tokens: array = field(default_factory=lambda: array("d"))  # tokens of the step's train micro steps
+    samples: array = field(default_factory=lambda: array("d"))
     disturbed: array = field(default_factory=lambda: array("b"))  # 1: a peak reset between our boundaries
     profiler_steps: set = field(default_factory=set)  # global steps recorded as in the profiler's active window
     model_numel: Optional[int] = None
@@ -103,6 +107,8 @@ class FileRecords:
     trace_cache_invalidations: Optional[int] = None
     prefetch_hits: Optional[int] = None
     prefetch_waited: Optional[int] = None
+    prefetch_in_flight_waited: Optional[int] = None  # prefetched elements not complete when needed
+    ds_config: Dict[str, Any] = field(default_factory=dict)  # the engine's effective values, as last recorded
     problems: List[str] = field(default_factory=list)
     problem_count: int = 0
     torn: bool = False
@@ -206,7 +212,8 @@ class FileRecords:
             live, limit, invalidations = (None if value is None else value + 0 for value in (live, limit, invalidations))
         prefetch = record.get("prefetch")
         if prefetch is not None:
-            prefetch = (prefetch["hits"] + 0, prefetch["waited"] + 0)
+            in_flight = prefetch.get("in_flight_waited")
+            prefetch = (prefetch["hits"] + 0, prefetch["waited"] + 0, None if in_flight is None else in_flight + 0)
         world_size = record.get("world_size", 0) + 0
         recording = record.get("recording_ranks")
         changed = recording is not None and recording != self._recording_seen
@@ -265,6 +272,10 @@ class FileRecords:
         if prefetch is not None:
             self.prefetch_hits = (self.prefetch_hits or 0) + prefetch[0]
             self.prefetch_waited = (self.prefetch_waited or 0) + prefetch[1]
+            if prefetch[2] is not None:
+                self.prefetch_in_flight_waited = (self.prefetch_in_flight_waited or 0) + prefetch[2]
+        if type(record.get("ds_config")) is dict:
+            self.ds_config = record["ds_config"]
         if model_numel is not None:
             self.model_numel = model_numel
         if peak is not None:
@@ -283,7 +294,7 @@ class FileRecords:
         record lacks them, added where present), the peaks the larger, disturbed if any record was."""
         steps = self.global_steps
         summed = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms, self.collective_ms)
-        present = (self.iteration_ms, self.gap_ms, self.flops)
+        present = (self.iteration_ms, self.gap_ms, self.flops, self.tokens, self.samples)
         largest = (self.peak_allocated_bytes, self.peak_reserved_bytes)
         if steps and steps[-1] == step:  # another micro step of the same optimizer step
             index = len(steps) - 1

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ..diagnosis.stragglers import WORK_UNITS, work_unit
 from .chance import binomial_upper_tail
 from .records import FileRecords
 
@@ -134,6 +135,8 @@ class StepView:
     iteration_ms: Matrix  # end of the previous optimizer step to the end of this one (NaN: not recorded)
     gap_ms: Matrix  # its part outside forward, backward and step
     tflops: Matrix  # the step's model FLOPs over its iteration, TFLOP/s
+    work: Matrix  # the step's work in ``work_unit`` (diagnosis.stragglers.WORK_UNITS)
+    work_unit: Optional[str] = None  # None: no work recorded on every rank
     arrival: str = "collective_ms"
     straggler: List[Optional[int]] = field(default_factory=list)
     spread_ms: List[Optional[float]] = field(default_factory=list)
@@ -149,7 +152,7 @@ class StepView:
                 "collective_wait_ms": self.collective_wait_ms, "exposed_wait_ms": self.exposed_wait_ms,
                 "busy_ms": self.busy_ms, "collective_ms": self.collective_ms, "trace_step_ms": self.trace_step_ms,
                 "peak_allocated_bytes": self.peak_allocated_bytes, "iteration_ms": self.iteration_ms,
-                "gap_ms": self.gap_ms, "tflops": self.tflops}
+                "gap_ms": self.gap_ms, "tflops": self.tflops, "work": self.work}
 
 
 def _fill(matrix: Matrix, rank_index: int, positions: Optional[Sequence[int]], values: array) -> None:
@@ -179,7 +182,10 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
     ranks, steps = len(files), len(all_steps)
     # Arrival from the time inside collectives only where every rank recorded it in every step.
     arrival = "exposed_wait_ms" if any(f.without_collective_ms for f in files) else "collective_ms"
-    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(11)), arrival=arrival)
+    unit = work_unit({name: bool(files) and all(any(v == v for v in getattr(f, name)) for f in files)
+                      for name, _, _ in WORK_UNITS})
+    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(12)), arrival=arrival,
+                    work_unit=unit and unit[1])
     for rank_index, records in enumerate(files):
         positions = None if records.global_steps == everything else [index[s] for s in records.global_steps]
         exposed = array("d", map(float.__add__, records.fetch_wait_ms, records.collective_wait_ms))
@@ -190,7 +196,9 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
                                (view.collective_ms, records.collective_ms),
                                (view.peak_allocated_bytes, records.peak_allocated_bytes),
                                (view.iteration_ms, records.iteration_ms), (view.gap_ms, records.gap_ms),
-                               (view.tflops, tflops(records))):
+                               (view.tflops, tflops(records)),
+                               (view.work, array("d", (value * unit[2] for value in getattr(records, unit[0])))
+                                if unit else array("d", [math.nan]) * len(records.global_steps))):
             _fill(matrix, rank_index, positions, values)
         for step, ms in trace_steps.get(records.rank, {}).items():
             if step in index:

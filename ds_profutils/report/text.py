@@ -9,6 +9,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, List, Mapping, Optional, Tuple
 
+from ..diagnosis.causes import describe_cause
 from .steps import ARRIVAL_FIGURES, StepView
 from .tables import counted, percent, rank_ranges, table, wrap
 
@@ -79,6 +80,8 @@ def _stragglers(engine: Mapping[str, Any]) -> List[str]:
         lines += wrap(f"STRAGGLER: rank {rank} ({row['host']}) held the others back in {row['straggler_steps']} of "
                        f"{steps} steps ({_chance(row['straggler_p_value'], test['rank_level'])}); their waiting "
                        f"beyond its own in those steps: {row['attributed_wait_ms']:,.1f} ms")
+        if row.get("cause") is not None:
+            lines += wrap(f"  {describe_cause(row['cause'], row['cause_figures'], row['work_unit'])}")
         if row["late_by_gap"]:
             gaps = [other["gap_ms_median"] for key, other in summary.items()
                     if key != rank and other["gap_ms_median"] is not None]

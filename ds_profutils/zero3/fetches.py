@@ -17,7 +17,7 @@ from .._device_clock import DeviceEvents, Pair
 from .entries import DEVICE_TIMED, device_entry
 from .fetch_profiler import PartitionedParameterProfiler
 
-__all__ = ["AVAILABLE_ATTR", "PROFILER_ATTR", "CoordinatorFetches", "StepFetches", "fetch_wait_ms"]
+__all__ = ["AVAILABLE_ATTR", "PROFILER_ATTR", "CoordinatorFetches", "StepFetches", "fetch_wait_ms", "in_flight_waited"]
 
 PROFILER_ATTR = "_PartitionedParameterCoordinator__profiler"
 """Where DeepSpeed 0.19's coordinator keeps its profiler (a name-mangled private attribute)."""
@@ -40,7 +40,8 @@ class StepFetches:
         self.fields = {
             "live_params_max": profiler.live_params_max,
             "trace_cache_invalidations": profiler.trace_cache_invalidations,
-            "prefetch": {"hits": profiler.gathered["prefetch"], "waited": profiler.gathered["on_demand"]},
+            "prefetch": {"hits": profiler.gathered["prefetch"], "waited": profiler.gathered["on_demand"],
+                         "in_flight_waited": in_flight_waited(self.events)},
         }
         self.element_size = profiler.element_size
 
@@ -53,6 +54,21 @@ class StepFetches:
         for name, pairs in self.device_pairs.items():
             events[name] = device_entry(name, events[name], pairs, self.element_size)
         return events
+
+
+_SUBMITTED = ("forward_fetch_submit", "backward_fetch_submit")  # on-demand gathers, numel in shards as the waits'
+
+
+def in_flight_waited(events: Dict[str, Dict[str, Any]]) -> int:
+    """Elements (shards) whose prefetch was launched but not complete when needed.
+
+    DeepSpeed 0.19's coordinator counts into a fetch wait event's numel every element still in its in-flight
+    registry when the module needs it: those its fetch submit has just gathered on demand, and those a
+    prefetch launched earlier that had not been waited for yet.  The waits' elements less the submits' are
+    the latter (both count shards, ``partition_numel``).
+    """
+    waited = sum(events[name]["numel"] for name in DEVICE_TIMED if name in events)
+    return max(0, waited - sum(events[name]["numel"] for name in _SUBMITTED if name in events))
 
 
 def fetch_wait_ms(events: Dict[str, Dict[str, Any]]) -> float:

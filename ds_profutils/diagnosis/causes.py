@@ -1,0 +1,140 @@
+"""Why a straggler arrived last: one pure decision from figures the records already hold.
+
+The rank the others wait for (:mod:`ds_profutils.report.steps`) is late for one of a few reasons, told apart
+in this order (DESIGN "Causes"):
+
+1. ``input_pipeline``: its time between steps (its gap, outside forward, backward and step) stands out from
+   the others' while its busy time does not: a slow data loader or host work between steps.
+2. ``more_work``: it was given more work (counted FLOPs, else tokens, else samples) and does it at the others'
+   pace: its busy time per unit of work is not above theirs.  Variable-length batches do this: not slow
+   hardware, unbalanced data.
+3. ``compute``: its busy time per unit of work is above the others' (a slow, throttled or shared device, a sleep
+   in a hook).
+4. ``communication``: only where device clocks separate waiting from transfer: its own compute stream stalled
+   on collectives that the others were already in.
+5. ``unknown``: no rule decides (e.g. host clocks, nothing else standing out).
+
+Every threshold is a named constant; the same function serves the report (per rank over the run's medians, and
+per step) and the live metrics (per interval), so they cannot disagree.  No torch, no deepspeed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+__all__ = ["CAUSES", "CAUSE_CODES", "MORE_WORK_RATIO", "SAME_PACE_RATIO", "Figures", "decide_cause", "describe_cause", "late_by_gap"]
+
+MORE_WORK_RATIO = 1.15
+"""More work: the straggler's work median is at least this times the others' median.  Below it, work varies as
+batches do (a few percent); a 15 % excess already costs a 2-rank job's step that share, which the straggler
+test's 10 % per-step threshold can see."""
+SAME_PACE_RATIO = 1.10
+"""Busy time per unit of work at most this times the others' is the same pace (more work then explains the
+lateness); above it the rank computes slower (``compute``).  The straggler test's own 10 % of the step: a pace
+difference smaller than that cannot make a rank the step straggler by itself."""
+CAUSES = ("more_work", "input_pipeline", "compute", "communication", "unknown")
+CAUSE_CODES: Dict[Optional[str], int] = {None: 0, **{cause: code for code, cause in enumerate(CAUSES, 1)}}
+"""The live event ``ds_profutils/straggler_cause``: 0 none, 1 more_work, 2 input_pipeline, 3 compute,
+4 communication, 5 unknown."""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One rank's figures of a step (or medians over steps); None where not recorded.
+
+    ``gap_ms``: its own time between steps (less the time inside collectives there, where recorded);
+    ``work``: units of work per step; ``exposed_wait_ms``: what its compute stream stalled on collectives."""
+
+    busy_ms: Optional[float]
+    gap_ms: Optional[float] = None
+    work: Optional[float] = None
+    exposed_wait_ms: Optional[float] = None
+
+    @property
+    def busy_per_unit(self) -> Optional[float]:
+        if self.busy_ms is None or not self.work:
+            return None
+        return self.busy_ms / self.work
+
+
+def _others(others: Sequence[Figures], name: str) -> Optional[float]:
+    values = [value for value in (getattr(figures, name) for figures in others) if value is not None]
+    return median(values) if values else None
+
+
+def late_by_gap(own: Figures, others: Sequence[Figures], threshold_ms: float) -> bool:
+    """Its gap stands out from the others' by a step straggler's threshold while its busy time does not."""
+    gap, busy = _others(others, "gap_ms"), _others(others, "busy_ms")
+    if None in (gap, busy, own.gap_ms, own.busy_ms):
+        return False
+    return own.gap_ms - gap >= threshold_ms and own.busy_ms - busy < threshold_ms
+
+
+def _ratio(value: Optional[float], other: Optional[float]) -> Optional[float]:
+    return None if value is None or not other else value / other
+
+
+def decide_cause(own: Figures, others: Sequence[Figures], threshold_ms: float,
+                 device_clock: bool = False) -> Tuple[str, Dict[str, Any]]:
+    """The cause of a straggler's lateness (one of :data:`CAUSES`) and the figures that decided it.
+
+    ``others``: the other ranks' figures of the same steps; ``threshold_ms``: the step straggler's threshold
+    (what a lateness must reach to count); ``device_clock``: the waits were timed on the device, so a stall on
+    its own collectives is told from waiting for a late peer."""
+    busy_per_unit = [figures.busy_per_unit for figures in others if figures.busy_per_unit is not None]
+    others_pace = median(busy_per_unit) if busy_per_unit else None
+    others_work = _others(others, "work")
+    with_work = own.busy_per_unit is not None and others_pace is not None
+    pace_ratio = (_ratio(own.busy_per_unit, others_pace) if with_work
+                  else _ratio(own.busy_ms, _others(others, "busy_ms")))  # no work known: busy per step
+    figures: Dict[str, Any] = {
+        "threshold_ms": threshold_ms,
+        "gap_ms": own.gap_ms, "others_gap_ms": _others(others, "gap_ms"),
+        "busy_ms": own.busy_ms, "others_busy_ms": _others(others, "busy_ms"),
+        "work": own.work, "others_work": others_work, "work_ratio": _ratio(own.work, others_work),
+        "busy_ms_per_unit": own.busy_per_unit if with_work else None,
+        "others_busy_ms_per_unit": others_pace if with_work else None,
+        "pace_ratio": pace_ratio,
+    }
+    if late_by_gap(own, others, threshold_ms):
+        return "input_pipeline", figures
+    work_ratio = figures["work_ratio"]
+    if with_work and work_ratio is not None and work_ratio >= MORE_WORK_RATIO and pace_ratio <= SAME_PACE_RATIO:
+        return "more_work", figures
+    if pace_ratio is not None and pace_ratio > SAME_PACE_RATIO:
+        return "compute", figures
+    waited = _others(others, "exposed_wait_ms")
+    if device_clock and own.exposed_wait_ms is not None and waited is not None:
+        figures.update(exposed_wait_ms=own.exposed_wait_ms, others_exposed_wait_ms=waited)
+        if own.exposed_wait_ms - waited >= threshold_ms:
+            return "communication", figures
+    return "unknown", figures
+
+
+_ADVICE = {
+    "more_work": "balance the work per rank: token-budget batches, packing, length-grouped sampling by tokens",
+    "input_pipeline": "a slow input pipeline or host work between steps, not slow compute",
+    "compute": "a slow, throttled or shared device, or host work inside forward/backward/step",
+    "communication": "its own collectives took longer with the others already in them",
+    "unknown": "neither its gap, its work nor its pace stands out",
+}
+
+
+def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str]) -> str:
+    """The cause in words with the figures that decided it, as the report's straggler line gives it."""
+    per = f"ms per {unit}" if figures.get("busy_ms_per_unit") is not None else "ms per step"
+    pace = (figures.get("busy_ms_per_unit"), figures.get("others_busy_ms_per_unit"))
+    if pace[0] is None:
+        pace = (figures.get("busy_ms"), figures.get("others_busy_ms"))
+    parts = []
+    if cause == "input_pipeline":
+        parts.append(f"gap {figures['gap_ms']:,.1f} ms against {figures['others_gap_ms']:,.1f} ms")
+    if figures.get("work_ratio") is not None:
+        parts.append(f"{figures['work_ratio']:.2f}x the others' work ({figures['work']:,.4g} against "
+                     f"{figures['others_work']:,.4g} {unit} per step)")
+    if None not in pace:
+        parts.append(f"busy {pace[0]:,.4g} against {pace[1]:,.4g} {per}")
+    if cause == "communication":
+        parts.append(f"exposed wait {figures['exposed_wait_ms']:,.1f} against {figures['others_exposed_wait_ms']:,.1f} ms")
+    return f"cause: {cause} ({'; '.join(parts)}): {_ADVICE[cause]}"

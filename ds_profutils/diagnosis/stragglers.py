@@ -1,0 +1,100 @@
+"""Work per rank and the cause of each straggler, over one engine's step view.
+
+The report's step view (:class:`ds_profutils.report.steps.StepView`) holds, per rank and global step, the
+busy time, the gap between steps, the exposed wait and the work of the step in one unit; this module reads
+it (duck-typed: the view's matrices give ``rank_row`` and ``step_column``) and applies
+:func:`.causes.decide_cause` to each named straggler's medians, and to every step straggler's step.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from statistics import median
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+
+from .causes import Figures, decide_cause
+
+__all__ = ["WORK_UNITS", "rank_causes", "rank_work", "work_imbalance", "work_unit"]
+
+WORK_UNITS: Tuple[Tuple[str, str, float], ...] = (("flops", "gflop", 1e-9), ("tokens", "token", 1.0),
+                                                  ("samples", "sample", 1.0))
+"""(record field, unit, scale) in the order of preference: counted FLOPs follow attention's growth with sequence
+length, tokens do not; samples know nothing of length."""
+
+
+class _Rows(Protocol):
+    def rank_row(self, rank_index: int) -> Sequence[float]: ...
+
+    def step_column(self, step_index: int) -> Sequence[float]: ...
+
+
+class _View(Protocol):
+    ranks: List[int]
+    busy_ms: _Rows
+    gap_ms: _Rows
+    work: _Rows
+    exposed_wait_ms: _Rows
+    straggler: List[Optional[int]]
+    threshold_ms: List[Optional[float]]
+
+
+def work_unit(recorded: Mapping[str, bool]) -> Optional[Tuple[str, str, float]]:
+    """The first of :data:`WORK_UNITS` that every rank recorded (``recorded``: field -> every rank has it)."""
+    return next((unit for unit in WORK_UNITS if recorded.get(unit[0])), None)
+
+
+def _median(values: Sequence[float]) -> Optional[float]:
+    present = [value for value in values if value == value]
+    return median(present) if present else None
+
+
+def rank_work(view: _View) -> Dict[int, Dict[str, Optional[float]]]:
+    """Per rank: the median work per step and the median busy time per unit of work (None: no work recorded)."""
+    table = {}
+    for index, rank in enumerate(view.ranks):
+        work, busy = view.work.rank_row(index), view.busy_ms.rank_row(index)
+        table[rank] = {"work_median": _median(work),
+                       "busy_ms_per_unit_median": _median([b / w if w > 0 else float("nan")
+                                                           for b, w in zip(busy, work)])}
+    return table
+
+
+def work_imbalance(work: Mapping[int, Mapping[str, Optional[float]]]) -> Optional[float]:
+    """The most work per step over the least, across ranks (None: fewer than two ranks with work)."""
+    medians = [row["work_median"] for row in work.values() if row["work_median"]]
+    return max(medians) / min(medians) if len(medians) > 1 else None
+
+
+def _none(value: float) -> Optional[float]:
+    return None if value != value else value
+
+
+def _step_figures(view: _View, step_index: int) -> List[Figures]:
+    columns = (view.busy_ms, view.gap_ms, view.work, view.exposed_wait_ms)
+    values = [column.step_column(step_index) for column in columns]
+    return [Figures(*(_none(column[index]) for column in values)) for index in range(len(view.ranks))]
+
+
+def rank_causes(view: _View, named: Sequence[int], device_clock: bool = False) -> Dict[int, Dict[str, Any]]:
+    """Per rank: ``cause`` and ``cause_figures`` (a named straggler's, from its medians over the run; None for a
+    rank not named) and ``cause_steps``, the cause of each step it was the step straggler of, counted."""
+    medians = [Figures(*(_median(column.rank_row(index))
+                         for column in (view.busy_ms, view.gap_ms, view.work, view.exposed_wait_ms)))
+               for index in range(len(view.ranks))]
+    thresholds = [value for value in view.threshold_ms if value is not None]
+    threshold = median(thresholds) if thresholds else None
+    steps: Dict[int, Counter] = {rank: Counter() for rank in view.ranks}
+    for step_index, late in enumerate(view.straggler):
+        if late is None:
+            continue
+        figures, at = _step_figures(view, step_index), view.ranks.index(late)
+        cause, _ = decide_cause(figures[at], figures[:at] + figures[at + 1:], view.threshold_ms[step_index],
+                                device_clock)
+        steps[late][cause] += 1
+    table = {}
+    for index, rank in enumerate(view.ranks):
+        cause = figures = None
+        if rank in named and threshold is not None:
+            cause, figures = decide_cause(medians[index], medians[:index] + medians[index + 1:], threshold,
+                                          device_clock)
+        table[rank] = {"cause": cause, "cause_figures": figures, "cause_steps": dict(steps[rank])}
+    return table

@@ -1,0 +1,110 @@
+"""The cause of a straggler's lateness: each rule of ds_profutils.diagnosis.causes on both sides of its threshold,
+then the report's per-rank work figures and causes on records written here."""
+import pytest
+
+from ds_profutils.diagnosis.causes import (CAUSE_CODES, MORE_WORK_RATIO, SAME_PACE_RATIO, Figures, decide_cause,
+                                           late_by_gap)
+from ds_profutils.report import build_report, render_text
+
+from report_testing import iteration_record, write_records
+
+THRESHOLD = 10.0
+OTHER = Figures(busy_ms=50.0, gap_ms=2.0, work=100.0, exposed_wait_ms=1.0)
+
+
+def cause(own, device_clock=False):
+    return decide_cause(own, [OTHER, OTHER], THRESHOLD, device_clock)[0]
+
+
+def test_a_gap_that_stands_out_by_the_threshold_is_the_input_pipeline():
+    assert cause(Figures(50.0, 2.0 + THRESHOLD, 100.0)) == "input_pipeline"
+    assert cause(Figures(50.0, 2.0 + THRESHOLD - 0.1, 100.0)) == "unknown"
+    # the gap stands out but so does its busy time: not the input pipeline (its busy per unit decides)
+    assert not late_by_gap(Figures(50.0 + THRESHOLD, 80.0, 100.0), [OTHER], THRESHOLD)
+    assert cause(Figures(50.0 + THRESHOLD, 80.0, 100.0)) == "compute"
+
+
+def test_more_work_at_the_same_pace_is_more_work_and_below_the_ratio_is_not():
+    work = 100.0 * MORE_WORK_RATIO
+    assert cause(Figures(50.0 * MORE_WORK_RATIO, 2.0, work)) == "more_work"
+    below = 100.0 * (MORE_WORK_RATIO - 0.01)
+    assert cause(Figures(50.0 * (MORE_WORK_RATIO - 0.01), 2.0, below)) == "unknown"
+
+
+def test_more_work_at_a_slower_pace_is_compute():
+    work = 200.0
+    at_limit = 0.5 * work * SAME_PACE_RATIO  # busy per unit exactly SAME_PACE_RATIO times the others'
+    assert cause(Figures(at_limit, 2.0, work)) == "more_work"
+    assert cause(Figures(at_limit * 1.01, 2.0, work)) == "compute"
+
+
+def test_busy_per_unit_above_the_pace_ratio_is_compute_and_at_it_is_not():
+    assert cause(Figures(50.0 * SAME_PACE_RATIO * 1.01, 2.0, 100.0)) == "compute"
+    assert cause(Figures(50.0 * SAME_PACE_RATIO, 2.0, 100.0)) == "unknown"
+
+
+def test_without_work_the_busy_time_per_step_decides():
+    other = Figures(50.0, 2.0)
+    assert decide_cause(Figures(60.0, 2.0), [other], THRESHOLD)[0] == "compute"
+    verdict, figures = decide_cause(Figures(54.0, 2.0), [other], THRESHOLD)
+    assert verdict == "unknown" and figures["busy_ms_per_unit"] is None and figures["pace_ratio"] == 54.0 / 50.0
+
+
+def test_communication_only_on_device_clocks():
+    stalled = Figures(50.0, 2.0, 100.0, exposed_wait_ms=1.0 + THRESHOLD)
+    assert cause(stalled, device_clock=True) == "communication"
+    assert cause(stalled, device_clock=False) == "unknown"
+    assert cause(Figures(50.0, 2.0, 100.0, exposed_wait_ms=THRESHOLD), device_clock=True) == "unknown"
+
+
+def test_the_live_codes_are_documented_ones():
+    assert CAUSE_CODES == {None: 0, "more_work": 1, "input_pipeline": 2, "compute": 3, "communication": 4,
+                           "unknown": 5}
+
+
+def two_ranks(tmp_path, steps=12, **rank_one):
+    """Rank 0 busy 20 ms on 512 tokens; rank 1 as ``rank_one`` says (busy_ms, tokens, flops, gap_ms); the others'
+    wait in the gradient collective is what rank 1 is late by."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for rank in (0, 1):
+        rows = []
+        for step in range(steps):
+            own = rank_one if rank == 1 else {}
+            late = rank_one.get("busy_ms", 20.0) - 20.0 + rank_one.get("gap_ms", 2.0) - 2.0
+            rows += iteration_record(rank, step, busy_ms=own.get("busy_ms", 20.0), gap_ms=own.get("gap_ms", 2.0),
+                                     flops=own.get("flops", 3e12), tokens=own.get("tokens", 512),
+                                     collective_ms=2.0 + (late if rank == 0 else 0.0))
+        write_records(tmp_path, rank, rows)
+    return build_report(tmp_path)
+
+
+def test_the_report_gives_work_per_rank_and_more_work_as_the_cause(tmp_path):
+    report = two_ranks(tmp_path, busy_ms=40.0, tokens=1024, flops=6e12)
+    engine = report["engines"]["main"]
+    slow, fast = engine["ranks_summary"][1], engine["ranks_summary"][0]
+    assert engine["work_unit"] == "gflop" and slow["work_unit"] == "gflop"
+    assert slow["work_median"] == 6000.0 and fast["work_median"] == 3000.0
+    assert slow["tokens_median"] == 2 * fast["tokens_median"] == 1024
+    assert engine["work_imbalance"] == 2.0
+    assert slow["busy_ms_per_unit_median"] == pytest.approx(fast["busy_ms_per_unit_median"], rel=0.05)
+    assert slow["cause"] == "more_work" and fast["cause"] is None and fast["cause_figures"] is None
+    assert slow["cause_figures"]["work_ratio"] == 2.0 and slow["cause_steps"] == {"more_work": 12}
+    assert slow["late_by_gap"] is False
+    text = " ".join(render_text(report).split())
+    assert "cause: more_work" in text and "2.00x the others' work" in text
+
+
+def test_the_report_gives_compute_input_pipeline_and_no_cause_for_an_even_run(tmp_path):
+    compute = two_ranks(tmp_path / "compute", busy_ms=80.0)["engines"]["main"]["ranks_summary"][1]
+    assert compute["cause"] == "compute" and compute["cause_figures"]["pace_ratio"] > 3
+    gap = two_ranks(tmp_path / "gap", gap_ms=80.0)["engines"]["main"]["ranks_summary"][1]
+    assert gap["cause"] == "input_pipeline" and gap["late_by_gap"] is True
+    even = two_ranks(tmp_path / "even")["engines"]["main"]
+    assert even["straggler_ranks"] == [] and all(row["cause"] is None for row in even["ranks_summary"].values())
+
+
+def test_work_falls_back_to_tokens_then_samples(tmp_path):
+    engine = two_ranks(tmp_path / "tokens", busy_ms=40.0, tokens=1024, flops=None)["engines"]["main"]
+    assert engine["work_unit"] == "token" and engine["ranks_summary"][1]["cause"] == "more_work"
+    engine = two_ranks(tmp_path / "samples", busy_ms=40.0, tokens=None, flops=None)["engines"]["main"]
+    assert engine["work_unit"] == "sample" and engine["ranks_summary"][1]["cause"] == "compute"
