@@ -10,6 +10,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..diagnosis.advice import advise
 from ..diagnosis.stragglers import rank_causes, rank_work, work_imbalance
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
 from .memory import memory_report
@@ -189,7 +190,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
     ranks_summary = _rank_table(with_records, view, device_clock=bool(clocks) and set(clocks) == {"device"})
     hosts_summary = _host_table(ranks_summary, view)
     ranks = len(view.ranks)
-    return {
+    report = {
         "world_size": world,
         "recording_ranks": None if isinstance(recording, range) else list(recording),
         "ranks": [records.rank for records in with_records],
@@ -216,7 +217,20 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "collectives": _collective_table(with_records),
         "memory": memory_report(with_records, _profiled_steps(with_records, trace_steps)),
         "steps": view,
+        "config": next((f.ds_config for f in reversed(with_records) if f.ds_config), {}),
+        "fetch_elements": _fetch_elements(with_records),
     }
+    report["advice"] = advise(report, report["config"])
+    return report
+
+
+def _fetch_elements(files: Sequence[FileRecords]) -> Optional[Dict[str, Optional[float]]]:
+    """ZeRO-3's gathered elements over the run, the median over ranks: by prefetch, on demand, and prefetched but
+    still in flight when needed (None: no fetch records)."""
+    fetching = [f for f in files if f.prefetch_hits is not None]
+    in_flight = [f.prefetch_in_flight_waited for f in fetching if f.prefetch_in_flight_waited is not None]
+    return {"prefetched": median(f.prefetch_hits for f in fetching), "on_demand": median(f.prefetch_waited for f in fetching),
+            "in_flight_waited": median(in_flight) if in_flight else None} if fetching else None
 
 
 def _profiled_steps(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[int, float]]) -> Dict[int, set]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, List, Mapping, Optional, Tuple
 
+from ..diagnosis.advice import advice_lines
 from ..diagnosis.causes import describe_cause
 from .steps import ARRIVAL_FIGURES, StepView
 from .tables import counted, percent, rank_ranges, table, wrap
@@ -355,6 +356,8 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int =
             lines += _ranks(engine, max_ranks)
             lines += _steps(engine["steps"], max_steps, max_ranks)
             lines += _memory(engine, max_ranks)
+        if "advice" in engine:
+            lines += ["", *(part for line in advice_lines(engine["advice"]) for part in wrap(line))]
         lines += _events(engine)
     joined = report["trace_steps_joined_to"]
     if joined is not None:
