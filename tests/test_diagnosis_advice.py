@@ -1,0 +1,133 @@
+"""Advice rules (ds_profutils.diagnosis.advice) on records written here: each fires past its threshold and stays
+silent short of it, and a job where nothing stands out gets no advice."""
+from typing import Any, Dict
+
+from ds_profutils.diagnosis.advice import (EXPOSED_REDUCE_SHARE, FETCH_WAIT_SHARE, LIVE_AT_LIMIT, MANY_REDUCES,
+                                           MANY_SMALL_GATHERS, SMALL_GATHER_FACTOR, WAITED_SHARE)
+from ds_profutils.report import build_report, render_text
+
+from report_testing import event, record, schema3, write_records
+
+Z = "zero_optimization."
+STEPS = 10
+MODEL = 1_000_000
+
+
+def config(**values: Any) -> Dict[str, Any]:
+    defaults = {"stage": 3, "overlap_comm": True, "reduce_bucket_size": 500_000_000,
+                "allgather_bucket_size": 500_000_000, "stage3_prefetch_bucket_size": 50_000_000,
+                "stage3_param_persistence_threshold": 100_000, "stage3_max_live_parameters": 1_000_000_000,
+                "stage3_max_reuse_distance": 1_000_000_000}
+    return {Z + key: value for key, value in {**defaults, **values}.items()}
+
+
+def run(tmp_path, *, ds_config=None, fetch_ms=1.0, busy_ms=100.0, collective_ms=2.0, prefetches=1,
+        prefetch_numel=MODEL, on_demand=0, in_flight=0, gathers=2, gather_numel=MODEL, live=5000,
+        invalidations=0, reduces=1, reduce_op="reduce_scatter_tensor"):
+    """Two ranks, STEPS steps of schema 3 records with these per-step figures; the report's engine."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for rank in (0, 1):
+        rows = []
+        for step in range(STEPS):
+            row = schema3(record(rank, step, busy_ms=busy_ms, fetch_ms=fetch_ms, collective_ms=collective_ms,
+                                 model_numel=MODEL), hits=prefetch_numel * prefetches, waited=on_demand,
+                          live_params=live, invalidations=invalidations, peak_bytes=2**30)
+            row["prefetch"]["in_flight_waited"] = in_flight
+            row["events"]["forward_prefetch_submit"] = event(prefetches, prefetch_numel * prefetches, 0.1, "full")
+            row["events"]["forward_all_gather"] = event(gathers, gather_numel * gathers, 0.5, "full")
+            row["collectives"] = {reduce_op: {"count": reduces, "time_ms": collective_ms, "exposed_ms": collective_ms,
+                                              "stream": "compute", "async": 0, "clock": "host"}}
+            if step == 0:
+                row["ds_config"] = ds_config or config()
+            rows.append(row)
+        write_records(tmp_path, rank, rows)
+    return build_report(tmp_path)["engines"]["main"]
+
+
+def rules(engine):
+    return {found["rule"]: found for found in engine["advice"]}
+
+
+def test_a_job_where_nothing_stands_out_gets_no_advice(tmp_path):
+    engine = run(tmp_path)
+    assert engine["advice"] == [] and engine["config"][Z + "stage"] == 3
+    assert "What to change: nothing stands out." in render_text(build_report(tmp_path))
+
+
+def test_records_without_config_values_give_no_key_advice(tmp_path):
+    engine = run(tmp_path, ds_config={}, prefetch_numel=100, in_flight=MODEL, fetch_ms=10.0)
+    assert engine["advice"] == []
+
+
+def test_prefetch_bucket_raised_when_the_prefetch_stops_at_a_bucket_and_is_waited_in_flight(tmp_path):
+    small = config(stage3_prefetch_bucket_size=100)
+    late = int(WAITED_SHARE * 7 * 1000) + 100  # just past the share of the 7 x 1000 elements prefetched
+    found = rules(run(tmp_path / "a", ds_config=small, prefetches=7, prefetch_numel=1000, in_flight=late))
+    advice = found["prefetch_bucket"]
+    assert advice["key"] == Z + "stage3_prefetch_bucket_size" and advice["now"] == 100
+    assert advice["direction"] == "raise" and advice["suggest"] == 50_000_000
+    assert advice["expected"] == {"figure": "events.forward_all_gather.count", "direction": "lower"}
+    # short of the waited share; a bucket that does not stop the prefetch; fetch waits that cost nothing
+    assert "prefetch_bucket" not in rules(run(tmp_path / "b", ds_config=small, prefetches=7, prefetch_numel=1000,
+                                               in_flight=late - 300))
+    assert "prefetch_bucket" not in rules(run(tmp_path / "c", prefetches=7, prefetch_numel=1000, in_flight=late))
+    step = 100.0 + 1.0 + 2.0
+    assert "prefetch_bucket" not in rules(run(tmp_path / "d", ds_config=small, prefetches=7, prefetch_numel=1000,
+                                               in_flight=late, fetch_ms=FETCH_WAIT_SHARE * step * 0.9))
+
+
+def test_on_demand_gathers_count_as_late_for_the_prefetch_rule(tmp_path):
+    small = config(stage3_prefetch_bucket_size=100)
+    assert "prefetch_bucket" in rules(run(tmp_path, ds_config=small, prefetches=7, prefetch_numel=1000,
+                                          on_demand=2000))
+
+
+def test_persistence_threshold_raised_for_many_small_gathers(tmp_path):
+    small = 100_000 * SMALL_GATHER_FACTOR
+    advice = rules(run(tmp_path / "a", gathers=MANY_SMALL_GATHERS, gather_numel=small))["persistence_threshold"]
+    assert advice["key"] == Z + "stage3_param_persistence_threshold" and advice["suggest"] == 2 * small
+    assert "persistence_threshold" not in rules(run(tmp_path / "b", gathers=MANY_SMALL_GATHERS - 1,
+                                                    gather_numel=small))
+    assert "persistence_threshold" not in rules(run(tmp_path / "c", gathers=MANY_SMALL_GATHERS,
+                                                    gather_numel=small + 1))
+
+
+def test_live_parameters_raised_at_the_limit_with_refetches_or_invalidations(tmp_path):
+    limit = 10_000
+    at = config(stage3_max_live_parameters=limit)
+    live = int(LIVE_AT_LIMIT * limit)
+    advice = rules(run(tmp_path / "a", ds_config=at, live=live, gathers=3))["live_parameters"]  # 3x the model
+    assert advice["key"] == Z + "stage3_max_live_parameters" and advice["suggest"] == 2 * limit
+    assert "stage3_max_reuse_distance" in advice["why"]
+    assert "live_parameters" in rules(run(tmp_path / "b", ds_config=at, live=live, invalidations=2))
+    assert "live_parameters" not in rules(run(tmp_path / "c", ds_config=at, live=live - 1, gathers=3))
+    assert "live_parameters" not in rules(run(tmp_path / "d", ds_config=at, live=live, gathers=2))
+
+
+def test_overlap_comm_set_when_gradient_collectives_stall_the_step_with_it_off(tmp_path):
+    off = config(stage=2, overlap_comm=False)
+    waited = 20.0  # of a step of 100 + 1 + 20 ms: past the share
+    advice = rules(run(tmp_path / "a", ds_config=off, collective_ms=waited))["overlap_comm"]
+    assert advice["key"] == Z + "overlap_comm" and advice["now"] is False and advice["suggest"] is True
+    assert advice["expected"] == {"figure": "collective_wait_ms", "direction": "lower"}
+    short = EXPOSED_REDUCE_SHARE * 101.0 * 0.9
+    assert "overlap_comm" not in rules(run(tmp_path / "b", ds_config=off, collective_ms=short))
+    assert "overlap_comm" not in rules(run(tmp_path / "c", ds_config=config(stage=2), collective_ms=waited))
+
+
+def test_reduce_bucket_raised_when_it_splits_the_gradients_into_many_messages(tmp_path):
+    small = config(stage=2, reduce_bucket_size=MODEL // MANY_REDUCES)
+    advice = rules(run(tmp_path / "a", ds_config=small, reduces=MANY_REDUCES))["bucket_sizes"]
+    assert advice["key"] == Z + "reduce_bucket_size" and advice["suggest"] == MODEL
+    assert advice["expected"] == {"figure": "collectives.reduce_scatter_tensor.count", "direction": "lower"}
+    assert "bucket_sizes" not in rules(run(tmp_path / "b", ds_config=small, reduces=MANY_REDUCES - 1))
+    large = config(stage=2, reduce_bucket_size=MODEL // MANY_REDUCES + 1)
+    assert "bucket_sizes" not in rules(run(tmp_path / "c", ds_config=large, reduces=MANY_REDUCES))
+
+
+def test_the_text_names_the_key_the_value_and_the_expected_figure(tmp_path):
+    run(tmp_path, ds_config=config(stage3_prefetch_bucket_size=100), prefetches=7, prefetch_numel=1000,
+        in_flight=7000)
+    text = " ".join(render_text(build_report(tmp_path)).split())
+    assert ("What to change: - raise zero_optimization.stage3_prefetch_bucket_size (now 100, try 50000000)"
+            in text) and "expect events.forward_all_gather.count to go lower" in text
