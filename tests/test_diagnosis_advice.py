@@ -131,3 +131,24 @@ def test_the_text_names_the_key_the_value_and_the_expected_figure(tmp_path):
     text = " ".join(render_text(build_report(tmp_path)).split())
     assert ("What to change: - raise zero_optimization.stage3_prefetch_bucket_size (now 100, try 50000000)"
             in text) and "expect events.forward_all_gather.count to go lower" in text
+
+
+def test_the_diff_checks_that_following_the_advice_did_what_it_said(tmp_path):
+    from ds_profutils.diff.build import build_diff
+    from ds_profutils.diff.text import render_diff
+
+    small = config(stage3_prefetch_bucket_size=100)
+    run(tmp_path / "base", ds_config=small, prefetches=7, prefetch_numel=1000, in_flight=7000, gathers=7)
+    run(tmp_path / "followed", prefetches=1, prefetch_numel=7000, gathers=1)
+    run(tmp_path / "worse", ds_config=config(stage3_prefetch_bucket_size=200), prefetches=7, prefetch_numel=1000,
+        gathers=8)
+    run(tmp_path / "unchanged", ds_config=small, prefetches=7, prefetch_numel=1000, gathers=1)
+    diff = build_diff(tmp_path / "base", tmp_path / "followed")
+    assert diff["engines"]["main"]["advice_checked"] == [
+        {"key": Z + "stage3_prefetch_bucket_size", "base": 100, "new": 50_000_000,
+         "figure": "events.forward_all_gather.count", "expected": "lower", "change_pct": -100.0 * 6 / 7,
+         "as_expected": True}]
+    assert "the change did what the advice said" in " ".join(render_diff(diff).split())
+    worse = build_diff(tmp_path / "base", tmp_path / "worse")["engines"]["main"]["advice_checked"]
+    assert [found["as_expected"] for found in worse] == [False]
+    assert build_diff(tmp_path / "base", tmp_path / "unchanged")["engines"]["main"]["advice_checked"] == []

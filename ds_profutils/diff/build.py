@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..diagnosis.checked import advice_checked
 from .ops import self_times
 from .settings import settings_differences
 from .stats import ALPHA, MIN_CHANGE, MIN_STEPS, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
@@ -167,6 +168,9 @@ def build_diff(base_directory: Path, new_directory: Path, top: int = 10) -> Dict
     engines = {base_name: _engine(base["engines"][base_name], new["engines"][new_name], (base_name, new_name),
                                   (base["settings"][base_name], new["settings"][new_name]))
                for base_name, new_name in pairs}
+    for (base_name, new_name), engine in zip(pairs, engines.values()):  # BASE's advice that NEW followed
+        engine["advice_checked"] = advice_checked(base["engines"][base_name]["advice"], base["engines"][base_name][
+            "config"], new["engines"][new_name]["config"], engine, MIN_CHANGE)
     warnings = [f"engine {name}: the runs trained models of different sizes (model_numel {setting['base']:,} -> "
                 f"{setting['new']:,}): this compares two different jobs"
                 for name, engine in engines.items() for setting in engine["settings"]
