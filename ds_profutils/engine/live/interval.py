@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..._straggler import step_straggler
+from ..._straggler import STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, step_straggler
+from ...diagnosis.causes import CAUSE_CODES, Figures, decide_cause
 
-__all__ = ["EVENT_NAMES", "Event", "StepFigures", "interval_events", "pack_interval"]
+__all__ = ["EVENT_NAMES", "Event", "StepFigures", "interval_cause", "interval_events", "pack_interval"]
 
 Event = Tuple[str, float, int]
 """``(name, value, global_step)``: what DeepSpeed's ``MonitorMaster.write_events`` takes, and every sink."""
@@ -36,6 +37,8 @@ EVENT_NAMES: Dict[str, str] = {
     "ds_profutils/peak_allocated_gib": "highest peak allocated memory of any rank in any step of the interval, GiB",
     "ds_profutils/straggler_rank": "the rank the others waited for in more than half of the interval's steps "
                                    "(the report's step rule), -1 when none",
+    "ds_profutils/straggler_cause": "why that rank was late, over the interval (ds_profutils.diagnosis.causes): "
+                                    "0 none, 1 more_work, 2 input_pipeline, 3 compute, 4 communication, 5 unknown",
 }
 """Every event LiveMetrics sends, in the order sent, and over which ranks and steps it is taken.  An event
 whose inputs are unknown (no FLOPs counted, no peak, no tokens, no memory figure) is left out."""
@@ -107,6 +110,21 @@ def interval_straggler(rows: Sequence[Sequence[float]], steps: int) -> int:
     return most if 2 * counts[most] > steps else -1
 
 
+def interval_cause(rows: Sequence[Sequence[float]], steps: int, straggler: int) -> int:
+    """The straggler's cause code (:data:`~ds_profutils.diagnosis.causes.CAUSE_CODES`) from each rank's interval
+    totals: busy and exposed wait per step, its gap median, FLOPs (else tokens) per step; 0 without a straggler.
+    The live figures are host times, so communication is never named here."""
+    if straggler < 0:
+        return CAUSE_CODES[None]
+    totals = [row[2 * steps:2 * steps + _TOTALS] for row in rows]
+    work = next((column for column in (_FLOPS, _TOKENS) if not any(math.isnan(t[column]) for t in totals)), None)
+    figures = [Figures(busy_ms=(t[_STEP_SUM] - t[_WAIT]) / steps, gap_ms=None if math.isnan(t[_GAP]) else t[_GAP],
+                       work=None if work is None else t[work] / steps) for t in totals]
+    threshold = max(STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE * median(median(row[:steps]) for row in rows))
+    cause, _ = decide_cause(figures[straggler], figures[:straggler] + figures[straggler + 1:], threshold)
+    return CAUSE_CODES[cause]
+
+
 def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: int,
                     peak_tflops: Optional[float]) -> List[Event]:
     """Rank 0's events for one interval of ``steps`` steps from every rank's packed row (row r = rank r)."""
@@ -130,5 +148,6 @@ def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: in
                                                   if step_sum > 0 else None)
     peak = _largest([total[_PEAK] for total in totals])
     figures["ds_profutils/peak_allocated_gib"] = peak / _GIB if peak is not None else None
-    figures["ds_profutils/straggler_rank"] = interval_straggler(rows, steps)
+    figures["ds_profutils/straggler_rank"] = straggler = interval_straggler(rows, steps)
+    figures["ds_profutils/straggler_cause"] = interval_cause(rows, steps, straggler)
     return [(name, value, global_step) for name, value in figures.items() if value is not None]

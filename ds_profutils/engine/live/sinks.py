@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Protocol, Sequence
 
+from ...diagnosis.causes import CAUSES
 from .interval import Event
 
 __all__ = ["ConsoleSink", "DeepSpeedMonitorSink", "LiveSink", "console_line", "monitor_sink"]
@@ -53,6 +54,11 @@ def _format(figures: Dict[str, float], key: str, template: str, scale: float = 1
     return None if value is None else template.format(value * scale)
 
 
+def _cause_word(code: Optional[float]) -> str:
+    """`` (more_work)`` for the straggler's cause code, nothing where none was sent."""
+    return "" if not code else f" ({CAUSES[int(code) - 1]})"
+
+
 def console_line(events: Sequence[Event]) -> str:
     """One short line for rank 0's console, the figures it has in the events' order; e.g.
     ``ds_profutils step 40: step 123.4 ms, iteration 130.1 ms (gap 6.7), 12.3 TFLOP/s, MFU 4.1%,
@@ -69,7 +75,8 @@ def console_line(events: Sequence[Event]) -> str:
         _format(figures, "tokens_per_s", "{:,.0f} tok/s"),
         _format(figures, "exposed_wait_share", "wait {:.0%}"),
         _format(figures, "peak_allocated_gib", "peak {:.1f} GiB"),
-        None if straggler is None else "no straggler" if straggler < 0 else f"straggler rank {straggler:.0f}",
+        None if straggler is None else "no straggler" if straggler < 0 else f"straggler rank {straggler:.0f}"
+        + _cause_word(figures.get("ds_profutils/straggler_cause")),
     ]
     step = events[0][2] if events else "?"
     return f"ds_profutils step {step}: " + ", ".join(part for part in parts if part)
