@@ -1,0 +1,72 @@
+"""The straggler's cause and the config advice on real jobs: tests/dist_scripts/diagnosis_job.py under the deepspeed
+launcher (2 ranks, gloo), one launch for every case, each case a run directory the report and the diff read."""
+import re
+
+import pytest
+
+from ds_profutils.diff.build import build_diff
+from ds_profutils.report import build_report
+
+from launcher import DIST_SCRIPTS, run_deepspeed
+
+MARKER = "diagnosis_job: done rank {rank}"
+KEY = "zero_optimization.stage3_prefetch_bucket_size"
+
+
+def finished(output: str, returncode: int) -> bool:
+    """Success, or gloo's teardown abort (-6, "terminate called without an active exception") after every rank
+    printed its last line with no traceback before (DESIGN: the gloo teardown abort)."""
+    if returncode == 0:
+        return True
+    marks = [output.find(MARKER.format(rank=rank)) for rank in (0, 1)]
+    return (min(marks) >= 0 and "Traceback" not in output[:max(marks)]
+            and "terminate called without an active exception" in output)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("diagnosis")
+    proc = run_deepspeed(DIST_SCRIPTS / "diagnosis_job.py", ["--out", str(out)], timeout=900, check=False)
+    assert finished(proc.stdout, proc.returncode), proc.stdout[-4000:]
+    return out
+
+
+def engine(runs, case):
+    return build_report(runs / case)["engines"]["job"]
+
+
+def test_more_work_is_told_from_a_slower_rank(runs):
+    report = engine(runs, "more_work")
+    summary = report["ranks_summary"]
+    assert report["straggler_ranks"] == [1] and report["work_unit"] == "gflop"
+    assert summary[1]["cause"] == "more_work" and summary[0]["cause"] is None
+    assert summary[1]["tokens_median"] == 2 * summary[0]["tokens_median"]
+    assert summary[1]["cause_figures"]["work_ratio"] == pytest.approx(2.0, rel=0.01)
+    assert [found["topic"] for found in report["advice"] if found["key"] is None] == ["batching"]
+
+
+@pytest.mark.parametrize("case", ["compute", "input_pipeline"])
+def test_a_rank_slowed_in_forward_or_between_steps_gets_that_cause(runs, case):
+    report = engine(runs, case)
+    assert report["straggler_ranks"] == [1] and report["ranks_summary"][1]["cause"] == case
+    assert report["ranks_summary"][1]["late_by_gap"] is (case == "input_pipeline")
+
+
+def test_an_even_run_names_no_straggler_and_no_cause(runs):
+    report = engine(runs, "even")
+    assert report["straggler_ranks"] == []
+    assert all(row["cause"] is None for row in report["ranks_summary"].values())
+    assert not [found for found in report["advice"] if found["key"] is None]
+
+
+def test_a_small_prefetch_bucket_gets_advice_to_raise_it_and_the_default_none(runs):
+    small = [found for found in engine(runs, "z3_small_bucket")["advice"] if found["key"] == KEY]
+    assert [(found["now"], found["direction"]) for found in small] == [(100, "raise")]
+    assert not [found for found in engine(runs, "z3_default")["advice"] if found["key"] == KEY]
+
+
+def test_the_diff_finds_that_raising_the_bucket_did_what_the_advice_said(runs):
+    checked = build_diff(runs / "z3_small_bucket", runs / "z3_default")["engines"]["job"]["advice_checked"]
+    assert [(found["key"], found["base"], found["new"], found["as_expected"]) for found in checked] == [
+        (KEY, 100, 50_000_000, True)]
+    assert re.fullmatch(r"events\.forward_all_gather\.count", checked[0]["figure"]) and checked[0]["change_pct"] < -50
