@@ -8,6 +8,7 @@ from ds_profutils.diff.build import build_diff
 from ds_profutils.report import build_report
 
 from launcher import DIST_SCRIPTS, run_deepspeed
+from report_testing import read_records_file
 
 MARKER = "diagnosis_job: done rank {rank}"
 KEY = "zero_optimization.stage3_prefetch_bucket_size"
@@ -70,3 +71,20 @@ def test_the_diff_finds_that_raising_the_bucket_did_what_the_advice_said(runs):
     assert [(found["key"], found["base"], found["new"], found["as_expected"]) for found in checked] == [
         (KEY, 100, 50_000_000, True)]
     assert re.fullmatch(r"events\.forward_all_gather\.count", checked[0]["figure"]) and checked[0]["change_pct"] < -50
+
+
+def test_records_carry_the_effective_config_once_and_the_prefetches_waited_in_flight(runs):
+    """The first record of each file has DeepSpeed's resolved values (defaults filled in), the others none; every
+    ZeRO-3 train record says which waited elements a prefetch had launched: the waits' less the on-demand submits'."""
+    for case, bucket in (("z3_small_bucket", 100), ("z3_default", 50_000_000)):
+        for rank in (0, 1):
+            records = read_records_file(runs / case / f"zero_fetch_job_rank_{rank}.jsonl")
+            assert records[0]["ds_config"][KEY] == bucket and records[0]["ds_config"]["zero_optimization.stage"] == 3
+            assert records[0]["ds_config"]["zero_optimization.overlap_comm"] is True  # DeepSpeed's stage-3 default
+            assert not any("ds_config" in record for record in records[1:])
+            for record in records:
+                events = record["events"]
+                numel = [sum(events[f"{d}_{kind}"]["numel"] for d in ("forward", "backward") if f"{d}_{kind}" in events)
+                         for kind in ("fetch_wait", "fetch_submit")]
+                assert record["prefetch"]["in_flight_waited"] == numel[0] - numel[1]
+            assert sum(record["prefetch"]["in_flight_waited"] for record in records) > 0
