@@ -50,6 +50,11 @@ def test_without_work_the_busy_time_per_step_decides():
     assert verdict == "unknown" and figures["busy_ms_per_unit"] is None and figures["pace_ratio"] == 54.0 / 50.0
 
 
+def test_others_without_busy_time_decide_nothing_and_raise_nothing():
+    idle = Figures(busy_ms=0.0, gap_ms=2.0, work=100.0)
+    assert decide_cause(Figures(50.0, 2.0, 200.0), [idle], THRESHOLD)[0] == "unknown"
+
+
 def test_communication_only_on_device_clocks():
     stalled = Figures(50.0, 2.0, 100.0, exposed_wait_ms=1.0 + THRESHOLD)
     assert cause(stalled, device_clock=True) == "communication"

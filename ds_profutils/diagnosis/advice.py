@@ -8,7 +8,7 @@ exists.  ``expected.figure`` names a figure of the diff (``engines.{name}``): ``
 ``fetch_wait_ms``, ``gap_ms``, or an event/collective count per step (``events.forward_all_gather.count``) --
 load-proof where a rule has one.  A rule whose inputs are missing gives nothing; a job where nothing stands out
 gets an empty list, never a guess.  Thresholds are named constants with their source: DeepSpeed's docs for the
-key (https://www.deepspeed.ai/docs/config-json/#parameter-offloading ... "ZeRO optimizations").
+key (https://www.deepspeed.ai/docs/config-json/, "ZeRO Optimizations for FP16 Training") or the figure's noise.
 """
 from __future__ import annotations
 

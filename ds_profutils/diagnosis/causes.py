@@ -100,7 +100,8 @@ def decide_cause(own: Figures, others: Sequence[Figures], threshold_ms: float,
     if late_by_gap(own, others, threshold_ms):
         return "input_pipeline", figures
     work_ratio = figures["work_ratio"]
-    if with_work and work_ratio is not None and work_ratio >= MORE_WORK_RATIO and pace_ratio <= SAME_PACE_RATIO:
+    if (with_work and work_ratio is not None and pace_ratio is not None and work_ratio >= MORE_WORK_RATIO
+            and pace_ratio <= SAME_PACE_RATIO):
         return "more_work", figures
     if pace_ratio is not None and pace_ratio > SAME_PACE_RATIO:
         return "compute", figures
