@@ -97,6 +97,24 @@ def test_the_report_gives_work_per_rank_and_more_work_as_the_cause(tmp_path):
     assert slow["late_by_gap"] is False
     text = " ".join(render_text(report).split())
     assert "cause: more_work" in text and "2.00x the others' work" in text
+    assert "its straggler steps:" not in text  # every one of them for more work
+
+
+def test_the_straggler_line_counts_the_causes_of_its_steps_where_they_differ(tmp_path):
+    """Rank 1 gets twice the work in 10 steps and is slow at even work in 4: named for more work, and the text
+    says the 4."""
+    for rank in (0, 1):
+        rows = []
+        for step in range(14):
+            more = step < 10
+            own = (40.0, 6e12 if more else 3e12) if rank == 1 else (20.0, 3e12)
+            rows += iteration_record(rank, step, busy_ms=own[0], flops=own[1], gap_ms=2.0,
+                                     collective_ms=2.0 + (20.0 if rank == 0 else 0.0))
+        write_records(tmp_path, rank, rows)
+    report = build_report(tmp_path)
+    slow = report["engines"]["main"]["ranks_summary"][1]
+    assert slow["cause"] == "more_work" and slow["cause_steps"] == {"more_work": 10, "compute": 4}
+    assert "its straggler steps: more_work 10, compute 4" in " ".join(render_text(report).split())
 
 
 def test_the_report_gives_compute_input_pipeline_and_no_cause_for_an_even_run(tmp_path):

@@ -122,8 +122,10 @@ _ADVICE = {
 }
 
 
-def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str]) -> str:
-    """The cause in words with the figures that decided it, as the report's straggler line gives it."""
+def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str],
+                   steps: Optional[Dict[str, int]] = None) -> str:
+    """The cause in words with the figures that decided it, as the report's straggler line gives it; ``steps``:
+    the cause of each of its straggler steps, counted (shown where they are not all the one cause)."""
     per = f"ms per {unit}" if figures.get("busy_ms_per_unit") is not None else "ms per step"
     pace = (figures.get("busy_ms_per_unit"), figures.get("others_busy_ms_per_unit"))
     if pace[0] is None:
@@ -138,4 +140,6 @@ def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str]) -> 
         parts.append(f"busy {pace[0]:,.4g} against {pace[1]:,.4g} {per}")
     if cause == "communication":
         parts.append(f"exposed wait {figures['exposed_wait_ms']:,.1f} against {figures['others_exposed_wait_ms']:,.1f} ms")
-    return f"cause: {cause} ({'; '.join(parts)}): {_ADVICE[cause]}"
+    by_step = "" if not steps or set(steps) == {cause} else "; its straggler steps: " + ", ".join(
+        f"{name} {count}" for name, count in sorted(steps.items(), key=lambda item: -item[1]))
+    return f"cause: {cause} ({'; '.join(parts)}): {_ADVICE[cause]}{by_step}"

@@ -82,7 +82,7 @@ def _stragglers(engine: Mapping[str, Any]) -> List[str]:
                        f"{steps} steps ({_chance(row['straggler_p_value'], test['rank_level'])}); their waiting "
                        f"beyond its own in those steps: {row['attributed_wait_ms']:,.1f} ms")
         if row.get("cause") is not None:
-            lines += wrap(f"  {describe_cause(row['cause'], row['cause_figures'], row['work_unit'])}")
+            lines += wrap(f"  {describe_cause(row['cause'], row['cause_figures'], row['work_unit'], row['cause_steps'])}")
         if row["late_by_gap"]:
             gaps = [other["gap_ms_median"] for key, other in summary.items()
                     if key != rank and other["gap_ms_median"] is not None]
