@@ -328,6 +328,8 @@ class StepRecorder(Listener):
         record["step_time_ms"] = timing.pop("step_time_ms")
         record["fetch_wait_ms"] = fetch_wait_ms(events)
         record.update(timing)
+        for part in step.parts:
+            record.update(part.fields(record["step_time_ms"]))
         record["exposed_wait_ms"] = record["fetch_wait_ms"] + record["collective_wait_ms"]
         if self.device_events is not None:
             record["clock"] = pairs_clock(step.pairs())

@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
 from .memory import memory_report
+from .pipeline import pipeline_report, staged_view
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
                     host_stragglers, is_straggler, reach, step_view, steps_to_name,
@@ -114,6 +115,7 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
         achieved = _median_of(tflops(records))
         table[rank] = {
             "host": max(records.hosts, key=records.hosts.__getitem__),
+            "pipe_stage": records.pipe_stage,
             "records": dict(records.modes),
             "steps": len(records.global_steps),
             "step_ms_median": _median_of(records.step_ms),
@@ -194,7 +196,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
                                "file": Path(records.path).name, "reason": TORN})
     incomplete += _ending_early("records", {records.rank: (Path(records.path), list(records.global_steps))
                                             for records in with_records}, name)
-    view = step_view(with_records, trace_steps)
+    view = staged_view(with_records, trace_steps)  # the straggler test within each pipeline stage
     ranks_summary = _rank_table(with_records, view)
     hosts_summary = _host_table(ranks_summary, view)
     ranks = len(view.ranks)
@@ -223,6 +225,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "collectives": _collective_table(with_records),
         "memory": memory_report(with_records, _profiled_steps(with_records, trace_steps)),
         "steps": view,
+        "pipeline": pipeline_report(with_records),
     }
 
 

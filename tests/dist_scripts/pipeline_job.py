@@ -1,0 +1,84 @@
+"""Run under the deepspeed launcher (2 ranks, gloo): a 2-stage PipelineModule recorded by ``step_metrics``.
+
+Eight ``Linear(256, 256)`` layers split over two stages; with ``--slow`` stage 1 also holds a layer that sleeps
+SLOW_S per micro batch (its forward), making stage 1 the slow stage.  MICRO_BATCHES micro batches of ROWS rows,
+STEPS ``train_batch()`` calls, then one ``eval_batch()``.  Records go to ``{out}``; each rank writes
+``{out}/found_rank_{rank}.json`` with what it saw (the attachment's class of hooks, the instruction map being
+the class's again after close) and prints the last-line marker.
+"""
+import argparse
+import json
+import time
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.distributed
+from deepspeed.pipe import LayerSpec, PipelineModule
+
+import ds_profutils
+
+STEPS = 30
+MICRO_BATCHES = 8
+ROWS = 4
+WIDTH = 256
+SLOW_S = 0.010
+MARKER = "PIPELINE JOB DONE"
+
+
+class Sleep(torch.nn.Module):
+    """Does nothing to its input; sleeps ``seconds`` in each forward (a slow layer on its stage)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x):
+        if self.seconds:
+            time.sleep(self.seconds)
+        return x
+
+
+def batches():
+    while True:
+        yield torch.randn(ROWS, WIDTH), torch.randn(ROWS, WIDTH)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--slow", action="store_true")
+    parser.add_argument("--local_rank", type=int, default=0)
+    args = parser.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    layers = [LayerSpec(torch.nn.Linear, WIDTH, WIDTH) for _ in range(8)]
+    layers.append(LayerSpec(Sleep, SLOW_S if args.slow else 0.0))
+    # "uniform" splits by layer count: 5 + 4, the sleeping layer on stage 1
+    module = PipelineModule(layers=layers, num_stages=2, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
+    config = {
+        "train_micro_batch_size_per_gpu": ROWS,
+        "gradient_accumulation_steps": MICRO_BATCHES,
+        "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}},
+        "step_metrics": {"enabled": True, "output_dir": args.out, "monitor_interval": 10},
+    }
+    engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+    attachment = ds_profutils.attach(engine)
+    data = batches()
+    for _ in range(STEPS):
+        engine.train_batch(data_iter=data)
+    engine.eval_batch(data_iter=data)
+    held = len(getattr(attachment.recorder, "_step_records", []))
+    attachment.close()
+    rank = torch.distributed.get_rank()
+    found = {"rank": rank, "stage": engine.stage_id, "global_steps": engine.global_steps,
+             "map_restored": "_INSTRUCTION_MAP" not in vars(engine),
+             "train_batch_restored": "train_batch" not in vars(engine), "held_step_records": held}
+    Path(args.out, f"found_rank_{rank}.json").write_text(json.dumps(found))
+    print(f"{MARKER} rank {rank}", flush=True)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
