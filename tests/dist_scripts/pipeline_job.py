@@ -1,10 +1,11 @@
 """Run under the deepspeed launcher (2 ranks, gloo): a 2-stage PipelineModule recorded by ``step_metrics``.
 
-Eight ``Linear(256, 256)`` layers split over two stages; with ``--slow`` stage 1 also holds a layer that sleeps
-SLOW_S per micro batch (its forward), making stage 1 the slow stage.  MICRO_BATCHES micro batches of ROWS rows,
-STEPS ``train_batch()`` calls, then one ``eval_batch()``.  Records go to ``{out}``; each rank writes
-``{out}/found_rank_{rank}.json`` with what it saw (the attachment's class of hooks, the instruction map being
-the class's again after close) and prints the last-line marker.
+Eight ``Linear(256, 256)`` layers split over as many stages as ranks (2 under the launcher, 1 alone); with
+``--slow`` the last stage also holds a layer that sleeps SLOW_S per micro batch (its forward), making it the slow
+stage.  MICRO_BATCHES micro batches of ROWS rows, ``--steps`` ``train_batch()`` calls, then one ``eval_batch()``.
+Records go to ``{out}``; each rank writes ``{out}/found_rank_{rank}.json`` with what it saw (the most step
+records the recorder held at once, the engine's and the class's instruction maps after close) and prints the
+last-line marker.
 """
 import argparse
 import json
@@ -48,6 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--slow", action="store_true")
+    parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--local_rank", type=int, default=0)
     args = parser.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
@@ -55,7 +57,8 @@ def main() -> None:
     layers = [LayerSpec(torch.nn.Linear, WIDTH, WIDTH) for _ in range(8)]
     layers.append(LayerSpec(Sleep, SLOW_S if args.slow else 0.0))
     # "uniform" splits by layer count: 5 + 4, the sleeping layer on stage 1
-    module = PipelineModule(layers=layers, num_stages=2, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
+    module = PipelineModule(layers=layers, num_stages=torch.distributed.get_world_size(), loss_fn=torch.nn.MSELoss(),
+                            partition_method="uniform")
     config = {
         "train_micro_batch_size_per_gpu": ROWS,
         "gradient_accumulation_steps": MICRO_BATCHES,
@@ -66,15 +69,16 @@ def main() -> None:
     engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
     attachment = ds_profutils.attach(engine)
     data = batches()
-    for _ in range(STEPS):
+    held = 0
+    for _ in range(args.steps):
         engine.train_batch(data_iter=data)
+        held = max(held, len(attachment.recorder._step_records) + len(attachment.recorder._unwritten))
     engine.eval_batch(data_iter=data)
-    held = len(getattr(attachment.recorder, "_step_records", []))
     attachment.close()
     rank = torch.distributed.get_rank()
-    found = {"rank": rank, "stage": engine.stage_id, "global_steps": engine.global_steps,
-             "map_restored": "_INSTRUCTION_MAP" not in vars(engine),
-             "train_batch_restored": "train_batch" not in vars(engine), "held_step_records": held}
+    found = {"rank": rank, "stage": engine.stage_id, "global_steps": engine.global_steps, "held_step_records": held,
+             "instance_attributes_left": sorted({"_INSTRUCTION_MAP", "train_batch", "eval_batch"} & set(vars(engine))),
+             "class_map": sorted(f.__qualname__ for f in type(engine)._INSTRUCTION_MAP.values())}
     Path(args.out, f"found_rank_{rank}.json").write_text(json.dumps(found))
     print(f"{MARKER} rank {rank}", flush=True)
     torch.distributed.destroy_process_group()
