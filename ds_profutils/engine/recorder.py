@@ -254,7 +254,9 @@ class StepRecorder(Listener):
         if not self.step_listeners:
             return
         figures = StepFigures(global_step, sums.step_ms, iteration_ms, gap_ms, sums.flops, sums.tokens, sums.samples,
-                              sums.exposed_wait_ms, sums.collective_ms, sums.peak_allocated_bytes)
+                              sums.exposed_wait_ms, sums.collective_ms, sums.peak_allocated_bytes,
+                              **{key: value for record in records for part in record.parts
+                                 for key, value in part.live(record.fields, sums.step_ms).items()})
         for listener in self.step_listeners:
             listener(figures)
 

@@ -10,6 +10,7 @@ from collections import defaultdict
 from statistics import median
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from .._stages import SLOW_STAGE_RATIO, SLOW_STAGE_STEPS, slow_stage
 from .records import FileRecords
 from .steps import StepView, step_view
 from .tables import percent, rank_ranges, table, wrap
@@ -17,12 +18,6 @@ from .tables import percent, rank_ranges, table, wrap
 __all__ = ["SLOW_STAGE_RATIO", "SLOW_STAGE_STEPS", "ideal_bubble_share", "pipeline_lines", "pipeline_report",
            "staged_view"]
 
-SLOW_STAGE_RATIO = 1.25
-"""A stage is slow in a step when its compute is at least this times the median stage's: the last stage's loss
-alone makes an evenly split pipeline about 1.2x (a 2-stage run's median stage is the mean of the two)."""
-SLOW_STAGE_STEPS = 2 / 3
-"""... and it is named ``slowest_stage`` when it was slow in at least this share of the steps all stages have
-(once in a while any stage is slow: a page fault, the machine's other work)."""
 
 
 def ideal_bubble_share(stages: int, micro_batches: int) -> Optional[float]:
@@ -56,15 +51,13 @@ def _stage_compute_by_step(stage_files: Sequence[FileRecords]) -> Dict[int, floa
 
 
 def _slowest_stage(stages: Mapping[int, Sequence[FileRecords]]) -> Optional[int]:
-    """The stage slow (``SLOW_STAGE_RATIO``) in at least ``SLOW_STAGE_STEPS`` of the steps all stages have."""
+    """The stage slow (:func:`.._stages.slow_stage`) in at least ``SLOW_STAGE_STEPS`` of the steps all stages have."""
     computes = {stage: _stage_compute_by_step(files) for stage, files in stages.items()}
     common = set.intersection(*(set(steps) for steps in computes.values())) if computes else set()
     slow: Dict[int, int] = defaultdict(int)
     for step in common:
-        values = {stage: steps[step] for stage, steps in computes.items()}
-        stage = max(values, key=values.__getitem__)
-        middle = median(values.values())
-        if middle > 0 and values[stage] >= SLOW_STAGE_RATIO * middle:
+        stage = slow_stage({stage: steps[step] for stage, steps in computes.items()})
+        if stage is not None:
             slow[stage] += 1
     named = [stage for stage, count in slow.items() if count >= SLOW_STAGE_STEPS * len(common)]
     return named[0] if common and named else None

@@ -63,6 +63,12 @@ class InstructionTimes:
         """Every device interval of the step (the record waits for them before it is written)."""
         return [pair for pairs in self.intervals.values() for pair in pairs]
 
+    def live(self, fields: Mapping[str, Any], step_ms: float) -> Dict[str, Any]:
+        """The step's figures for the live metrics (:class:`..live.StepFigures`), from the times known now."""
+        figures = self.fields(step_ms)
+        return {"pipe_stage": fields.get("pipe_stage"), "compute_ms": figures["compute_ms"],
+                "bubble_ms": figures["bubble_ms"]}
+
     def fields(self, step_ms: float) -> Dict[str, Any]:
         """The record's pipeline figures, in ms: per kind, grouped, and the time outside every instruction.
 
