@@ -8,8 +8,9 @@ from typing import Callable, Sequence
 import pytest
 from report_testing import record, schema3, write_records
 
+from ds_profutils._stages import SLOW_STAGE_RATIO
 from ds_profutils.report import build_report, render_text
-from ds_profutils.report.pipeline import SLOW_STAGE_RATIO, ideal_bubble_share
+from ds_profutils.report.pipeline import ideal_bubble_share
 
 
 def pipeline_run(directory: Path, stage_of: Sequence[int], steps: int, compute: Callable[[int, int], float], *,

@@ -10,13 +10,12 @@ from collections import defaultdict
 from statistics import median
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .._stages import SLOW_STAGE_RATIO, SLOW_STAGE_STEPS, slow_stage
-from .records import FileRecords
-from .steps import StepView, step_view
-from .tables import percent, rank_ranges, table, wrap
+from ..._stages import SLOW_STAGE_RATIO, SLOW_STAGE_STEPS, slow_stage
+from ..records import FileRecords
+from ..steps import StepView, step_view
+from ..tables import percent, rank_ranges, table, wrap
 
-__all__ = ["SLOW_STAGE_RATIO", "SLOW_STAGE_STEPS", "ideal_bubble_share", "pipeline_lines", "pipeline_report",
-           "staged_view"]
+__all__ = ["ideal_bubble_share", "pipeline_lines", "pipeline_report", "staged_view"]
 
 
 
@@ -51,7 +50,7 @@ def _stage_compute_by_step(stage_files: Sequence[FileRecords]) -> Dict[int, floa
 
 
 def _slowest_stage(stages: Mapping[int, Sequence[FileRecords]]) -> Optional[int]:
-    """The stage slow (:func:`.._stages.slow_stage`) in at least ``SLOW_STAGE_STEPS`` of the steps all stages have."""
+    """The stage slow (:func:`ds_profutils._stages.slow_stage`) in at least ``SLOW_STAGE_STEPS`` of the steps all stages have."""
     computes = {stage: _stage_compute_by_step(files) for stage, files in stages.items()}
     common = set.intersection(*(set(steps) for steps in computes.values())) if computes else set()
     slow: Dict[int, int] = defaultdict(int)
