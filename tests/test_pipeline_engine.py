@@ -35,6 +35,13 @@ def test_one_record_per_train_batch_with_instruction_times(job: Path) -> None:
     assert all(r["iteration_ms"] is not None for r in train[1:])  # every train_batch ends an optimizer step
 
 
+def test_flops_are_the_stages_layers_forward_and_backward_per_micro_batch(job: Path) -> None:
+    reference = json.loads((job / "found_rank_0.json").read_text())["reference_flops_per_micro_batch"]
+    train = [r for r in read_records_file(records_file(job, 0)) if r["mode"] == "train"]
+    assert reference > 0
+    assert {(r["flops"], r["flops_source"]) for r in train} == {(8 * reference, "counted")}
+
+
 def test_eval_batch_is_an_eval_record_at_the_current_step(job: Path) -> None:
     evals = [r for r in read_records_file(records_file(job, 0)) if r["mode"] == "eval"]
     assert len(evals) == 1

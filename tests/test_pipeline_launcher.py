@@ -56,6 +56,7 @@ def test_records_cover_every_train_batch_with_the_stage(variant: str, request: p
         assert [r["global_step"] for r in records if r["mode"] == "eval"] == [STEPS]
         found = json.loads((job["out"] / f"found_rank_{rank}.json").read_text())
         assert found["held_step_records"] <= 1 and found["instance_attributes_left"] == []
+        assert {r["flops"] for r in train} == {8 * found["reference_flops_per_micro_batch"]}  # its stage's layers
 
 
 @pytest.mark.parametrize("variant", ["slow", "balanced"])
@@ -67,6 +68,8 @@ def test_report_has_the_stage_table(variant: str, request: pytest.FixtureRequest
         for key in ("compute_ms_median", "p2p_ms_median", "bubble_ms_median", "bubble_share_median"):
             assert row[key] is not None and row[key] > 0
     assert pipeline["ideal_bubble_share"] == pytest.approx(1 / 9)
+    # 5 Linear layers on stage 0, 3 on stage 1 (and the one that sleeps): per-stage model TFLOP/s
+    assert all(row["tflops_median"] > 0 for row in pipeline["stages"].values())
 
 
 def test_slow_stage_is_named(slow: Dict[str, Any]) -> None:

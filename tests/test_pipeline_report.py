@@ -86,3 +86,18 @@ def test_ideal_bubble_share() -> None:
     assert ideal_bubble_share(4, 16) == pytest.approx(3 / 19)
     assert ideal_bubble_share(1, 8) == 0.0
     assert ideal_bubble_share(0, 8) is None
+
+
+def test_stage_tflops_and_mfu(tmp_path: Path) -> None:
+    """Stage 0 computes 2e9 FLOPs per step, stage 1 1e9, each over an iteration of 50 ms: 0.04 and 0.02 TFLOP/s."""
+    for rank in range(2):
+        rows = [dict(schema3(record(rank, step, busy_ms=45.0, fetch_ms=0.0, collective_ms=5.0)), pipe_stage=rank,
+                     pipe_stages=2, micro_batches=8, compute_ms=20.0, p2p_ms=20.0, bubble_ms=25.0,
+                     flops=(2 - rank) * 10**9, iteration_ms=50.0, peak_tflops=0.1) for step in range(6)]
+        write_records(tmp_path, rank, rows)
+    report = build_report(tmp_path)
+    stages = report["engines"]["main"]["pipeline"]["stages"]
+    assert (stages["0"]["tflops_median"], stages["1"]["tflops_median"]) == (pytest.approx(0.04), pytest.approx(0.02))
+    assert (stages["0"]["mfu_median"], stages["1"]["mfu_median"]) == (pytest.approx(0.4), pytest.approx(0.2))
+    header = next(line for line in render_text(report).splitlines() if line.startswith("stage  ranks"))
+    assert header.split()[-2:] == ["TFLOP/s", "MFU"]

@@ -5,7 +5,8 @@ Eight ``Linear(256, 256)`` layers split over as many stages as ranks (2 under th
 stage.  MICRO_BATCHES micro batches of ROWS rows, ``--steps`` ``train_batch()`` calls, then one ``eval_batch()``.
 Records go to ``{out}``; each rank writes ``{out}/found_rank_{rank}.json`` with what it saw (the most step
 records the recorder held at once, the engine's and the class's instruction maps after close) and prints the
-last-line marker.
+last-line marker; and FlopCounterMode's count of its stage's layers, forward and backward, on one micro
+batch.
 """
 import argparse
 import json
@@ -16,6 +17,7 @@ import deepspeed
 import torch
 import torch.distributed
 from deepspeed.pipe import LayerSpec, PipelineModule
+from torch.utils.flop_counter import FlopCounterMode
 
 import ds_profutils
 
@@ -76,7 +78,12 @@ def main() -> None:
     engine.eval_batch(data_iter=data)
     attachment.close()
     rank = torch.distributed.get_rank()
-    found = {"rank": rank, "stage": engine.stage_id, "global_steps": engine.global_steps, "held_step_records": held,
+    # the stage's layers, forward and backward, on one micro batch (the first stage's input needs no gradient)
+    inputs = torch.randn(ROWS, WIDTH, requires_grad=engine.stage_id > 0)
+    with FlopCounterMode(display=False) as counted:
+        outputs = engine.module(inputs)
+        outputs.backward(torch.ones_like(outputs))
+    found = {"reference_flops_per_micro_batch": counted.get_total_flops(), "rank": rank, "stage": engine.stage_id, "global_steps": engine.global_steps, "held_step_records": held,
              "instance_attributes_left": sorted({"_INSTRUCTION_MAP", "train_batch", "eval_batch"} & set(vars(engine))),
              "class_map": sorted(f.__qualname__ for f in type(engine)._INSTRUCTION_MAP.values())}
     Path(args.out, f"found_rank_{rank}.json").write_text(json.dumps(found))

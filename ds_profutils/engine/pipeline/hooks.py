@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from ...logging import warning_once
 from ..hooks import EngineHooks, running
 from ..recorder import StepRecorder
+from .flops import StageFlops
 from .instructions import InstructionTimes
 
 __all__ = ["PipelineHooks", "is_pipeline_engine"]
@@ -59,6 +60,8 @@ class PipelineHooks(EngineHooks):
         self._handles = []
         self._wrapped = []
         self._times: Optional[InstructionTimes] = None  # the batch in progress, where its record is measured
+        self._training = False  # the batch in progress is a train batch (its forward and backward are counted)
+        self.flops = StageFlops()
         self._wrap("train_batch", lambda call, *args, **kwargs: self._around_batch(True, call, *args, **kwargs))
         self._wrap("eval_batch", lambda call, *args, **kwargs: self._around_batch(False, call, *args, **kwargs))
         self._map_before = vars(engine).get(_MAP, _ABSENT)
@@ -70,6 +73,8 @@ class PipelineHooks(EngineHooks):
             times = self._times
             if times is None:
                 return function(engine, **kwargs)
+            if self._training and self.flops.wants(kind):
+                return self.flops.count(kind, lambda: times.run(kind, function, engine, kwargs))
             return times.run(kind, function, engine, kwargs)
 
         timed.__name__ = getattr(function, "__name__", kind)
@@ -91,11 +96,13 @@ class PipelineHooks(EngineHooks):
             if train:
                 self._tell("step_started")
             self._tell("forward_started", view, (), {})
-            self._times = self._batch_times()
+            self._times, self._training = self._batch_times(), train
             result = self._around_call(batch, *args, **kwargs)
+            if train and self._times is not None:
+                self._times.flops_per_micro_batch = self.flops.per_micro_batch
         finally:
             running.engine_id = outside
-            self._times = None
+            self._times, self._training = None, False
         self._tell("forward_ended", view, None)
         if train:
             self._tell("step_ended")  # not on an exception: that batch did not finish

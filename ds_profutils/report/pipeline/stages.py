@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..._stages import SLOW_STAGE_RATIO, SLOW_STAGE_STEPS, slow_stage
 from ..records import FileRecords
-from ..steps import StepView, step_view
+from ..steps import StepView, step_view, tflops
 from ..tables import percent, rank_ranges, table, wrap
 
 __all__ = ["ideal_bubble_share", "pipeline_lines", "pipeline_report", "staged_view"]
@@ -62,6 +62,14 @@ def _slowest_stage(stages: Mapping[int, Sequence[FileRecords]]) -> Optional[int]
     return named[0] if common and named else None
 
 
+def _stage_throughput(stage_files: Sequence[FileRecords]) -> Dict[str, Optional[float]]:
+    """The stage's model TFLOP/s per rank (its layers' FLOPs over the iteration) and MFU, medians over its ranks'
+    steps; None where the records have no FLOPs (or no peak, for MFU)."""
+    achieved = _median([value for records in stage_files for value in tflops(records)])
+    peak = next((records.peak_tflops for records in stage_files if records.peak_tflops), None)
+    return {"tflops_median": achieved, "mfu_median": achieved / peak if achieved is not None and peak else None}
+
+
 def pipeline_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
     """``engines.{name}.pipeline``: per stage (keys "0", "1", ...) its ranks and medians over its ranks' steps;
     the ideal bubble share, the stage imbalance and the slowest stage.  None for an engine without stages."""
@@ -81,6 +89,7 @@ def pipeline_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
             "p2p_ms_median": _median([row[2] for row in steps]),
             "bubble_ms_median": _median([row[3] for row in steps]),
             "bubble_share_median": _median([row[3] / row[0] for row in steps if row[0] > 0]),
+            **_stage_throughput(stage_files),
         }
     computes = {int(stage): row["compute_ms_median"] for stage, row in table_rows.items()
                 if row["compute_ms_median"] is not None}
@@ -126,15 +135,21 @@ def pipeline_lines(pipeline: Optional[Mapping[str, Any]]) -> List[str]:
     """The stage table of the text report (nothing for an engine without stages)."""
     if pipeline is None:
         return []
+    stages = pipeline["stages"].values()
+    counted = any(row["tflops_median"] is not None for row in stages)
+    with_peak = any(row["mfu_median"] is not None for row in stages)
     rows = [(stage, rank_ranges(row["ranks"]), row["step_ms_median"], row["compute_ms_median"], row["p2p_ms_median"],
-             row["bubble_ms_median"], percent(row["bubble_share_median"])) for stage, row in pipeline["stages"].items()]
+             row["bubble_ms_median"], percent(row["bubble_share_median"]),
+             *((row["tflops_median"], ) if counted else ()), *((percent(row["mfu_median"]), ) if with_peak else ()))
+            for stage, row in pipeline["stages"].items()]
     slowest = pipeline["slowest_stage"]
     verdict = (f"SLOW STAGE: stage {slowest}" if slowest is not None else "no stage stands out")
     imbalance = pipeline["stage_imbalance"]
     return ["", *wrap(f"Pipeline stages ({pipeline['pipe_stages']} stages, {pipeline['micro_batches']} micro batches; "
                       f"median per train step, ms; compute = forward and backward with the loss; p2p = sends and "
                       f"receives, waiting for the neighbour stage included; bubble = p2p + time outside the "
-                      f"instructions; ideal bubble share of the 1F1B schedule (p-1)/(m+p-1) = "
+                      f"instructions; TFLOP/s = the stage's layers' FLOPs over the iteration; ideal bubble share of the 1F1B schedule (p-1)/(m+p-1) = "
                       f"{percent(pipeline['ideal_bubble_share'])}): {verdict}"
                       + (f", slowest stage's compute {imbalance:.2f}x the median stage's" if imbalance else "")),
-            *table(("stage", "ranks", "step", "compute", "p2p", "bubble", "bubble share"), rows)]
+            *table(("stage", "ranks", "step", "compute", "p2p", "bubble", "bubble share",
+                    *(("TFLOP/s", ) if counted else ()), *(("MFU", ) if with_peak else ())), rows)]
