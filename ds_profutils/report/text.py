@@ -130,8 +130,9 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
     summary = engine["ranks_summary"]
     columns = _rank_columns(engine["steps"], summary)
     staged = engine.get("pipeline") is not None  # a pipeline's ranks say their stage
-    headers = ("rank", "host", *(("stage", ) if staged else ()), "steps", *(_RANK_COLUMNS[column] for column in columns),
-               "exposed share", "straggler steps", "others' wait ms", "")
+    stage = ("stage", ) if staged else ()
+    headers = ("rank", "host", *stage, "steps", *(_RANK_COLUMNS[column] for column in columns), "exposed share",
+               "straggler steps", "others' wait ms", "")
     shown = sorted(summary) if len(summary) <= limit else _worst_ranks(summary, limit)
     rows: List[Tuple[Any, ...]] = [
         (rank, row["host"], *((row["pipe_stage"], ) if staged else ()), row["steps"],
@@ -143,7 +144,7 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
         note = (f"; {limit} of {len(summary)} ranks shown: those that held the others back most, then the busiest "
                 "(every rank: --json)")
         for label, pick in (("min", min), ("median", median), ("max", max)):
-            rows.append((f"{label} of all", "", *((None, ) if staged else ()), None, *(_cell_of(column, _over_ranks(summary, column, pick))
+            rows.append((f"{label} of all", "", *(None for _ in stage), None, *(_cell_of(column, _over_ranks(summary, column, pick))
                                                     for column in columns),
                          None, None, None, ""))
     inside = "; in collectives = time inside them, waiting for late peers included" if "collective_ms_median" in columns else ""

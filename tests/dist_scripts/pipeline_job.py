@@ -83,7 +83,8 @@ def main() -> None:
     with FlopCounterMode(display=False) as counted:
         outputs = engine.module(inputs)
         outputs.backward(torch.ones_like(outputs))
-    found = {"reference_flops_per_micro_batch": counted.get_total_flops(), "rank": rank, "stage": engine.stage_id, "global_steps": engine.global_steps, "held_step_records": held,
+    found = {"reference_flops_per_micro_batch": counted.get_total_flops(), "rank": rank, "stage": engine.stage_id,
+             "global_steps": engine.global_steps, "held_step_records": held,
              "instance_attributes_left": sorted({"_INSTRUCTION_MAP", "train_batch", "eval_batch"} & set(vars(engine))),
              "class_map": sorted(f.__qualname__ for f in type(engine)._INSTRUCTION_MAP.values())}
     Path(args.out, f"found_rank_{rank}.json").write_text(json.dumps(found))

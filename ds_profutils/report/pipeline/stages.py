@@ -50,7 +50,8 @@ def _stage_compute_by_step(stage_files: Sequence[FileRecords]) -> Dict[int, floa
 
 
 def _slowest_stage(stages: Mapping[int, Sequence[FileRecords]]) -> Optional[int]:
-    """The stage slow (:func:`ds_profutils._stages.slow_stage`) in at least ``SLOW_STAGE_STEPS`` of the steps all stages have."""
+    """The stage slow (:func:`ds_profutils._stages.slow_stage`) in at least ``SLOW_STAGE_STEPS`` of the steps all
+    stages have."""
     computes = {stage: _stage_compute_by_step(files) for stage, files in stages.items()}
     common = set.intersection(*(set(steps) for steps in computes.values())) if computes else set()
     slow: Dict[int, int] = defaultdict(int)
@@ -148,7 +149,8 @@ def pipeline_lines(pipeline: Optional[Mapping[str, Any]]) -> List[str]:
     return ["", *wrap(f"Pipeline stages ({pipeline['pipe_stages']} stages, {pipeline['micro_batches']} micro batches; "
                       f"median per train step, ms; compute = forward and backward with the loss; p2p = sends and "
                       f"receives, waiting for the neighbour stage included; bubble = p2p + time outside the "
-                      f"instructions; TFLOP/s = the stage's layers' FLOPs over the iteration; ideal bubble share of the 1F1B schedule (p-1)/(m+p-1) = "
+                      f"instructions; TFLOP/s = the stage's layers' FLOPs over the iteration; ideal bubble share of "
+                      f"the 1F1B schedule (p-1)/(m+p-1) = "
                       f"{percent(pipeline['ideal_bubble_share'])}): {verdict}"
                       + (f", slowest stage's compute {imbalance:.2f}x the median stage's" if imbalance else "")),
             *table(("stage", "ranks", "step", "compute", "p2p", "bubble", "bubble share",
