@@ -1,5 +1,6 @@
 """The report's pipeline reading (report/pipeline.py) on generated records: the stage table, the ideal bubble,
-the slowest stage on both sides of its thresholds, and the straggler test kept within each stage."""
+the slowest stage on both sides of its thresholds, the straggler test kept within each stage, and the diff per
+stage."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +10,8 @@ import pytest
 from report_testing import record, schema3, write_records
 
 from ds_profutils._stages import SLOW_STAGE_RATIO
+from ds_profutils.diff.build import build_diff
+from ds_profutils.diff.text import render_diff
 from ds_profutils.report import build_report, render_text
 from ds_profutils.report.pipeline import ideal_bubble_share
 
@@ -18,6 +21,7 @@ def pipeline_run(directory: Path, stage_of: Sequence[int], steps: int, compute: 
     """Records of a pipeline: rank r on stage ``stage_of[r]``, whose compute at step s is ``compute(stage, s)``;
     ``inside``: the rank's time inside collectives (a data-parallel gradient all-reduce)."""
     stages = max(stage_of) + 1
+    directory.mkdir(exist_ok=True)
     for rank, stage in enumerate(stage_of):
         rows = []
         for step in range(steps):
@@ -101,3 +105,27 @@ def test_stage_tflops_and_mfu(tmp_path: Path) -> None:
     assert (stages["0"]["mfu_median"], stages["1"]["mfu_median"]) == (pytest.approx(0.4), pytest.approx(0.2))
     header = next(line for line in render_text(report).splitlines() if line.startswith("stage  ranks"))
     assert header.split()[-2:] == ["TFLOP/s", "MFU"]
+
+
+def test_diff_compares_each_stage_with_itself(tmp_path: Path) -> None:
+    """NEW's stage 1 computes 30% longer than BASE's, stage 0 the same: the diff says so per stage."""
+    def jitter(stage: int, step: int) -> float:
+        return 0.2 * ((step * 7 + stage * 3) % 5 - 2)
+
+    pipeline_run(tmp_path / "base", [0, 1], 40, lambda stage, step: 20.0 + jitter(stage, step))
+    pipeline_run(tmp_path / "new", [0, 1], 40, lambda stage, step: (26.0 if stage else 20.0) + jitter(stage, step))
+    diff = build_diff(tmp_path / "base", tmp_path / "new")
+    stages = diff["engines"]["main"]["stages"]
+    assert set(stages) == {"0", "1"}
+    assert stages["1"]["compute_ms"]["significant"] and stages["1"]["compute_ms"]["change"] == pytest.approx(6.0)
+    assert not stages["0"]["compute_ms"]["significant"]
+    text = render_diff(diff)
+    assert "stage 1: compute 20.000 -> 26.000 ms (SLOWER" in text
+
+
+def test_no_stage_diff_for_other_engines(tmp_path: Path) -> None:
+    for run in ("base", "new"):
+        (tmp_path / run).mkdir()
+        for rank in range(2):
+            write_records(tmp_path / run, rank, [schema3(record(rank, step)) for step in range(12)])
+    assert build_diff(tmp_path / "base", tmp_path / "new")["engines"]["main"]["stages"] is None

@@ -85,6 +85,7 @@ def _engine(engine: Mapping[str, Any]) -> Dict[str, Any]:
                    for name, totals in engine["events"].get("train", {}).items()} if steps else {},
         "collectives": {op: _per_step_figures(totals, steps) for op, totals in engine["collectives"].items()}
         if steps else {},
+        "pipeline": engine.get("pipeline"),  # a pipeline's stages (diff/stages.py)
     }
 
 

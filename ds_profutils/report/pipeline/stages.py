@@ -39,20 +39,31 @@ def _stages(files: Sequence[FileRecords]) -> Dict[int, List[FileRecords]]:
     return dict(sorted(stages.items()))
 
 
-def _stage_compute_by_step(stage_files: Sequence[FileRecords]) -> Dict[int, float]:
-    """Per global step, the median over the stage's ranks of their compute time."""
+def _stage_by_step(stage_files: Sequence[FileRecords], column: str) -> Dict[int, float]:
+    """Per global step, the median over the stage's ranks of one per-step figure (``compute_ms``, ``bubble_ms``)."""
     by_step: Dict[int, List[float]] = defaultdict(list)
     for records in stage_files:
-        for step, value in zip(records.global_steps, records.compute_ms):
+        for step, value in zip(records.global_steps, getattr(records, column)):
             if value == value:
                 by_step[step].append(value)
     return {step: median(values) for step, values in by_step.items()}
 
 
+def _per_step(stages: Mapping[int, Sequence[FileRecords]]) -> Dict[str, Any]:
+    """Per train step (``global_steps``), each stage's compute and bubble (the median over its ranks; None where
+    it has no record): the series ``ds-profutils diff`` compares stage by stage."""
+    steps = sorted(set().union(*(records.global_steps for files in stages.values() for records in files)))
+    per_step: Dict[str, Any] = {"global_steps": steps}
+    for column in ("compute_ms", "bubble_ms"):
+        by_stage = {stage: _stage_by_step(files, column) for stage, files in stages.items()}
+        per_step[column] = {str(stage): [values.get(step) for step in steps] for stage, values in by_stage.items()}
+    return per_step
+
+
 def _slowest_stage(stages: Mapping[int, Sequence[FileRecords]]) -> Optional[int]:
     """The stage slow (:func:`ds_profutils._stages.slow_stage`) in at least ``SLOW_STAGE_STEPS`` of the steps all
     stages have."""
-    computes = {stage: _stage_compute_by_step(files) for stage, files in stages.items()}
+    computes = {stage: _stage_by_step(files, "compute_ms") for stage, files in stages.items()}
     common = set.intersection(*(set(steps) for steps in computes.values())) if computes else set()
     slow: Dict[int, int] = defaultdict(int)
     for step in common:
@@ -104,6 +115,7 @@ def pipeline_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
         "stage_imbalance": max(computes.values()) / middle if middle else None,
         "slowest_stage": _slowest_stage(stages),
         "slow_stage_rule": {"ratio": SLOW_STAGE_RATIO, "steps_share": SLOW_STAGE_STEPS},
+        "per_step": _per_step(stages),
     }
 
 
