@@ -49,7 +49,9 @@ class _ModeView:
 class PipelineHooks(EngineHooks):
     """:class:`..hooks.EngineHooks`' listeners, wrappers and removal, with the batch as the step (module doc)."""
 
-    def __init__(self, engine: Any) -> None:  # noqa: super().__init__ is not called: no module hooks here
+    def __init__(self, engine: Any) -> None:
+        # EngineHooks.__init__ is not called: it hooks the module's forward (once per micro batch here) and wraps
+        # backward and step (which raise on a PipelineEngine).  These are the attributes its methods read.
         self.engine = engine
         self.listeners = []
         self._active = True
