@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--slow", action="store_true")
     parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--break-after", type=int, default=None, help="the recorder fails after this many batches")
     parser.add_argument("--local_rank", type=int, default=0)
     args = parser.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
@@ -72,9 +73,12 @@ def main() -> None:
     attachment = ds_profutils.attach(engine)
     data = batches()
     held = 0
-    for _ in range(args.steps):
+    recorder = attachment.recorder
+    for batch in range(args.steps):
+        if batch == args.break_after:
+            recorder._line = lambda step: 1 / 0  # a bug of ours: training must go on, the engine be DeepSpeed's again
         engine.train_batch(data_iter=data)
-        held = max(held, len(attachment.recorder._step_records) + len(attachment.recorder._unwritten))
+        held = max(held, len(recorder._step_records) + len(recorder._unwritten))
     engine.eval_batch(data_iter=data)
     attachment.close()
     rank = torch.distributed.get_rank()
