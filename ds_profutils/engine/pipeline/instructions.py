@@ -68,7 +68,7 @@ class InstructionTimes:
         """The step's figures for the live metrics (:class:`..live.StepFigures`), from the times known now."""
         figures = self.fields(step_ms)
         return {"pipe_stage": fields.get("pipe_stage"), "compute_ms": figures["compute_ms"],
-                "bubble_ms": figures["bubble_ms"]}
+                "bubble_ms": figures["bubble_ms"], "flops": figures.get("flops")}
 
     def fields(self, step_ms: float) -> Dict[str, Any]:
         """The record's pipeline figures, in ms: per kind, grouped, and the time outside every instruction.
