@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..diagnosis.checked import advice_checked
 from .ops import self_times
 from .settings import settings_differences
+from .stages import stage_changes
 from .stats import ALPHA, MIN_CHANGE, MIN_STEPS, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
 from .summary import ITERATION, MEMORY, PARTS, SERIES, summarize_run
 from ..report.traces import TraceFormatError
@@ -122,6 +123,7 @@ def _engine(base: Mapping[str, Any], new: Mapping[str, Any], names: Tuple[str, s
         "collectives": _figures(base["collectives"], new["collectives"]),
         "settings": settings_differences(*settings),
         "series": {"base": base["series"], "new": new["series"]},
+        "stages": stage_changes(base.get("pipeline"), new.get("pipeline")),
     }
 
 

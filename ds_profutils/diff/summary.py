@@ -87,6 +87,7 @@ def _engine(engine: Mapping[str, Any]) -> Dict[str, Any]:
         if steps else {},
         "advice": engine.get("advice", []),
         "config": engine.get("config", {}),
+        "pipeline": engine.get("pipeline"),  # a pipeline's stages (diff/stages.py)
     }
 
 

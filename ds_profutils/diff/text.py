@@ -9,6 +9,7 @@ from statistics import median
 from typing import Any, List, Mapping, Optional, Sequence
 
 from ..diagnosis.checked import checked_lines
+from .stages import stage_lines
 from .stats import MIN_STEPS
 from .summary import MEMORY, PARTS
 from ..report.tables import rank_ranges, table, wrap
@@ -228,6 +229,7 @@ def _engine(name: str, engine: Mapping[str, Any], max_ranks: int) -> List[str]:
     if engine["step_ms"]["base"] is not None and engine["step_ms"]["new"] is not None:
         lines += _parts(engine)
     lines += _ranks(engine, max_ranks)
+    lines += stage_lines(engine.get("stages"))
     lines += _events(engine)
     lines += [part for line in checked_lines(engine.get("advice_checked", [])) for part in wrap(line)]
     return lines

@@ -44,6 +44,7 @@ from .engine_setup import apply_engine_settings
 from .hooks import EngineHooks, Listener
 from .live import LiveMetrics, LiveSink, monitor_sink
 from .memory import StepMemory
+from .pipeline import PipelineHooks, is_pipeline_engine
 from .recorder import StepRecorder
 from .throughput.accelerators import compute_dtype, resolve_peak
 from .throughput.flops import FlopCounter
@@ -202,8 +203,8 @@ class Attachment:
 
     def add(self, listener: Listener, close: Callable[[], None]) -> None:
         """Have ``listener`` follow the engine's steps until ``close()``, which calls ``close`` first."""
-        if self._hooks is None:
-            self._hooks = EngineHooks(self.engine)
+        if self._hooks is None:  # a PipelineEngine's step is its train_batch()
+            self._hooks = (PipelineHooks if is_pipeline_engine(self.engine) else EngineHooks)(self.engine)
         self._hooks.add(listener)
         self._closers.append(close)
 
@@ -359,7 +360,8 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
                             memory=StepMemory(accelerator) if settings.memory else None,
                             append=path in _started_files,
                             writes=writes,
-                            flops=FlopCounter() if metrics is not None else None,
+                            # a pipeline stage's FLOPs are not one forward's: not counted yet (docs/pipeline.md)
+                            flops=FlopCounter() if metrics is not None and not is_pipeline_engine(engine) else None,
                             peak_tflops=peak.tflops if peak is not None else None,
                             model_numel=model_numel(engine),
                             profiler_active=profiler_active,

@@ -255,8 +255,12 @@ class StepRecorder(Listener):
         last["iteration_ms"], last["gap_ms"] = iteration_ms, gap_ms
         if not self.step_listeners:
             return
-        figures = StepFigures(global_step, sums.step_ms, iteration_ms, gap_ms, sums.flops, sums.tokens, sums.samples,
-                              sums.exposed_wait_ms, sums.collective_ms, sums.peak_allocated_bytes)
+        # an engine kind's own figures (a pipeline stage's, its FLOPs included) beside the common ones
+        own = {key: value for record in records for part in record.parts
+               for key, value in part.live(record.fields, sums.step_ms).items()}
+        flops = own.pop("flops", sums.flops)
+        figures = StepFigures(global_step, sums.step_ms, iteration_ms, gap_ms, flops, sums.tokens, sums.samples,
+                              sums.exposed_wait_ms, sums.collective_ms, sums.peak_allocated_bytes, **own)
         for listener in self.step_listeners:
             listener(figures)
 
@@ -330,6 +334,8 @@ class StepRecorder(Listener):
         record["step_time_ms"] = timing.pop("step_time_ms")
         record["fetch_wait_ms"] = fetch_wait_ms(events)
         record.update(timing)
+        for part in step.parts:
+            record.update(part.fields(record["step_time_ms"]))
         record["exposed_wait_ms"] = record["fetch_wait_ms"] + record["collective_wait_ms"]
         if self.device_events is not None:
             record["clock"] = pairs_clock(step.pairs())

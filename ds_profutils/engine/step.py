@@ -55,6 +55,9 @@ class StepRecord:
         self.collectives: Dict[tuple, _Collective] = {}
         self.fetches: Any = None  # ZeRO-3's StepFetches, once the step is finished
         self.step_pair: Optional[Pair] = None
+        # further figures of an engine kind's own (a pipeline's instruction times): each has pairs() and
+        # fields(step_ms), the record's fields made once its times are known
+        self.parts: List[Any] = []
 
     def complete(self, closing: bool) -> bool:
         """Whether this record holds a whole step: its ``step()`` returned, or its forward ended and no
@@ -89,6 +92,8 @@ class StepRecord:
         found = self.fetches.pairs() if self.fetches is not None else []
         for totals in self.collectives.values():
             found += totals.blocking_pairs + totals.async_pairs
+        for part in self.parts:
+            found += part.pairs()
         return found + ([self.step_pair] if self.step_pair is not None else [])
 
     def timing(self) -> Dict[str, Any]:

@@ -14,6 +14,7 @@ from ..diagnosis.advice import advise
 from ..diagnosis.stragglers import rank_causes, rank_work, work_imbalance
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
 from .memory import memory_report
+from .pipeline import pipeline_report, staged_view
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
                     host_stragglers, is_straggler, reach, step_view, steps_to_name,
@@ -116,6 +117,7 @@ def _rank_table(files: Sequence[FileRecords], view: StepView, device_clock: bool
         achieved = _median_of(tflops(records))
         table[rank] = {
             "host": max(records.hosts, key=records.hosts.__getitem__),
+            "pipe_stage": records.pipe_stage,
             "records": dict(records.modes),
             "steps": len(records.global_steps),
             "step_ms_median": _median_of(records.step_ms),
@@ -185,7 +187,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
                                "file": Path(records.path).name, "reason": TORN})
     incomplete += _ending_early("records", {records.rank: (Path(records.path), list(records.global_steps))
                                             for records in with_records}, name)
-    view = step_view(with_records, trace_steps)
+    view = staged_view(with_records, trace_steps)  # the straggler test within each pipeline stage
     clocks = _sum_counts(records.clocks for records in files)
     ranks_summary = _rank_table(with_records, view, device_clock=bool(clocks) and set(clocks) == {"device"})
     hosts_summary = _host_table(ranks_summary, view)
@@ -219,6 +221,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "steps": view,
         "config": next((f.ds_config for f in reversed(with_records) if f.ds_config), {}),
         "fetch_elements": _fetch_elements(with_records),
+        "pipeline": pipeline_report(with_records),
     }
     report["advice"] = advise(report, report["config"])
     return report

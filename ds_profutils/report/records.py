@@ -52,8 +52,9 @@ COUNT, NUMEL, BYTES, TIME, MIN, MAX = range(6)
 _INF, _NAN = math.inf, math.nan
 _NO_INSIDE = (_NAN, )  # a step's time inside collectives where the record lacks it (schema 2 or older)
 _NO_PEAKS = (_NAN, _NAN)  # a step's peak allocated and reserved bytes where the record has no memory figures
-# optional per-record figures, added up per step where present
-_STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops", "tokens", "samples")
+# optional per-record figures, added up per step where present (compute_ms, p2p_ms, bubble_ms: a pipeline stage's,
+# docs/pipeline.md)
+_STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops", "tokens", "samples", "compute_ms", "p2p_ms", "bubble_ms")
 
 # What is counted per record, as one key: mode, host, clock, old format, comms logger on, memory source
 # (None: no memory figures), time inside collectives recorded.
@@ -93,6 +94,12 @@ class FileRecords:
     flops: array = field(default_factory=lambda: array("d"))  # model FLOPs of the step's train micro steps
     tokens: array = field(default_factory=lambda: array("d"))  # tokens of the step's train micro steps
     samples: array = field(default_factory=lambda: array("d"))
+    compute_ms: array = field(default_factory=lambda: array("d"))  # a pipeline stage's forward and backward
+    p2p_ms: array = field(default_factory=lambda: array("d"))  # its send and receive instructions
+    bubble_ms: array = field(default_factory=lambda: array("d"))  # p2p_ms and the time outside instructions
+    pipe_stage: Optional[int] = None  # a PipelineEngine's stage of this rank (None: no pipeline)
+    pipe_stages: Optional[int] = None
+    micro_batches: Optional[int] = None  # of the latest pipeline train record
     disturbed: array = field(default_factory=lambda: array("b"))  # 1: a peak reset between our boundaries
     profiler_steps: set = field(default_factory=set)  # global steps recorded as in the profiler's active window
     model_numel: Optional[int] = None
@@ -223,6 +230,9 @@ class FileRecords:
                 inside is not None)
         model_numel, peak = record.get("model_numel"), record.get("peak_tflops")
         model_numel, peak = (None if model_numel is None else int(model_numel)), (None if peak is None else float(peak))
+        stage = record.get("pipe_stage")
+        if stage is not None:
+            stage = (int(stage), int(record["pipe_stages"]), int(record.get("micro_batches") or 0))
         # Nothing below raises for a record that got this far.
         if mode == "train":
             self.segment, self._last_step, self._segment_mark = segment, step, mark
@@ -235,6 +245,8 @@ class FileRecords:
                 self.superseded += 1  # a later segment recorded this step again: its records are the step's
                 return
             self._add_step(step, times + extras, peaks, disturbed)
+            if stage is not None:
+                self.pipe_stage, self.pipe_stages, self.micro_batches = stage
             if record.get("profiler_active") is True:
                 self.profiler_steps.add(step)
             if peaks[0] > self._peak_seen and not disturbed:
@@ -294,7 +306,8 @@ class FileRecords:
         record lacks them, added where present), the peaks the larger, disturbed if any record was."""
         steps = self.global_steps
         summed = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms, self.collective_ms)
-        present = (self.iteration_ms, self.gap_ms, self.flops, self.tokens, self.samples)
+        present = (self.iteration_ms, self.gap_ms, self.flops, self.tokens, self.samples, self.compute_ms, self.p2p_ms,
+                   self.bubble_ms)
         largest = (self.peak_allocated_bytes, self.peak_reserved_bytes)
         if steps and steps[-1] == step:  # another micro step of the same optimizer step
             index = len(steps) - 1

@@ -11,6 +11,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from ..diagnosis.advice import advice_lines
 from ..diagnosis.causes import describe_cause
+from .pipeline import pipeline_lines
 from .steps import ARRIVAL_FIGURES, StepView
 from .tables import counted, percent, rank_ranges, table, wrap
 
@@ -132,11 +133,14 @@ def _rank_columns(view: StepView, summary: Mapping[int, Mapping[str, Any]]) -> L
 def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
     summary = engine["ranks_summary"]
     columns = _rank_columns(engine["steps"], summary)
-    headers = ("rank", "host", "steps", *(_RANK_COLUMNS[column] for column in columns), "exposed share",
+    staged = engine.get("pipeline") is not None  # a pipeline's ranks say their stage
+    stage = ("stage", ) if staged else ()
+    headers = ("rank", "host", *stage, "steps", *(_RANK_COLUMNS[column] for column in columns), "exposed share",
                "straggler steps", "others' wait ms", "")
     shown = sorted(summary) if len(summary) <= limit else _worst_ranks(summary, limit)
     rows: List[Tuple[Any, ...]] = [
-        (rank, row["host"], row["steps"], *(_cell_of(column, row[column]) for column in columns),
+        (rank, row["host"], *((row["pipe_stage"], ) if staged else ()), row["steps"],
+         *(_cell_of(column, row[column]) for column in columns),
          percent(row["exposed_wait_share"]), row["straggler_steps"], row["attributed_wait_ms"],
          "STRAGGLER" if row["straggler"] else "") for rank, row in ((rank, summary[rank]) for rank in shown)]
     note = ""
@@ -144,7 +148,7 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
         note = (f"; {limit} of {len(summary)} ranks shown: those that held the others back most, then the busiest "
                 "(every rank: --json)")
         for label, pick in (("min", min), ("median", median), ("max", max)):
-            rows.append((f"{label} of all", "", None, *(_cell_of(column, _over_ranks(summary, column, pick))
+            rows.append((f"{label} of all", "", *(None for _ in stage), None, *(_cell_of(column, _over_ranks(summary, column, pick))
                                                     for column in columns),
                          None, None, None, ""))
     inside = "; in collectives = time inside them, waiting for late peers included" if "collective_ms_median" in columns else ""
@@ -354,6 +358,7 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int =
         lines += _stragglers(engine)
         if engine["ranks_summary"]:
             lines += _ranks(engine, max_ranks)
+            lines += pipeline_lines(engine.get("pipeline"))
             lines += _steps(engine["steps"], max_steps, max_ranks)
             lines += _memory(engine, max_ranks)
         if "advice" in engine:

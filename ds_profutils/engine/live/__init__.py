@@ -7,9 +7,9 @@ frameworks' loggers) and one console line.
 holds DeepSpeed's monitor and the console line, and :mod:`.metrics` the LiveMetrics the recorder feeds.
 A subpackage so that the engine hub stays within its module budget.
 """
-from .interval import EVENT_NAMES, Event, StepFigures
+from .interval import EVENT_NAMES, PIPELINE_EVENT_NAMES, Event, StepFigures
 from .metrics import LiveMetrics, LiveSettings
 from .sinks import ConsoleSink, DeepSpeedMonitorSink, LiveSink, console_line, monitor_sink
 
 __all__ = ["EVENT_NAMES", "ConsoleSink", "DeepSpeedMonitorSink", "Event", "LiveMetrics", "LiveSettings", "LiveSink",
-           "StepFigures", "console_line", "monitor_sink"]
+           "PIPELINE_EVENT_NAMES", "StepFigures", "console_line", "monitor_sink"]

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..._stages import slow_stage
 from ..._straggler import STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, step_straggler
 from ...diagnosis.causes import CAUSE_CODES, Figures, decide_cause
 
-__all__ = ["EVENT_NAMES", "Event", "StepFigures", "interval_cause", "interval_events", "pack_interval"]
+__all__ = ["EVENT_NAMES", "PIPELINE_EVENT_NAMES", "Event", "StepFigures", "interval_cause", "interval_events",
+           "pack_interval", "pipeline_events"]
 
 Event = Tuple[str, float, int]
 """``(name, value, global_step)``: what DeepSpeed's ``MonitorMaster.write_events`` takes, and every sink."""
@@ -42,6 +44,13 @@ EVENT_NAMES: Dict[str, str] = {
 }
 """Every event LiveMetrics sends, in the order sent, and over which ranks and steps it is taken.  An event
 whose inputs are unknown (no FLOPs counted, no peak, no tokens, no memory figure) is left out."""
+PIPELINE_EVENT_NAMES: Dict[str, str] = {
+    "ds_profutils/bubble_share": "a pipeline's bubble (send/recv instructions and time outside instructions) over "
+                                 "step time, summed over all ranks and the interval's steps (a fraction)",
+    "ds_profutils/slowest_stage": "a pipeline's stage whose median compute over the interval is >= 1.25x the "
+                                  "median stage's (docs/pipeline.md), -1 when none",
+}
+"""Sent after :data:`EVENT_NAMES` for a ``PipelineEngine`` only (its rows carry the stage figures)."""
 
 _GIB = float(1 << 30)
 _NAN = float("nan")
@@ -61,11 +70,17 @@ class StepFigures:
     exposed_wait_ms: float  # time blocked in collectives/fetch waits
     collective_ms: float  # time inside collectives (incl. waiting for late peers)
     peak_allocated_bytes: Optional[int]
+    # a PipelineEngine's stage and the step's compute and bubble (docs/pipeline.md); None for other engines
+    pipe_stage: Optional[int] = None
+    compute_ms: Optional[float] = None
+    bubble_ms: Optional[float] = None
 
 
 # Positions of the per-rank totals after the two per-step columns (step_ms, collective_ms).
 _ITERATION, _GAP, _WALL, _FLOPS, _TOKENS, _WAIT, _STEP_SUM, _PEAK = range(8)
 _TOTALS = 8
+_STAGE, _COMPUTE, _BUBBLE = range(_TOTALS, _TOTALS + 3)  # after the totals, a pipeline's only: stage, median
+# compute and bubble sum (every rank of an engine is a stage or none is: the rows stay of one length)
 
 
 def _known_sum(values: Sequence[Optional[float]]) -> float:
@@ -74,8 +89,9 @@ def _known_sum(values: Sequence[Optional[float]]) -> float:
 
 
 def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
-    """This rank's interval as ``2 * len(steps) + 8`` floats: per step its step and collective times (the
-    straggler rule needs each step across ranks), then its medians and sums; NaN where unknown."""
+    """This rank's interval as ``2 * len(steps) + 8`` floats (3 more for a pipeline's stage): per step its step
+    and collective times (the straggler rule needs each step across ranks), then its medians and sums; NaN where
+    unknown."""
     iterations = [step.iteration_ms for step in steps if step.iteration_ms is not None]
     gaps = [step.gap_ms for step in steps if step.gap_ms is not None]
     peaks = [step.peak_allocated_bytes for step in steps if step.peak_allocated_bytes is not None]
@@ -90,8 +106,33 @@ def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
         sum(step.exposed_wait_ms for step in steps),
         sum(step.step_ms for step in steps),
         max(peaks) if peaks else _NAN,
+        *_pipeline_totals(steps),
     ]
     return [step.step_ms for step in steps] + [step.collective_ms for step in steps] + totals
+
+
+def _pipeline_totals(steps: Sequence[StepFigures]) -> List[float]:
+    """A pipeline rank's stage, median compute and bubble sum over the interval (none where not a pipeline)."""
+    if not steps or steps[-1].pipe_stage is None:
+        return []
+    computes = [step.compute_ms for step in steps if step.compute_ms is not None]
+    return [float(steps[-1].pipe_stage), median(computes) if computes else _NAN,
+            sum(step.bubble_ms or 0.0 for step in steps)]
+
+
+def pipeline_events(totals: Sequence[Sequence[float]]) -> Dict[str, Optional[float]]:
+    """``bubble_share`` and ``slowest_stage`` from every rank's totals (none where no rank is a pipeline stage):
+    each stage's compute is the median of its ranks' medians, slow as :func:`..._stages.slow_stage` says."""
+    staged = [total for total in totals if len(total) > _STAGE and not math.isnan(total[_COMPUTE])]
+    if not staged:
+        return {}
+    stage_computes: Dict[int, List[float]] = {}
+    for total in staged:
+        stage_computes.setdefault(int(total[_STAGE]), []).append(total[_COMPUTE])
+    slowest = slow_stage({stage: median(values) for stage, values in stage_computes.items()})
+    step_sum = sum(total[_STEP_SUM] for total in staged)
+    return {"ds_profutils/bubble_share": sum(total[_BUBBLE] for total in staged) / step_sum if step_sum > 0 else None,
+            "ds_profutils/slowest_stage": -1 if slowest is None else slowest}
 
 
 def _largest(values: Sequence[float]) -> Optional[float]:
@@ -128,7 +169,7 @@ def interval_cause(rows: Sequence[Sequence[float]], steps: int, straggler: int) 
 def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: int,
                     peak_tflops: Optional[float]) -> List[Event]:
     """Rank 0's events for one interval of ``steps`` steps from every rank's packed row (row r = rank r)."""
-    totals = [row[2 * steps:2 * steps + _TOTALS] for row in rows]
+    totals = [row[2 * steps:] for row in rows]
     figures: Dict[str, Optional[float]] = {
         "ds_profutils/step_ms": max(median(row[:steps]) for row in rows),
         "ds_profutils/iteration_ms": _largest([total[_ITERATION] for total in totals]),
@@ -150,4 +191,5 @@ def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: in
     figures["ds_profutils/peak_allocated_gib"] = peak / _GIB if peak is not None else None
     figures["ds_profutils/straggler_rank"] = straggler = interval_straggler(rows, steps)
     figures["ds_profutils/straggler_cause"] = interval_cause(rows, steps, straggler)
+    figures.update(pipeline_events(totals))
     return [(name, value, global_step) for name, value in figures.items() if value is not None]

@@ -67,6 +67,7 @@ def console_line(events: Sequence[Event]) -> str:
     iteration = _format(figures, "iteration_ms", "iteration {:.1f} ms")
     gap = _format(figures, "gap_ms", "(gap {:.1f})")
     straggler = figures.get("ds_profutils/straggler_rank")
+    slowest = figures.get("ds_profutils/slowest_stage")
     parts = [
         _format(figures, "step_ms", "step {:.1f} ms"),
         " ".join(filter(None, [iteration, gap])) or None,
@@ -77,6 +78,8 @@ def console_line(events: Sequence[Event]) -> str:
         _format(figures, "peak_allocated_gib", "peak {:.1f} GiB"),
         None if straggler is None else "no straggler" if straggler < 0 else f"straggler rank {straggler:.0f}"
         + _cause_word(figures.get("ds_profutils/straggler_cause")),
+        _format(figures, "bubble_share", "bubble {:.0%}"),
+        None if slowest is None else "no slow stage" if slowest < 0 else f"slowest stage {slowest:.0f}",
     ]
     step = events[0][2] if events else "?"
     return f"ds_profutils step {step}: " + ", ".join(part for part in parts if part)

@@ -1,0 +1,49 @@
+"""The live pipeline figures (engine/live): ``bubble_share`` and ``slowest_stage`` from every rank's interval,
+and the console line with them; a non-pipeline engine's rows and events stay as they were."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import pytest
+
+from ds_profutils.engine.live import EVENT_NAMES, PIPELINE_EVENT_NAMES, StepFigures, console_line
+from ds_profutils.engine.live.interval import interval_events, pack_interval
+
+
+def interval(stage: Optional[int], compute_ms: float, steps: int = 4) -> List[StepFigures]:
+    return [StepFigures(global_step=step, step_ms=100.0, iteration_ms=101.0, gap_ms=1.0, flops=None, tokens=None,
+                        samples=4, exposed_wait_ms=5.0, collective_ms=5.0, peak_allocated_bytes=None,
+                        pipe_stage=stage, compute_ms=None if stage is None else compute_ms,
+                        bubble_ms=None if stage is None else 100.0 - compute_ms) for step in range(steps)]
+
+
+def events_of(*ranks: List[StepFigures]) -> dict:
+    rows = [pack_interval(steps) for steps in ranks]
+    return {name: value for name, value, _ in interval_events(rows, len(ranks[0]), 3, None)}
+
+
+def test_a_slow_stage_and_the_bubble_share() -> None:
+    events = events_of(interval(0, 20.0), interval(1, 60.0))
+    assert events["ds_profutils/slowest_stage"] == 1
+    assert events["ds_profutils/bubble_share"] == pytest.approx((80.0 + 40.0) / 200.0)
+    assert list(events)[-2:] == list(PIPELINE_EVENT_NAMES)
+    line = console_line([(name, value, 3) for name, value in events.items()])
+    assert line.endswith("bubble 60%, slowest stage 1")
+
+
+def test_balanced_stages_name_none() -> None:
+    events = events_of(interval(0, 50.0), interval(1, 55.0))
+    assert events["ds_profutils/slowest_stage"] == -1
+    assert "no slow stage" in console_line([(name, value, 3) for name, value in events.items()])
+
+
+def test_stage_compute_is_the_median_over_its_ranks() -> None:
+    """Stage 1's three data-parallel ranks: one slow rank is not a slow stage (the median of 60, 20 and 20)."""
+    events = events_of(*(interval(0, 20.0) for _ in range(3)), interval(1, 60.0), interval(1, 20.0), interval(1, 20.0))
+    assert events["ds_profutils/slowest_stage"] == -1
+
+
+def test_no_pipeline_events_for_other_engines() -> None:
+    steps = interval(None, 0.0)
+    assert len(pack_interval(steps)) == 2 * len(steps) + 8
+    assert set(events_of(steps, steps)) <= set(EVENT_NAMES)

@@ -1,0 +1,131 @@
+"""The report's pipeline reading (report/pipeline.py) on generated records: the stage table, the ideal bubble,
+the slowest stage on both sides of its thresholds, the straggler test kept within each stage, and the diff per
+stage."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pytest
+from report_testing import record, schema3, write_records
+
+from ds_profutils._stages import SLOW_STAGE_RATIO
+from ds_profutils.diff.build import build_diff
+from ds_profutils.diff.text import render_diff
+from ds_profutils.report import build_report, render_text
+from ds_profutils.report.pipeline import ideal_bubble_share
+
+
+def pipeline_run(directory: Path, stage_of: Sequence[int], steps: int, compute: Callable[[int, int], float], *,
+                 inside: Callable[[int, int], float] = lambda rank, step: 2.0, micro_batches: int = 8) -> None:
+    """Records of a pipeline: rank r on stage ``stage_of[r]``, whose compute at step s is ``compute(stage, s)``;
+    ``inside``: the rank's time inside collectives (a data-parallel gradient all-reduce)."""
+    stages = max(stage_of) + 1
+    directory.mkdir(exist_ok=True)
+    for rank, stage in enumerate(stage_of):
+        rows = []
+        for step in range(steps):
+            work, wait = compute(stage, step), inside(rank, step)
+            p2p = 40.0 - work / 2
+            base = record(rank, step, busy_ms=work + p2p, fetch_ms=0.0, collective_ms=wait, world_size=len(stage_of))
+            rows.append(dict(schema3(base, inside_ms=wait), pipe_stage=stage, pipe_stages=stages, data_parallel_rank=0,
+                             micro_batches=micro_batches, compute_ms=work, p2p_ms=p2p, bubble_ms=p2p + 1.0,
+                             instructions_ms={"ForwardPass": work / 3, "BackwardPass": 2 * work / 3}))
+        write_records(directory, rank, rows)
+
+
+def test_stage_table_ideal_bubble_and_a_slow_last_stage(tmp_path: Path) -> None:
+    pipeline_run(tmp_path, [0, 1], 12, lambda stage, step: 40.0 if stage else 10.0)
+    report = build_report(tmp_path)
+    pipeline = report["engines"]["main"]["pipeline"]
+    assert set(pipeline["stages"]) == {"0", "1"}
+    first, last = pipeline["stages"]["0"], pipeline["stages"]["1"]
+    assert first["ranks"] == [0] and last["ranks"] == [1]
+    assert (first["compute_ms_median"], last["compute_ms_median"]) == (10.0, 40.0)
+    assert (first["p2p_ms_median"], last["p2p_ms_median"]) == (35.0, 20.0)
+    assert first["bubble_ms_median"] == 36.0
+    assert first["bubble_share_median"] == pytest.approx(36.0 / (45.0 + 2.0))
+    assert pipeline["ideal_bubble_share"] == pytest.approx(1 / 9)
+    assert pipeline["stage_imbalance"] == pytest.approx(40.0 / 25.0)
+    assert pipeline["slowest_stage"] == 1
+    text = render_text(report)
+    assert "Pipeline stages (2 stages, 8 micro batches" in text and "SLOW STAGE: stage 1" in text
+    assert "11.1%" in text  # the ideal bubble
+    assert any(line.split()[:4] == ["rank", "host", "stage", "steps"] for line in text.splitlines())
+
+
+@pytest.mark.parametrize("ratio, slow_steps, named", [
+    (SLOW_STAGE_RATIO + 0.01, 20, True),  # 1.26x the median stage in 20 of 30 steps: 2/3
+    (SLOW_STAGE_RATIO - 0.01, 30, False),  # 1.24x in every step: not out of the noise
+    (SLOW_STAGE_RATIO + 0.01, 19, False),  # 1.26x in 19 of 30 steps: under 2/3
+])
+def test_slowest_stage_thresholds(tmp_path: Path, ratio: float, slow_steps: int, named: bool) -> None:
+    """Three stages, the median stage's compute 10 ms: stage 2 at ``ratio`` of it in ``slow_steps`` steps."""
+    pipeline_run(tmp_path, [0, 1, 2], 30,
+                 lambda stage, step: 10.0 * ratio if stage == 2 and step < slow_steps else 10.0 - (stage == 0))
+    assert build_report(tmp_path)["engines"]["main"]["pipeline"]["slowest_stage"] == (2 if named else None)
+
+
+def test_no_pipeline_without_stages(tmp_path: Path) -> None:
+    for rank in range(2):
+        write_records(tmp_path, rank, [schema3(record(rank, step)) for step in range(4)])
+    report = build_report(tmp_path)
+    assert report["engines"]["main"]["pipeline"] is None
+    assert "Pipeline stages" not in render_text(report)
+
+
+def test_straggler_test_within_each_stage_only(tmp_path: Path) -> None:
+    """Stage 1 (ranks 2, 3) has least time inside collectives of all: across stages it would be the straggler,
+    though stages do different work.  Within stage 0, rank 1 arrives last (rank 0 waits 28 ms for it)."""
+    inside = {0: 30.0, 1: 2.2, 2: 1.0, 3: 1.3}
+    pipeline_run(tmp_path, [0, 0, 1, 1], 16, lambda stage, step: 30.0, inside=lambda rank, step: inside[rank])
+    engine = build_report(tmp_path)["engines"]["main"]
+    assert engine["straggler_ranks"] == [1]
+    assert engine["ranks_summary"][2]["straggler_steps"] == 0
+    assert [engine["ranks_summary"][rank]["pipe_stage"] for rank in range(4)] == [0, 0, 1, 1]
+
+
+def test_ideal_bubble_share() -> None:
+    assert ideal_bubble_share(2, 8) == pytest.approx(1 / 9)
+    assert ideal_bubble_share(4, 16) == pytest.approx(3 / 19)
+    assert ideal_bubble_share(1, 8) == 0.0
+    assert ideal_bubble_share(0, 8) is None
+
+
+def test_stage_tflops_and_mfu(tmp_path: Path) -> None:
+    """Stage 0 computes 2e9 FLOPs per step, stage 1 1e9, each over an iteration of 50 ms: 0.04 and 0.02 TFLOP/s."""
+    for rank in range(2):
+        rows = [dict(schema3(record(rank, step, busy_ms=45.0, fetch_ms=0.0, collective_ms=5.0)), pipe_stage=rank,
+                     pipe_stages=2, micro_batches=8, compute_ms=20.0, p2p_ms=20.0, bubble_ms=25.0,
+                     flops=(2 - rank) * 10**9, iteration_ms=50.0, peak_tflops=0.1) for step in range(6)]
+        write_records(tmp_path, rank, rows)
+    report = build_report(tmp_path)
+    stages = report["engines"]["main"]["pipeline"]["stages"]
+    assert (stages["0"]["tflops_median"], stages["1"]["tflops_median"]) == (pytest.approx(0.04), pytest.approx(0.02))
+    assert (stages["0"]["mfu_median"], stages["1"]["mfu_median"]) == (pytest.approx(0.4), pytest.approx(0.2))
+    header = next(line for line in render_text(report).splitlines() if line.startswith("stage  ranks"))
+    assert header.split()[-2:] == ["TFLOP/s", "MFU"]
+
+
+def test_diff_compares_each_stage_with_itself(tmp_path: Path) -> None:
+    """NEW's stage 1 computes 30% longer than BASE's, stage 0 the same: the diff says so per stage."""
+    def jitter(stage: int, step: int) -> float:
+        return 0.2 * ((step * 7 + stage * 3) % 5 - 2)
+
+    pipeline_run(tmp_path / "base", [0, 1], 40, lambda stage, step: 20.0 + jitter(stage, step))
+    pipeline_run(tmp_path / "new", [0, 1], 40, lambda stage, step: (26.0 if stage else 20.0) + jitter(stage, step))
+    diff = build_diff(tmp_path / "base", tmp_path / "new")
+    stages = diff["engines"]["main"]["stages"]
+    assert set(stages) == {"0", "1"}
+    assert stages["1"]["compute_ms"]["significant"] and stages["1"]["compute_ms"]["change"] == pytest.approx(6.0)
+    assert not stages["0"]["compute_ms"]["significant"]
+    text = render_diff(diff)
+    assert "stage 1: compute 20.000 -> 26.000 ms (SLOWER" in text
+
+
+def test_no_stage_diff_for_other_engines(tmp_path: Path) -> None:
+    for run in ("base", "new"):
+        (tmp_path / run).mkdir()
+        for rank in range(2):
+            write_records(tmp_path / run, rank, [schema3(record(rank, step)) for step in range(12)])
+    assert build_diff(tmp_path / "base", tmp_path / "new")["engines"]["main"]["stages"] is None
