@@ -2,6 +2,7 @@
 modules: no counting mode outlives our code, two forwards and one backward are one window, recompute is hardware
 FLOPs only, and operators without a formula are named with an analytic attention term."""
 import gc
+import weakref
 
 import pytest
 import torch
@@ -97,11 +98,15 @@ def test_an_error_between_forward_and_backward_leaves_no_mode_and_the_next_engin
     without close() and builds another: nothing of ours stays on the thread, the new engine counts right."""
     first = TorchEngine(Blocks())
     attached(first, tmp_path / "first")
+    activations = []  # the first block's output, saved for the backward by the second block
+    first.module.blocks[0].register_forward_hook(lambda module, args, out: activations.append(weakref.ref(out)))
     output = first(torch.randn(8, 32))
     assert modes_on_thread() == []  # none over the program's code, even before anything fails
     with pytest.raises(torch.OutOfMemoryError):
         raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
-    del output, first
+    del output
+    assert activations[0]() is None  # the dropped graph is freed as without us: the watch holds no node
+    del first
     gc.collect()
     assert modes_on_thread() == []
     second = TorchEngine(Blocks())

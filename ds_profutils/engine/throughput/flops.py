@@ -63,13 +63,14 @@ work (``use_cache``) is not seen.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import weakref
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 import torch
 
-from ...logging import logger
+from ...logging import log_dist, logger
 from .batch import inspect_batch
 from .counting import BackwardWatch, Tally, attention_unit, pop_if_on_top, push_counting
 
@@ -349,7 +350,8 @@ def _forward_left(counter: FlopCounter) -> Any:
 
 
 def _say_uncounted(uncounted: Mapping[str, int], analytic: bool) -> None:
-    """Name, once per name in this process, the operators a count met without a FLOP formula."""
+    """Name, once per name in this process and on rank 0 (every rank meets the same operators), the operators a
+    count met without a FLOP formula."""
     new = sorted(set(uncounted) - _said_uncounted)
     if not new:
         return
@@ -359,6 +361,6 @@ def _say_uncounted(uncounted: Mapping[str, int], analytic: bool) -> None:
            "for " + ", ".join(attention)) if attention and analytic else (
                "their FLOPs are missing from flops and MFU is understated" if attention else
                "their FLOPs (if any) are missing from flops")
-    logger.warning("ds_profutils: FLOPs of operators without a formula are not counted: %s; %s "
-                   "(records: flops_uncounted_ops)", ", ".join(f"{name} ({uncounted[name]} calls)" for name in new),
-                   how)
+    names = ", ".join(f"{name} ({uncounted[name]} calls)" for name in new)
+    log_dist(f"ds_profutils: FLOPs of operators without a formula are not counted: {names}; {how} (records: "
+             "flops_uncounted_ops)", ranks=[0], level=logging.WARNING)
