@@ -63,6 +63,8 @@ def test_tokens_and_samples_follow_the_documented_rule():
     assert inspect_batch((), {"pixel_values": floats})[1:] == (None, 3)
     assert inspect_batch((1.5, "text"), {"flag": True})[1:] == (None, None)
     assert inspect_batch((torch.tensor(3), ), {})[1:] == (1, 1)  # a 0-d integer tensor: one token
+    assert inspect_batch(({"input_ids": ids, "labels": ids}, 7), {})[1:] == (28, 4)  # a Lightning batch, whole
+    assert inspect_batch(((floats, ids), ), {})[1:] == (28, 4)  # a (features, ids) tuple
 
 
 def test_shape_key_sees_shapes_positions_and_names_not_values():
@@ -71,6 +73,8 @@ def test_shape_key_sees_shapes_positions_and_names_not_values():
     assert inspect_batch((x, None), {})[0] != inspect_batch((None, x), {})[0]
     assert inspect_batch((), {"a": x})[0] != inspect_batch((), {"b": x})[0]
     assert inspect_batch((x, ), {})[0] != inspect_batch((y, ), {})[0]
+    assert inspect_batch(({"a": x}, ), {})[0] != inspect_batch(({"a": y}, ), {})[0]  # one level into a dict
+    assert inspect_batch(((x, y), ), {})[0] != inspect_batch((x, y), {})[0]
 
 
 # --- counting once per shape ------------------------------------------------------------------------

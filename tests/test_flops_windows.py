@@ -146,6 +146,30 @@ def test_an_error_inside_a_counted_forward_or_backward_leaves_no_mode(tmp_path):
         lambda: engine.module(torch.randn(4, 32)).pow(2).mean().backward())
 
 
+class StepModule(Blocks):
+    """Lightning's way: the engine calls the module with the whole batch, and its training step calls the module
+    again with the tensor."""
+
+    def forward(self, batch):
+        if isinstance(batch, dict):
+            return self(batch["x"]).pow(2).mean()
+        return super().forward(batch)
+
+
+def test_a_forward_inside_a_forward_of_the_module_is_counted_once_and_leaves_no_mode(tmp_path):
+    engine = TorchEngine(StepModule())
+    x = torch.randn(8, 32)
+    expected = reference(lambda: engine.module({"x": x}).backward())
+    with attached(engine, tmp_path):
+        for _ in range(2):
+            loss = engine({"x": x})
+            assert modes_on_thread() == []
+            engine.backward(loss)
+            engine.step()
+    assert [record["flops"] for record in read_records(tmp_path)] == [expected, expected]
+    assert read_records(tmp_path)[0]["samples"] == 8
+
+
 # --- the window -----------------------------------------------------------------------------------------
 
 

@@ -184,6 +184,7 @@ class FlopCounter:
         self._mode: Optional[Any] = None  # the counting mode pushed inside a forward
         self._mode_thread: Optional[int] = None
         self._forward_hook: Optional[Any] = None
+        self._depth = 0  # forwards of the module in progress (a forward may call the module again: Lightning)
         self._scaling_said = False
 
     @property
@@ -201,14 +202,20 @@ class FlopCounter:
 
     def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         """A forward of ``module`` starts: another forward of the open window, or a new micro step to look up,
-        count or scale."""
+        count or scale.  A forward inside a forward of the module (Lightning's ``training_step`` calling the
+        module that the engine called) is the outer one's: counted by its mode, nothing else changes."""
+        if self._forward_hook is None:
+            self._forward_hook = module.register_forward_hook(_forward_left(self), always_call=True)
+        self._depth += 1
+        if self._depth > 1:
+            return
         self._leave_forward()  # a forward a BaseException left without its always-call hook
         grad = torch.is_grad_enabled()
         window = self._window
         if grad and window is not None and not window.reached and not window.finished:
             self._current = window  # its backward has not come: this forward is the same micro step's
             if window.counting:
-                self._enter_forward(module, window)
+                self._enter_forward(window)
             return
         shapes, tokens, samples = inspect_batch(args, kwargs)
         micro = self._current = _MicroStep((grad, module.training, shapes), tokens, samples, grad)
@@ -222,7 +229,7 @@ class FlopCounter:
             self.counting_attempts += 1
             micro.counting = True
             micro.attention = attention_unit(module, tokens, samples)
-            self._enter_forward(module, micro)
+            self._enter_forward(micro)
         else:
             micro.count = self._scaled(micro)
 
@@ -230,7 +237,8 @@ class FlopCounter:
         """The counted forward returned ``output``: its backward graph is watched; a forward with no backward
         to follow is counted now."""
         micro = self._current
-        if micro is None or not micro.counting or not micro.forwards or micro.finished or self._mode is None:
+        if (micro is None or not micro.counting or not micro.forwards or micro.finished or self._mode is None
+                or self._depth > 1):
             return
         forward = micro.forwards[-1]
         if micro.grad:
@@ -245,6 +253,7 @@ class FlopCounter:
     def backward_ended(self) -> None:
         """A backward ended (or ``engine.step()`` starts): the window ends; its count is kept when the backward
         reached it, otherwise it is dropped (counted again next time)."""
+        self._depth = 0  # no forward runs now: a BaseException that skipped a forward's end is forgotten
         window = self._window
         if window is None or window.finished:
             return
@@ -258,9 +267,10 @@ class FlopCounter:
         micro = self._current
         if micro is None:
             return None
-        if micro.grad and not micro.finished:  # a record closing inside a window (the first of two forwards)
-            return MicroStepFlops(0, "window", False, micro.tokens, micro.samples, 0)
         count = micro.count
+        if micro.grad and not micro.finished and (count is None or count.backward):
+            # a record closing inside a window that awaits its backward (the first of two forwards)
+            return MicroStepFlops(0, "window", False, micro.tokens, micro.samples, 0)
         if count is None:
             return MicroStepFlops(None, None, False, micro.tokens, micro.samples)
         counted_here = micro.counting
@@ -273,15 +283,14 @@ class FlopCounter:
         self._leave_forward()
         self._end_window()
         self._current = None
+        self._depth = 0
         if self._forward_hook is not None:
             self._forward_hook.remove()
             self._forward_hook = None
 
     # ---- counting ---------------------------------------------------------------------------------------
 
-    def _enter_forward(self, module: torch.nn.Module, micro: _MicroStep) -> None:
-        if self._forward_hook is None:
-            self._forward_hook = module.register_forward_hook(_forward_left(self), always_call=True)
+    def _enter_forward(self, micro: _MicroStep) -> None:
         forward = _Forward(Tally(backward=False, attention=micro.attention))
         micro.forwards.append(forward)
         self._mode = push_counting(forward.tally)
@@ -337,14 +346,17 @@ class FlopCounter:
 
 
 def _forward_left(counter: FlopCounter) -> Any:
-    """The counter's ``always_call`` forward hook: a plain function holding the counter weakly (a deepcopy of
-    the module copies no counter)."""
+    """The counter's ``always_call`` forward hook (registered at its first forward): the end of the outermost
+    forward pops the counting mode.  A plain function holding the counter weakly (a deepcopy of the module copies
+    no counter)."""
     ref = weakref.ref(counter)
 
     def forward_left(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
         live = ref()
-        if live is not None and live._mode is not None:
-            live._leave_forward()
+        if live is not None and live._depth > 0:
+            live._depth -= 1
+            if live._depth == 0 and live._mode is not None:
+                live._leave_forward()
 
     return forward_left
 
