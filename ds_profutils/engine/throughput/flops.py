@@ -209,7 +209,8 @@ class FlopCounter:
         self._depth += 1
         if self._depth > 1:
             return
-        self._leave_forward()  # a forward a BaseException left without its always-call hook
+        if self._mode is not None:
+            self._leave_forward()  # a forward a BaseException left without its always-call hook
         grad = torch.is_grad_enabled()
         window = self._window
         if grad and window is not None and not window.reached and not window.finished:
@@ -220,7 +221,8 @@ class FlopCounter:
         shapes, tokens, samples = inspect_batch(args, kwargs)
         micro = self._current = _MicroStep((grad, module.training, shapes), tokens, samples, grad)
         if grad:
-            self._end_window()
+            if window is not None and not window.finished:
+                window.end()
             self._window = micro
         micro.count = self._known.get(micro.key)
         if micro.count is not None:
