@@ -5,8 +5,8 @@
 A tiny GPT-2 (random weights, 2 layers, 4 x 64 tokens) trains plain torch micro steps (forward and
 backward) with :class:`~ds_profutils.engine.throughput.flops.FlopCounter` on its hooks as the engine hub puts them.
 Interleaved, median of ``--reps``: (a) no counter; (b) the counter, a known shape (the shape key and one
-dict lookup); (c) the counter, a new shape (a fresh counter each time: FlopCounterMode over the whole
-micro step).  Also (d) the counter's own work per known micro step, its four calls timed alone.
+dict lookup); (c) the counter, a new shape (a fresh counter each time: the counting mode inside the
+forward and inside each backward node of its graph).  Also (d) the counter's own work per known micro step, its four calls timed alone.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from ds_profutils.engine.throughput import accelerators
-from ds_profutils.engine.throughput.accelerators import compute_dtype, find_accelerator, mfu, peak_tflops, resolve_peak
+from ds_profutils.engine.throughput.accelerators import (compute_dtype, device_name, engine_compute_dtype,
+                                                         find_accelerator, mfu, peak_tflops, resolve_peak)
 
 
 @pytest.mark.parametrize("device, row", [
@@ -11,6 +12,7 @@ from ds_profutils.engine.throughput.accelerators import compute_dtype, find_acce
     ("NVIDIA H100 PCIe", "H100 PCIe"),
     ("NVIDIA H100 NVL", "H100 NVL"),
     ("NVIDIA H800", "H100 SXM"),
+    ("NVIDIA H800 PCIe", "H800 PCIe"),  # the PCIe part's compute, not the SXM row's
     ("NVIDIA GH200 480GB", "GH200"),
     ("NVIDIA H200", "H200 SXM"),
     ("NVIDIA H200 NVL", "H200 NVL"),
@@ -29,8 +31,8 @@ from ds_profutils.engine.throughput.accelerators import compute_dtype, find_acce
     ("Tesla V100S-PCIE-32GB", "V100S PCIe"),
     ("AMD Instinct MI300X", "MI300X"),
     ("AMD Instinct MI325X", "MI325X"),
-    ("AMD Instinct MI250X/MI250", "MI250X (one die)"),
     ("AMD Instinct MI250X", "MI250X (one die)"),
+    ("AMD Instinct MI250", "MI250 (one die)"),
     ("AMD Instinct MI210", "MI210"),
     ("nvidia h100 pcie", "H100 PCIe"),  # any case
 ])
@@ -39,8 +41,10 @@ def test_device_names_as_torch_reports_them(device, row):
 
 
 @pytest.mark.parametrize("device", ["NVIDIA L40", "NVIDIA GeForce RTX 4090", "AMD Instinct MI300A", "NVIDIA A1000",
-                                    "NVIDIA H20", "cpu", "", None])
+                                    "NVIDIA H20", "cpu", "", None,
+                                    "AMD Instinct MI250X/MI250", "AMD Instinct MI250X / MI250"])
 def test_unknown_names_match_nothing(device):
+    """Unknown parts, and ROCm's one name for two parts 6% apart (MI250X and MI250): no figure is guessed."""
     assert find_accelerator(device) is None
     assert peak_tflops(device, torch.bfloat16) is None
 
@@ -97,3 +101,63 @@ def test_fp32_with_tf32_matmuls_is_held_to_tf32():
 def test_mfu_is_achieved_over_peak():
     assert mfu(494.7, 989.4) == pytest.approx(0.5)
     assert mfu(100.0, None) is None and mfu(None, 989.4) is None
+
+
+def test_h800_pcie_is_held_to_the_pcie_figure():
+    assert peak_tflops("NVIDIA H800 PCIe", torch.bfloat16) == 756.0
+    assert peak_tflops("NVIDIA H800", torch.bfloat16) == 989.4
+
+
+def test_device_name_is_torchs_name_of_the_current_cuda_device(monkeypatch):
+    """DeepSpeed 0.19's CUDA accelerator (also ROCm's) has no get_device_name: the name comes from torch."""
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: asked.append(index) or "NVIDIA H100 PCIe")
+    assert device_name(CUDA_Accelerator()) == "NVIDIA H100 PCIe" and asked == [3]
+    assert resolve_peak(None, device_name(CUDA_Accelerator()), torch.bfloat16).tflops == 756.0
+
+
+def test_device_name_is_none_on_cpu_and_where_torch_has_no_names():
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    class Nameless:  # an accelerator kind whose torch module has no get_device_name
+        def device_name(self):
+            return "mps"
+
+        def current_device(self):
+            return 0
+
+    assert device_name(CPU_Accelerator()) is None and device_name(Nameless()) is None
+
+
+class _Engine:
+    """The two methods DeepSpeed 0.19's engine answers the ``torch_autocast`` section with."""
+
+    def __init__(self, enabled, dtype=None):
+        self.enabled, self.dtype = enabled, dtype
+
+    def torch_autocast_enabled(self):
+        return self.enabled
+
+    def torch_autocast_dtype(self):
+        return self.dtype
+
+
+def test_an_fp32_engine_under_torch_autocast_is_held_to_the_autocast_peak():
+    assert engine_compute_dtype(_Engine(True, torch.bfloat16), torch.float32) is torch.bfloat16
+    assert peak_tflops("NVIDIA H100 80GB HBM3", engine_compute_dtype(_Engine(True, torch.bfloat16),
+                                                                      torch.float32)) == 989.4
+    assert engine_compute_dtype(_Engine(False), torch.bfloat16) is torch.bfloat16
+    assert engine_compute_dtype(object(), torch.bfloat16) is torch.bfloat16  # an engine without the section
+
+
+def test_deepspeed_exposes_torch_autocast_as_the_engine_reads_it():
+    """The config key as DeepSpeed 0.19 parses it: what ``torch_autocast_enabled/_dtype`` return."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config = DeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "torch_autocast": {"enabled": True,
+                                                                                       "dtype": "bfloat16"}},
+                             mpu=None, mesh_device=None)
+    assert config.torch_autocast_enabled and config.torch_autocast_dtype == torch.bfloat16

@@ -46,7 +46,7 @@ from .live import LiveMetrics, LiveSink, monitor_sink
 from .memory import StepMemory
 from .pipeline import PipelineHooks, is_pipeline_engine
 from .recorder import StepRecorder
-from .throughput.accelerators import compute_dtype, resolve_peak
+from .throughput.accelerators import device_name, engine_compute_dtype, resolve_peak
 from .throughput.flops import FlopCounter
 
 __all__ = ["ATTACHMENT_ATTR", "AttachError", "Attachment", "SUPPORTED_DEEPSPEED", "attach", "continue_series"]
@@ -332,16 +332,6 @@ def model_numel(engine: Any) -> int:
     return sum(getattr(param, "ds_numel", None) or param.numel() for param in engine.module.parameters())
 
 
-def _device_name(accelerator: Any) -> Optional[str]:
-    """The accelerator's name as torch reports it (the peak table's key); None on CPU."""
-    if accelerator.device_name() == "cpu":
-        return None
-    try:
-        return accelerator.get_device_name(accelerator.current_device())  # DeepSpeed's CUDA/ROCm accelerators
-    except Exception:  # noqa: BLE001 - an accelerator without names: no table figure, the configured peak stays
-        return None
-
-
 def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, identity: ProcessIdentity,
                      config: ProfUtilsConfig, *, writes: bool, metrics: Any,
                      profiler_active: Optional[Callable[[], bool]]) -> None:
@@ -349,7 +339,8 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
     path = fetch_records_file(settings.output_dir, identity.rank, name).resolve()
     accelerator = get_accelerator()
     dtype = engine.get_data_types()[0]
-    peak = resolve_peak(metrics.peak_tflops, _device_name(accelerator), compute_dtype(dtype)) if metrics else None
+    peak = resolve_peak(metrics.peak_tflops, device_name(accelerator), engine_compute_dtype(engine, dtype)) \
+        if metrics else None
     # on every rank (each takes part in the interval's gather), into DeepSpeed's monitor where one is enabled
     attachment.live = None if metrics is None else LiveMetrics(metrics, peak.tflops, [monitor_sink(engine)])
     recorder = StepRecorder(engine, coordinator, settings,

@@ -289,17 +289,14 @@ class StepRecorder(Listener):
         if not step.complete(closing):
             if self.device_events is not None:
                 self.device_events.release(step.start_mark, step.end_mark)
-            if self.flops is not None:
-                self.flops.discard()
-            return
+            return  # a count in progress goes on: the next forward may be this micro step's (two forwards)
         fields = step.fields
         if memory is not None:
             fields["memory"] = memory
         if self.flops is not None:
             figures = self.flops.figures()
             if figures is not None:
-                fields.update(flops=figures.flops, flops_source=figures.flops_source, tokens=figures.tokens,
-                              samples=figures.samples)
+                fields.update(figures.record_fields())
         if step.written and self.fetches is not None:
             step.fetches = self.fetches.take()
             fields.update(step.fetches.fields)

@@ -2,17 +2,20 @@
 
 For ZeRO stages 2 and 3 (where DeepSpeed gathers the parameters in its own hooks) and two models, a
 small MLP and a tiny GPT-2 with random weights: the counter is wired as the hub wires it (a forward
-pre-hook with kwargs put ahead of DeepSpeed's, a forward hook, ``engine.backward`` wrapped).  A new
+pre-hook with kwargs put ahead of DeepSpeed's, a forward hook, ``engine.backward`` wrapped, and the window
+ended when ``engine.step()`` starts).  A new
 shape's micro step is counted; the next micro step of that shape runs inside a separate
 ``FlopCounterMode`` over the same forward and backward, which the kept count must match.  Then a
 torch-style backward (``engine.scale(loss).backward()``) of another new shape, and an eval forward
-under ``torch.no_grad()``.  Findings go to the JSON file named by ``--out``.
+under ``torch.no_grad()``.  The GPT-2 again with transformers' gradient checkpointing on ZeRO-2: the same model
+FLOPs, more hardware FLOPs.  Findings go to the JSON file named by ``--out``.
 """
 import argparse
 import json
 
 import deepspeed
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -25,7 +28,10 @@ def make_model(kind: str) -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                    torch.nn.Linear(64, 1))
     config = GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128, n_positions=64)
-    return GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config)
+    if kind == "gpt2ckpt":
+        model.gradient_checkpointing_enable()  # transformers' activation checkpointing: each block recomputed
+    return model
 
 
 def make_batch(kind: str, rows: int, length: int):
@@ -50,6 +56,13 @@ def wire(engine, counter: FlopCounter) -> None:
         return result
 
     engine.backward = wrapped
+    step = engine.step
+
+    def step_wrapped(*args, **kwargs):
+        counter.backward_ended()  # as the hub at step_started: a torch-style backward's window ends here
+        return step(*args, **kwargs)
+
+    engine.step = step_wrapped
 
 
 def train_micro_step(engine, kind, rows, length, torch_style=False):
@@ -77,7 +90,7 @@ def check(stage: int, kind: str) -> dict:
 
     train_micro_step(engine, kind, 2, 16)  # a new shape: counted
     found["counted"] = counter.figures()._asdict()
-    found["mode_off_after_backward"] = not counter.counting
+    found["mode_off_after_backward"] = not counter.counting and not _get_current_dispatch_mode_stack()
     attempts = counter.counting_attempts
 
     with FlopCounterMode(display=False) as reference:  # the same shape again: looked up, not counted
@@ -103,7 +116,7 @@ def check(stage: int, kind: str) -> dict:
         with FlopCounterMode(display=False) as reference:
             engine(*args, **kwargs)
     found["eval_reference"] = reference.get_total_flops()
-    found["mode_off_at_end"] = not counter.counting
+    found["mode_off_at_end"] = not counter.counting and not _get_current_dispatch_mode_stack()
     return found
 
 
@@ -112,6 +125,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     out = parser.parse_args().out
     findings = {f"{kind}-{stage}": check(stage, kind) for stage in (2, 3) for kind in ("mlp", "gpt2")}
+    findings["gpt2ckpt-2"] = check(2, "gpt2ckpt")
     with open(out, "w") as file:
         json.dump(findings, file)
 
