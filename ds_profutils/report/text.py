@@ -11,6 +11,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from .steps import ARRIVAL_FIGURES, StepView
 from .tables import counted, percent, rank_ranges, table, wrap
+from ..units import flops_rate
 
 __all__ = ["render_text"]
 
@@ -113,7 +114,7 @@ def _worst_ranks(summary: Mapping[int, Mapping[str, Any]], limit: int) -> List[i
 _RANK_COLUMNS = {"step_ms_median": "step ms", "fetch_wait_ms_median": "fetch wait",
                  "collective_wait_ms_median": "collective wait", "exposed_wait_ms_median": "exposed wait",
                  "collective_ms_median": "in collectives", "busy_ms_median": "busy", "iteration_ms_median": "iteration",
-                 "gap_ms_median": "gap", "tflops_median": "TFLOP/s", "mfu_median": "MFU"}
+                 "gap_ms_median": "gap", "tflops_median": "FLOP/s", "mfu_median": "MFU"}
 _OPTIONAL_COLUMNS = ("iteration_ms_median", "gap_ms_median", "tflops_median", "mfu_median")  # later writers' fields
 
 
@@ -148,14 +149,16 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
         inside += ("; iteration = end of the previous optimizer step to the end of this one (data loading, callbacks "
                    "and logging included); gap = its part outside forward, backward and step")
     if "tflops_median" in columns:
-        inside += "; TFLOP/s = the step's model FLOPs over its iteration; MFU = that over the peak the job was given"
+        inside += "; FLOP/s = the step's model FLOPs over its iteration; MFU = that over the peak the job was given"
     return ["", *wrap(f"Ranks (median per train step, ms; exposed wait = fetch wait + blocking collectives; busy = "
                        f"step - exposed{inside}; others' wait = what the ranks waited beyond this one in its straggler "
                        f"steps){note}:"), *table(headers, rows)]
 
 
 def _cell_of(column: str, value: Any) -> Any:
-    """A rank table value as shown: MFU as a percentage, the rest as they are."""
+    """A rank table value as shown: MFU as a percentage, FLOP/s in TFLOP/s, GFLOP/s or MFLOP/s, the rest as they are."""
+    if column == "tflops_median":
+        return flops_rate(value)
     return percent(value) if column == "mfu_median" else value
 
 
