@@ -1,0 +1,42 @@
+"""The report summarises what it cannot read: files of one kind (empty files of ranks beyond the world, say) are one
+line with a count and the first few named, and a directory with nothing readable says what it found."""
+import pytest
+
+from ds_profutils.cli import main
+from ds_profutils.report import ReportError, build_report
+from ds_profutils.report.text import render_text
+
+from test_diff import write_run
+
+
+def test_two_ranks_beside_2000_empty_files_of_ranks_beyond_the_world_print_at_most_80_lines(tmp_path, capsys):
+    write_run(tmp_path, ranks=2, steps=10)
+    for rank in range(2, 2002):
+        (tmp_path / f"zero_fetch_rank_{rank}.jsonl").touch()
+    report = build_report(tmp_path)
+    engine = report["engines"]["main"]
+    assert engine["world_size"] == 2 and engine["ranks"] == [0, 1]
+    assert len(report["incomplete"]) == 2000
+    assert main(["report", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) <= 80, len(text.splitlines())
+    flat = " ".join(text.split())
+    assert ("records of engine main: 2,000 files of ranks 2-2001 (empty, rank beyond world_size 2: ignored; "
+            "zero_fetch_rank_2.jsonl, zero_fetch_rank_3.jsonl, zero_fetch_rank_4.jsonl, ...)") in flat
+
+
+def test_a_few_incomplete_files_are_still_named_one_per_line(tmp_path):
+    write_run(tmp_path, ranks=4, steps=10)
+    (tmp_path / "zero_fetch_rank_3.jsonl").write_text("")
+    text = render_text(build_report(tmp_path))
+    assert "  records of engine main, rank 3 (zero_fetch_rank_3.jsonl): no complete record" in text
+
+
+def test_nothing_readable_names_what_it_found(tmp_path):
+    for rank in range(5):
+        (tmp_path / f"zero_fetch_rank_{rank}.jsonl").touch()
+    with pytest.raises(ReportError) as raised:
+        build_report(tmp_path)
+    message = str(raised.value)
+    assert message.endswith("nothing readable (5 record files without a complete record (zero_fetch_rank_0.jsonl, "
+                            "zero_fetch_rank_1.jsonl, zero_fetch_rank_2.jsonl, ... 2 more))")
