@@ -107,3 +107,17 @@ def test_a_list_of_runs_that_names_none_or_cannot_be_read_is_a_clear_error(tmp_p
     assert "cannot read the list of runs" in capsys.readouterr().err
     with pytest.raises(ReportError):
         build_diff([base, tmp_path / "missing"], [base])
+
+
+def test_runs_without_fetch_events_get_no_fetch_wait_row_or_column(tmp_path):
+    """Step-metrics jobs (ZeRO-0/1/2) record no fetches: no fetch wait row in the parts, no column in the ranks."""
+    text = render_diff(build_diff(ranked_run(tmp_path / "base", gap_ms=(5.0, 5.0)),
+                                  ranked_run(tmp_path / "new", seed=1)))
+    assert "fetch wait" in text  # iteration_record's records are fetch records
+    for directory in ("base2", "new2"):
+        ranked_run(tmp_path / directory)
+        for path in (tmp_path / directory).iterdir():
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+            path.write_text("".join(json.dumps(dict(row, events={})) + "\n" for row in rows))
+    text = render_diff(build_diff(tmp_path / "base2", tmp_path / "new2"))
+    assert "fetch wait" not in text and "collective wait change" in text and "gap change" in text

@@ -6,6 +6,7 @@ from ds_profutils.cli import main
 from ds_profutils.report import ReportError, build_report
 from ds_profutils.report.text import render_text
 
+from report_testing import record, write_records
 from test_diff import write_run
 
 
@@ -40,3 +41,24 @@ def test_nothing_readable_names_what_it_found(tmp_path):
     message = str(raised.value)
     assert message.endswith("nothing readable (5 record files without a complete record (zero_fetch_rank_0.jsonl, "
                             "zero_fetch_rank_1.jsonl, zero_fetch_rank_2.jsonl, ... 2 more))")
+
+
+def test_a_step_metrics_job_gets_no_fetch_wait_columns(tmp_path):
+    """ZeRO-0/1/2 with ``step_metrics``: no fetch events, so no column of zeros about fetches; a ZeRO-3 job's
+    records (fetch events) keep them."""
+    stage2, stage3 = tmp_path / "stage2", tmp_path / "stage3"
+    for directory, events in ((stage2, {}), (stage3, None)):
+        directory.mkdir()
+        for rank in (0, 1):
+            rows = []
+            for step in range(5):
+                row = record(rank, step, fetch_ms=0.0)
+                if events is not None:
+                    row["events"] = events
+                rows.append(row)
+            write_records(directory, rank, rows)
+    for directory, fetched in ((stage2, False), (stage3, True)):
+        text = render_text(build_report(directory))
+        headers = [line for line in text.splitlines() if line.startswith(("rank    host", "step  rank"))]
+        assert len(headers) == 2 and all(("fetch wait" in line) == fetched for line in headers), headers
+        assert ("exposed wait = fetch wait + blocking collectives" in " ".join(text.split())) == fetched

@@ -101,14 +101,16 @@ def _drift(figure: Mapping[str, Any]) -> str:
 
 def _parts(engine: Mapping[str, Any]) -> List[str]:
     rows = []
-    for name, figure in [("step_ms_mean_over_ranks", engine["step_ms_mean_over_ranks"]), *engine["parts"].items()]:
+    parts = [(name, figure) for name, figure in engine["parts"].items() if name != "fetch_wait_ms" or engine["events"]]
+    for name, figure in [("step_ms_mean_over_ranks", engine["step_ms_mean_over_ranks"]), *parts]:
         mean = figure["mean"]
         mean_change = None if mean["base"] is None or mean["new"] is None else mean["new"] - mean["base"]
         rows.append((_LABELS[name], _shown(figure["base"], name), _shown(figure["new"], name),
                      _signed(figure["change"], name), _percent(figure["ratio"]), _signed(mean_change, name),
                      _p(figure["p_value"]), "SIGNIFICANT" if figure["significant"] else ""))
+    waits = "fetch wait - blocking collective wait" if engine["events"] else "blocking collective wait"
     lines = ["", *wrap("The step and its parts (per step: the mean over ranks, ms; medians, and the change of the "
-                        "means, which add up to the step's; busy = step - fetch wait - blocking collective wait):")]
+                        f"means, which add up to the step's; busy = step - {waits}):")]
     lines += table(("", "BASE median", "NEW median", "change", "change %", "mean change", "p-value", ""), rows)
     where = engine["where"]
     if where:
@@ -138,6 +140,9 @@ def _straggler(engine: Mapping[str, Any]) -> List[str]:
 
 _RANK_COLUMNS = ("step_ms", *PARTS)
 _ITERATION_COLUMNS = ("iteration_ms", "gap_ms")  # where the records carry them
+_RANK_HEADERS = {"step_ms": "step change", "busy_ms": "busy change", "fetch_wait_ms": "fetch wait change",
+                 "collective_wait_ms": "collective wait change", MEMORY: "memory peak change MiB",
+                 "iteration_ms": "iteration change", "gap_ms": "gap change"}
 
 
 def _typical(ranks: Mapping[int, Mapping[str, Any]], column: str) -> Optional[float]:
@@ -155,7 +160,8 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
     memory = MEMORY in engine["parts"]
     iteration = tuple(column for column in _ITERATION_COLUMNS
                       if any(row["change"].get(column) is not None for row in ranks.values()))
-    columns = _RANK_COLUMNS + ((MEMORY,) if memory else ()) + iteration
+    columns = tuple(column for column in _RANK_COLUMNS if column != "fetch_wait_ms" or engine["events"])
+    columns += ((MEMORY,) if memory else ()) + iteration
     typical = {column: _typical(ranks, column) for column in columns}
 
     def apart(rank: int) -> float:
@@ -163,9 +169,7 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
                    if ranks[rank]["change"][column] is not None and typical[column] is not None)
 
     shown = sorted(ranks) if len(ranks) <= limit else sorted(sorted(ranks, key=lambda rank: -apart(rank))[:limit])
-    headers = ["rank", "BASE step", "NEW step", "step change", "busy change", "fetch wait change",
-               "collective wait change", *(["memory peak change MiB"] if memory else []),
-               *(f"{_LABELS[column]} change" for column in iteration), "straggler"]
+    headers = ["rank", "BASE step", "NEW step", *(_RANK_HEADERS[column] for column in columns), "straggler"]
     base, new = set(engine["straggler"]["base"]), set(engine["straggler"]["new"])
     rows: List[Sequence[Any]] = []
     for rank in shown:

@@ -144,17 +144,25 @@ _RANK_COLUMNS = {"step_ms_median": "step ms", "fetch_wait_ms_median": "fetch wai
 _OPTIONAL_COLUMNS = ("iteration_ms_median", "gap_ms_median", "tflops_median", "mfu_median")  # later writers' fields
 
 
-def _rank_columns(view: StepView, summary: Mapping[int, Mapping[str, Any]]) -> List[str]:
-    """The per-rank medians shown: the time inside collectives only where the records carry it, the iteration,
-    gap, TFLOP/s and MFU where some rank has them."""
+def _fetched(engine: Mapping[str, Any]) -> bool:
+    """Whether the engine's records hold fetch events (ZeRO-3 with ``partitioned_param_profiler``): without them a
+    fetch wait column would be a column of zeros about something the job never recorded."""
+    return any(engine["events"].values())
+
+
+def _rank_columns(view: StepView, summary: Mapping[int, Mapping[str, Any]], fetched: bool = True) -> List[str]:
+    """The per-rank medians shown: the fetch wait only where fetches were recorded, the time inside collectives
+    only where the records carry it, the iteration, gap, TFLOP/s and MFU where some rank has them."""
     return [column for column in _RANK_COLUMNS
-            if (column != "collective_ms_median" or view.arrival == "collective_ms")
+            if (column != "fetch_wait_ms_median" or fetched)
+            and (column != "collective_ms_median" or view.arrival == "collective_ms")
             and (column not in _OPTIONAL_COLUMNS or any(row[column] is not None for row in summary.values()))]
 
 
 def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
     summary = engine["ranks_summary"]
-    columns = _rank_columns(engine["steps"], summary)
+    fetched = _fetched(engine)
+    columns = _rank_columns(engine["steps"], summary, fetched)
     headers = ("rank", "host", "steps", *(_RANK_COLUMNS[column] for column in columns), "exposed share",
                "straggler steps", "others' wait ms", "")
     shown = sorted(summary) if len(summary) <= limit else _worst_ranks(summary, limit)
@@ -176,7 +184,8 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
                    "and logging included); gap = its part outside forward, backward and step")
     if "tflops_median" in columns:
         inside += "; FLOP/s = the step's model FLOPs over its iteration; MFU = that over the peak the job was given"
-    return ["", *wrap(f"Ranks (median per train step, ms; exposed wait = fetch wait + blocking collectives; busy = "
+    exposed = "fetch wait + blocking collectives" if fetched else "blocking collectives"
+    return ["", *wrap(f"Ranks (median per train step, ms; exposed wait = {exposed}; busy = "
                        f"step - exposed{inside}; others' wait = what the ranks waited beyond this one in its straggler "
                        f"steps){note}:"), *table(headers, rows)]
 
@@ -206,13 +215,15 @@ _STEP_COLUMNS = {"step_ms": "step ms", "fetch_wait_ms": "fetch wait", "collectiv
                  "trace_step_ms": "trace step ms"}
 
 
-def _steps(view: StepView, limit: int, max_ranks: int) -> List[str]:
-    """Up to ``max_ranks`` ranks, a row per step and rank; beyond, a row per step across ranks."""
+def _steps(view: StepView, limit: int, max_ranks: int, fetched: bool = True) -> List[str]:
+    """Up to ``max_ranks`` ranks, a row per step and rank (the fetch wait where fetches were recorded); beyond, a
+    row per step across ranks."""
     shown, note = _steps_shown(view, limit)
     if not shown:
         return []
     if len(view.ranks) <= max_ranks:
-        names = [name for name in _STEP_COLUMNS if name != "collective_ms" or view.arrival == "collective_ms"]
+        names = [name for name in _STEP_COLUMNS if (name != "collective_ms" or view.arrival == "collective_ms")
+                 and (name != "fetch_wait_ms" or fetched)]
         matrices = [getattr(view, name) for name in names]
         rows = []
         for index in shown:
@@ -379,7 +390,7 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int =
         lines += _stragglers(engine)
         if engine["ranks_summary"]:
             lines += _ranks(engine, max_ranks)
-            lines += _steps(engine["steps"], max_steps, max_ranks)
+            lines += _steps(engine["steps"], max_steps, max_ranks, _fetched(engine))
             lines += _memory(engine, max_ranks)
         lines += _events(engine)
     joined = report["trace_steps_joined_to"]
