@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 from statistics import median
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from .steps import ARRIVAL_FIGURES, StepView
-from .tables import counted, percent, rank_ranges, table, wrap
+from .tables import counted, percent, rank_ranges, table, unread_files, wrap
 from ..units import flops_rate
 
 __all__ = ["render_text"]
@@ -26,43 +26,7 @@ def _header(report: Mapping[str, Any]) -> List[str]:
         if len(shown) > _HOSTS_SHOWN:
             shown[_HOSTS_SHOWN - 1:-1] = [f"... {len(shown) - _HOSTS_SHOWN} more ..."]
         lines += wrap(f"hosts ({len(hosts)}): " + "; ".join(shown))
-    if report["incomplete"]:
-        lines.append("MISSING OR INCOMPLETE:")
-        lines += _incomplete(report["incomplete"])
-    for found in report["problems"][:_FILES_NAMED]:
-        lines.extend(f"{found['file']}: {message}" for message in found["first"])
-        if found["count"] > len(found["first"]):
-            lines.append(f"{found['file']}: ... and {found['count'] - len(found['first'])} more problems")
-    if len(report["problems"]) > _FILES_NAMED:
-        more = report["problems"][_FILES_NAMED:]
-        lines.append(f"... and {sum(found['count'] for found in more):,} problems in {len(more):,} more files "
-                     "(every file: --json)")
-    return lines
-
-
-_FILES_NAMED = 3  # files named one per line in a kind of finding; more of one kind are one line naming the first
-
-
-def _incomplete(entries: List[Mapping[str, Any]]) -> List[str]:
-    """The missing and incomplete files, one line per file where a kind has few; a kind (what, reason) with more
-    is one line: how many, their ranks and the first few named (2,000 empty files of ranks beyond the world are
-    one line, not 2,000)."""
-    kinds: Dict[Tuple[str, str], List[Mapping[str, Any]]] = {}
-    for entry in entries:
-        what = "trace" if entry["kind"] == "trace" else f"records of engine {entry['engine']}"
-        kinds.setdefault((what, entry["reason"]), []).append(entry)
-    lines = []
-    for (what, reason), found in kinds.items():
-        if len(found) <= _FILES_NAMED:
-            lines += [f"  {what}, rank {entry['rank']}" + (f" ({entry['file']})" if entry["file"] else "") + f": {reason}"
-                      for entry in found]
-            continue
-        files = [entry["file"] for entry in found if entry["file"]]
-        named = f"; {', '.join(files[:_FILES_NAMED])}{', ...' if len(files) > _FILES_NAMED else ''}" if files else ""
-        noun = "files" if files else "ranks"
-        lines += wrap(f"  {what}: {len(found):,} {noun} of ranks {rank_ranges(entry['rank'] for entry in found)} "
-                      f"({reason}{named})")
-    return lines
+    return lines + unread_files(report["incomplete"], report["problems"])
 
 
 def _engine_header(name: str, engine: Mapping[str, Any]) -> List[str]:
