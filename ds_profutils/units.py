@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-__all__ = ["flops_rate"]
+__all__ = ["flops_rate", "share"]
 
 _RATE_UNITS = (("TFLOP/s", 1.0), ("GFLOP/s", 1e-3), ("MFLOP/s", 1e-6))
 
@@ -29,3 +29,13 @@ def flops_rate(tflops: Optional[float]) -> Optional[str]:
             shown = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.3g}".rstrip(".")
             return f"{shown} {unit}"
     raise AssertionError("unreachable: the last unit takes every rate")
+
+
+def share(fraction: Optional[float]) -> Optional[str]:
+    """A share (MFU, say) as a percentage with three significant digits: ``0.588`` -> ``"58.8%"``, ``0.0000012``
+    -> ``"0.000120%"``, never ``0.0%`` for a share that is not zero; None (and NaN) stay None."""
+    if fraction is None or math.isnan(fraction):
+        return None
+    if fraction == 0:
+        return "0%"
+    return f"{100 * fraction:#.3g}".rstrip(".") + "%"

@@ -11,7 +11,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 from .stats import MIN_STEPS
 from .summary import MEMORY, PARTS
 from ..report.tables import rank_ranges, table, wrap
-from ..units import flops_rate
+from ..units import flops_rate, share
 
 __all__ = ["render_diff"]
 
@@ -78,7 +78,7 @@ def _iteration(engine: Mapping[str, Any]) -> List[str]:
         said += (f" and the gap between steps (outside forward, backward and step; largest over ranks) "
                  f"{gap['change']:+.3f} ms ({_said(gap)})")
     for name, label, shown in (("tflops", "TFLOP/s per rank, mean over ranks", flops_rate),
-                               ("mfu", "MFU, mean over ranks", "{:.1%}".format)):
+                               ("mfu", "MFU, mean over ranks", share)):
         if name in found:
             figure = found[name]
             said += (f"; {label} {shown(figure['base'])} -> {shown(figure['new'])} "

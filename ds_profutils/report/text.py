@@ -11,7 +11,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from .steps import ARRIVAL_FIGURES, StepView
 from .tables import counted, percent, rank_ranges, table, unread_files, wrap
-from ..units import flops_rate
+from ..units import flops_rate, share
 
 __all__ = ["render_text"]
 
@@ -158,7 +158,7 @@ def _cell_of(column: str, value: Any) -> Any:
     """A rank table value as shown: MFU as a percentage, FLOP/s in TFLOP/s, GFLOP/s or MFLOP/s, the rest as they are."""
     if column == "tflops_median":
         return flops_rate(value)
-    return percent(value) if column == "mfu_median" else value
+    return share(value) if column == "mfu_median" else value
 
 
 def _over_ranks(summary: Mapping[int, Mapping[str, Any]], column: str, pick: Any) -> Optional[float]:
