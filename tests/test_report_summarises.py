@@ -62,3 +62,15 @@ def test_a_step_metrics_job_gets_no_fetch_wait_columns(tmp_path):
         headers = [line for line in text.splitlines() if line.startswith(("rank    host", "step  rank"))]
         assert len(headers) == 2 and all(("fetch wait" in line) == fetched for line in headers), headers
         assert ("exposed wait = fetch wait + blocking collectives" in " ".join(text.split())) == fetched
+
+
+def test_a_step_metrics_job_is_not_spoken_of_as_zero3(tmp_path):
+    """No live-parameter figures (ZeRO-0/1/2): the memory section does not speak of ZeRO-3's live parameters."""
+    for rank in (0, 1):
+        rows = [dict(record(rank, step, schema=3, collective_ms=2.0,
+                            memory={"source": "rss", "peak_allocated_bytes": 2**28, "peak_reserved_bytes": 2**28,
+                                    "phases": {"forward": 2**27, "backward": 2**28, "step": 2**27}}), events={})
+                for step in range(5)]
+        write_records(tmp_path, rank, rows)
+    text = " ".join(render_text(build_report(tmp_path)).split())
+    assert "Memory (train steps" in text and "ZeRO-3" not in text

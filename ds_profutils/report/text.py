@@ -288,9 +288,10 @@ def _memory(engine: Mapping[str, Any], limit: int) -> List[str]:
                          key=lambda rank: (-(ranks[rank]["peak_allocated_bytes"] or 0), rank))
         shown = by_peak[:limit - 1] + ([lowest] if lowest is not None else by_peak[limit - 1:limit])
         note = f"; {limit} of {len(ranks)} ranks shown: the highest peaks, then the lowest"
+    live = ("; ZeRO-3's most live parameter elements against stage3_max_live_parameters"
+            if any(key == "live_params_max" for key, _, _ in columns) else "")
     lines = ["", *wrap(f"Memory (train steps: per rank the highest step peak, the step and phase it was in, and the "
-                        f"median step peak; ZeRO-3's most live parameter elements against stage3_max_live_parameters; "
-                        f"memory from {sources}){note}:")]
+                        f"median step peak{live}; memory from {sources}){note}:")]
     lines += table(("rank", "host", *(header for _, header, _ in columns)),
                     [(rank, hosts[rank]["host"], *(ranks[rank][key] if show is None else show(ranks[rank][key])
                                                    for key, _, show in columns)) for rank in shown])
