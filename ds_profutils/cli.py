@@ -113,8 +113,9 @@ def _add_diff(subparsers: argparse._SubParsersAction) -> None:
         "report's straggler verdict of each run, the fetch events and collectives per step, the settings that "
         "differ, and, where both runs have traces, the operators whose self time changed most. Exits 1 when a "
         "directory holds no run.")
-    parser.add_argument("base", type=Path, metavar="BASE", help="output_dir of the run compared against")
-    parser.add_argument("new", type=Path, metavar="NEW", help="output_dir of the run that changed")
+    parser.add_argument("base", metavar="BASE", help="output_dir of the run compared against; several reruns: "
+                        "A1,A2,A3 or @FILE listing one per line (the test then allows for the spread between reruns)")
+    parser.add_argument("new", metavar="NEW", help="output_dir of the run that changed (one, A1,A2,A3 or @FILE)")
     parser.add_argument("--json", action="store_true", help="print every number as JSON instead of tables")
     parser.add_argument("--plot", type=Path, metavar="FILE.png",
                         help="also draw both runs' step times per step and the parts side by side (needs matplotlib)")

@@ -82,7 +82,7 @@ def train(args: argparse.Namespace) -> Optional[Attachment]:
 def report_outputs(attachment: Optional[Attachment]) -> None:
     """Close the attachment (the profiler's window is written, and on rank 0 it says where its traces went
     and prints the operator summary), then, once every rank has written its records, rank 0 prints the
-    merged fetch report and, as the last line, the command that prints it again."""
+    merged report (the fetch report of a ZeRO-3 job) and, as the last line, the command that prints it again."""
     if attachment is None:
         return
     recorder = attachment.recorder
@@ -92,9 +92,11 @@ def report_outputs(attachment: Optional[Attachment]) -> None:
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         command = shutil.which("ds-profutils") or f"{sys.executable} -m ds_profutils"
-        print("\nThe fetch report:\n", flush=True)
-        print(render_text(build_report(recorder.path.parent)), flush=True)
-        print(f"\nThe fetch report again, later: {command} report {recorder.path.parent}", flush=True)
+        report = build_report(recorder.path.parent)
+        what = "fetch report" if any(engine["events"] for engine in report["engines"].values()) else "report"  # ZeRO-3
+        print(f"\nThe {what}:\n", flush=True)
+        print(render_text(report), flush=True)
+        print(f"\nThe {what} again, later: {command} report {recorder.path.parent}", flush=True)
 
 
 if __name__ == "__main__":

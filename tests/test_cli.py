@@ -382,3 +382,24 @@ def test_check_config_says_how_the_two_record_sections_combine(tmp_path, capsys)
     assert notes == [("note: step_metrics and partitioned_param_profiler are both on: one records file per engine "
                       "and rank, its output_dir, ranks, log_interval, memory from step_metrics; the fetch section adds "
                       f"the fetch events; not used: partitioned_param_profiler.output_dir \"{tmp_path / 'b'}\"")]
+
+
+@pytest.mark.parametrize("section, module", [("tensorboard", "tensorboard"), ("wandb", "wandb"), ("comet", "comet_ml")])
+def test_check_config_warns_of_an_enabled_monitor_whose_package_is_missing(tmp_path, capsys, monkeypatch, section,
+                                                                            module):
+    """DeepSpeed imports the monitor's package inside deepspeed.initialize: a job without it stops there, so
+    check-config says so (a warning: the job's environment may have it); a disabled monitor is not mentioned."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == module else real_find_spec(name, *a))
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, section: {"enabled": True}}))
+    assert main(["check-config", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert err == (f"{path}: WARNING: {section}.enabled is true, but the {module} package is not installed here: "
+                   f"DeepSpeed imports it in deepspeed.initialize, where a job without it stops (pip install {module})\n")
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, section: {"enabled": False}}))
+    assert main(["check-config", str(path)]) == 0
+    assert capsys.readouterr().err == ""

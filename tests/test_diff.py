@@ -126,10 +126,10 @@ def test_a_slowed_rank_is_a_slower_step_put_on_the_others_waits_and_named_stragg
     engine = diff["engines"]["main"]
     assert engine["step_ms"]["significant"] and engine["step_ms"]["change"] == pytest.approx(20.0, abs=1.5)
     assert engine["step_ms"]["ratio"] > 1.5
-    # The means of the parts add up to the step's: half the ranks got busier, the other half waited.
-    parts = engine["parts"]
+    # The means of the parts add up to the step's mean over ranks: half the ranks got busier, the other half waited.
+    parts, step_mean = engine["parts"], engine["step_ms_mean_over_ranks"]
     assert sum(parts[part]["mean"]["new"] - parts[part]["mean"]["base"] for part in parts) == pytest.approx(
-        engine["step_ms"]["mean"]["new"] - engine["step_ms"]["mean"]["base"])
+        step_mean["mean"]["new"] - step_mean["mean"]["base"])
     assert parts["collective_wait_ms"]["significant"] and parts["busy_ms"]["significant"]
     assert not parts["fetch_wait_ms"]["significant"]
     assert [moved["rank"] for moved in engine["where"]["collective_wait_ms"]][:1] == [0]
@@ -139,7 +139,7 @@ def test_a_slowed_rank_is_a_slower_step_put_on_the_others_waits_and_named_stragg
     assert engine["straggler"]["base"] == [] and engine["straggler"]["new"] == [1]
     text = render_diff(diff)
     flat = " ".join(text.split())
-    assert "SLOWER, beyond noise" in flat
+    assert "SLOWER, beyond within-run noise" in flat
     assert "Straggler (the report's verdict): BASE none; NEW rank 1 (the step straggler in 30 of 30 steps)" in flat
     assert re.search(r"busy: rank 1 \+(19|20)\.\d+; collective wait: rank 0 \+(19|20)\.\d+", flat)
 
@@ -150,7 +150,7 @@ def test_two_runs_of_the_unchanged_job_show_no_significant_change(tmp_path):
     assert not engine["step_ms"]["significant"]
     assert not any(part["significant"] for part in engine["parts"].values()) and engine["where"] == {}
     assert engine["straggler"] == {"base": [], "new": [], "hosts": {"base": [], "new": []},
-                                   "straggler_steps": {"base": {}, "new": {}}}
+                                   "straggler_steps": {"base": {}, "new": {}}, "runs": {"base": [[]], "new": [[]]}}
     assert "no significant change" in render_diff(diff)
 
 

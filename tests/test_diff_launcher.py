@@ -49,7 +49,7 @@ def test_a_rank_slowed_in_forward_is_a_slower_step_beyond_noise_from_the_others_
     assert all(where[part][0]["rank"] == 0 for part in ("fetch_wait_ms", "collective_wait_ms") if where.get(part))
     assert engine["straggler"]["base"] == [] and engine["straggler"]["new"] == [1]
     text = " ".join(render_diff(diff).split())
-    assert "SLOWER, beyond noise" in text and "Straggler (the report's verdict): BASE none; NEW rank 1" in text
+    assert "SLOWER, beyond within-run noise" in text and "Straggler (the report's verdict): BASE none; NEW rank 1" in text
 
 
 def test_two_runs_of_the_unchanged_job_show_no_significant_change(runs, capsys):

@@ -221,11 +221,11 @@ def test_step_table_shows_the_widest_spread_steps_when_long(tmp_path):
 
 
 def test_empty_or_absent_directory_is_a_clear_message(tmp_path, capsys):
-    with pytest.raises(ReportError, match="no ZeRO-3 fetch records"):
+    with pytest.raises(ReportError, match="no step records"):
         build_report(tmp_path)
     assert main(["report", str(tmp_path)]) == 1
     captured = capsys.readouterr()
-    assert "partitioned_param_profiler" in captured.err and captured.out == ""
+    assert "\"step_metrics\" (or, on ZeRO-3, \"partitioned_param_profiler\")" in captured.err and captured.out == ""
     assert main(["report", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
     # The parent of runs' output_dirs: the runs are named.

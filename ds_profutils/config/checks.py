@@ -5,11 +5,14 @@ and its feature is off without a word.  ``check-config`` reports such keys as er
 logs the same finding as one WARNING line on rank 0 (:func:`warn_misspelt_sections`, called by
 :func:`~.loading.load_config`).  ``check-config`` also catches, before a long job starts, what the
 features would refuse at run time: the fetch profiler without ZeRO stage 3, and an ``output_dir``
-that cannot be created or written.
+that cannot be created or written; and it warns of a DeepSpeed monitor the file enables whose package is
+not installed here (:func:`missing_monitor_packages`), which would stop the job inside
+``deepspeed.initialize``.
 """
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -19,7 +22,8 @@ from ..outputs import probe_writable, process_identity
 from .errors import ConfigProblem, show_value
 from .models import SECTIONS, ProfUtilsConfig
 
-__all__ = ["misspelt_sections", "output_dir_problems", "warn_misspelt_sections", "zero_stage_problems"]
+__all__ = ["MONITOR_PACKAGES", "missing_monitor_packages", "misspelt_sections", "output_dir_problems",
+           "warn_misspelt_sections", "zero_stage_problems"]
 
 # difflib's similarity ratio from which a top-level key counts as a misspelling of one of our sections.
 # 0.75 takes "profiller", "proflier", "nvxt", "partition_param_profiler"; DeepSpeed's own top-level keys
@@ -112,3 +116,20 @@ def output_dir_problems(config: ProfUtilsConfig) -> List[ConfigProblem]:
             if problem is not None:
                 problems.append(problem)
     return problems
+
+
+MONITOR_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "comet": "comet_ml"}
+"""DeepSpeed's monitors (top-level ds_config sections) and the module each imports when enabled; ``csv_monitor``
+needs none.  DeepSpeed imports it inside ``deepspeed.initialize``, so a missing one ends the job there."""
+
+
+def missing_monitor_packages(raw: Mapping[str, Any]) -> List[str]:
+    """A warning per DeepSpeed monitor the file enables whose package is not installed in this environment (the
+    job's may differ: a warning, not an error)."""
+    warnings = []
+    for section, module in MONITOR_PACKAGES.items():
+        settings = raw.get(section)
+        if isinstance(settings, Mapping) and settings.get("enabled") is True and importlib.util.find_spec(module) is None:
+            warnings.append(f"{section}.enabled is true, but the {module} package is not installed here: DeepSpeed "
+                            f"imports it in deepspeed.initialize, where a job without it stops (pip install {module})")
+    return warnings

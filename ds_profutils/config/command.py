@@ -4,7 +4,8 @@ Beyond what loading checks (syntax, duplicate keys, each value), a file is refus
 otherwise switch a feature off silently or stop the job once it runs: a misspelt section name, the
 fetch profiler without ZeRO stage 3, an output directory that cannot be written, and (with
 ``--world-size``) a configured rank the job does not have.  Problems go to stderr, one line each;
-the resolved settings of a valid file go to stdout.
+the resolved settings of a valid file go to stdout, and its warnings (a DeepSpeed monitor enabled whose
+package is not installed here) to stderr.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 import sys
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from .checks import misspelt_sections, output_dir_problems, zero_stage_problems
+from .checks import missing_monitor_packages, misspelt_sections, output_dir_problems, zero_stage_problems
 from .env import environment_overrides
 from .errors import ConfigError, ConfigProblem
 from .loading import config_from_raw, raw_settings
@@ -137,6 +138,8 @@ def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
             print("\n".join(exc.lines()), file=sys.stderr)
             valid = False
             continue
+        for warning in missing_monitor_packages(raw):
+            print(f"{path}: WARNING: {warning}", file=sys.stderr)
         print(f"{path}: valid; resolved ds_profutils settings:")
         if overrides:
             print("  (with environment overrides "

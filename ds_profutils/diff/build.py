@@ -1,7 +1,8 @@
-"""Two runs compared, as data (what ``ds-profutils diff --json`` prints).
+"""Two runs (or two sets of reruns, :mod:`.sides`) compared, as data (what ``ds-profutils diff --json`` prints).
 
 Engines are matched by name; where each run has exactly one engine and the names differ, those two
-are compared (and ``matched_by`` says so).  Per engine: the step time and each part of it (busy, fetch
+are compared (and ``matched_by`` says so).  Per engine: the step time (per step the largest over ranks: the step
+the job took), the step as the mean over ranks and each part of it (busy, fetch
 wait, blocking collective wait, and the memory peak where both runs' records carry it) with its own
 change and test (:mod:`.stats`), the per-rank medians that show on which ranks a change
 happened, the report's straggler verdict of each run, the fetch events and collectives per step, and
@@ -17,9 +18,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..diagnosis.checked import advice_checked
 from .ops import self_times
 from .settings import settings_differences
+from .sides import read_side
 from .stages import stage_changes
-from .stats import ALPHA, MIN_CHANGE, MIN_STEPS, WARMUP_SHARE, WARMUP_STEPS, compare, significance_rule
-from .summary import ITERATION, MEMORY, PARTS, SERIES, summarize_run
+from .stats import (ALPHA, MIN_CHANGE, MIN_STEPS, RUNS_ALPHA, WARMUP_SHARE, WARMUP_STEPS, compare_runs,
+                    significance_rule)
+from .summary import ITERATION, MEMORY, PARTS, SERIES, STEP_MEAN
 from ..report.traces import TraceFormatError
 
 __all__ = ["build_diff"]
@@ -33,8 +36,11 @@ def _matched(base: Sequence[str], new: Sequence[str]) -> Tuple[List[Tuple[str, s
     return pairs, "name"
 
 
-def _after_warmup(engine: Mapping[str, Any], series: str) -> List[float]:
-    return [value for value in engine["series"][series][engine["warmup"]:] if value is not None]
+def _after_warmup(side: Mapping[str, Any], series: str) -> List[List[float]]:
+    """Per run of a side, the series' values after that run's warm-up (runs without any left out)."""
+    runs = ([value for value in run["series"].get(series, ())[run["warmup"]:] if value is not None]
+            for run in side["runs"])
+    return [run for run in runs if run]
 
 
 _SIZE_FIGURES = ("count", "numel", "numel_per_event", "bytes")
@@ -79,10 +85,11 @@ _WHERE_RANKS = 3
 
 
 def _where(ranks: Mapping[int, Mapping[str, Any]], parts: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
-    """Per part that changed significantly, the ranks (up to 3) whose median changed most that way."""
+    """Per figure that changed significantly, the ranks (up to 3) whose median changed most that way (a gap 50 ms
+    longer on rank 1 alone reads +50 there, where the mean over two ranks would say +25)."""
     where = {}
     for part, figure in parts.items():
-        if not figure["significant"]:
+        if not figure["significant"] or not any(row["change"].get(part) is not None for row in ranks.values()):
             continue
         sign = 1.0 if figure["change"] > 0 else -1.0
         moved = sorted(((row["change"][part] * sign, rank) for rank, row in ranks.items()
@@ -93,32 +100,38 @@ def _where(ranks: Mapping[int, Mapping[str, Any]], parts: Mapping[str, Mapping[s
 
 def _engine(base: Mapping[str, Any], new: Mapping[str, Any], names: Tuple[str, str],
             settings: Tuple[Mapping[str, Any], Mapping[str, Any]]) -> Dict[str, Any]:
-    step_ms = compare(_after_warmup(base, "step_ms"), _after_warmup(new, "step_ms"))
-    parts = {part: compare(_after_warmup(base, part), _after_warmup(new, part), scale=step_ms["base"])
+    step_ms = compare_runs(_after_warmup(base, "step_ms"), _after_warmup(new, "step_ms"))
+    step_mean = compare_runs(_after_warmup(base, STEP_MEAN), _after_warmup(new, STEP_MEAN))
+    parts = {part: compare_runs(_after_warmup(base, part), _after_warmup(new, part), scale=step_mean["base"])
              for part in PARTS}
     memory = {run: _after_warmup(engine, MEMORY) for run, engine in (("base", base), ("new", new))}
     if memory["base"] and memory["new"]:
-        parts[MEMORY] = compare(memory["base"], memory["new"])
+        parts[MEMORY] = compare_runs(memory["base"], memory["new"])
     iteration: Dict[str, Any] = {}  # where both runs carry them; the gap's 2 % is of the base iteration
     for name in ITERATION:
         before, after = _after_warmup(base, name), _after_warmup(new, name)
         if before and after:
             scale = (iteration.get("iteration_ms") or {}).get("base") if name == "gap_ms" else None
-            iteration[name] = compare(before, after, scale=scale)
+            iteration[name] = compare_runs(before, after, scale=scale)
     ranks = _ranks(base["ranks"], new["ranks"])
+    per_rank = {"step_ms": step_ms, **parts, **{name: iteration[name] for name in ("iteration_ms", "gap_ms")
+                                                   if name in iteration}}
     return {
         "engine": {"base": names[0], "new": names[1]},
+        "runs": {"base": len(base["runs"]), "new": len(new["runs"])},
         "steps": {"base": len(base["global_steps"]), "new": len(new["global_steps"])},
         "warmup_steps": {"base": base["warmup"], "new": new["warmup"]},
         "step_ms": step_ms,
+        "step_ms_mean_over_ranks": step_mean,
         "parts": parts,
         "iteration": iteration,
         "memory": {"base": bool(memory["base"]), "new": bool(memory["new"])},
         "straggler": {"base": base["stragglers"], "new": new["stragglers"],
                       "hosts": {"base": base["straggler_hosts"], "new": new["straggler_hosts"]},
-                      "straggler_steps": {"base": base["straggler_steps"], "new": new["straggler_steps"]}},
+                      "straggler_steps": {"base": base["straggler_steps"], "new": new["straggler_steps"]},
+                      "runs": {"base": base["straggler_runs"], "new": new["straggler_runs"]}},
         "ranks": ranks,
-        "where": _where(ranks, parts),
+        "where": _where(ranks, per_rank),
         "events": _figures(base["events"], new["events"]),
         "collectives": _figures(base["collectives"], new["collectives"]),
         "settings": settings_differences(*settings),
@@ -155,17 +168,20 @@ def _operators(base: Mapping[str, Any], new: Mapping[str, Any], top: int) -> Opt
             "late_events": {run: times.late for run, (times, _) in sides.items()}, "ops": rows[:top]}
 
 
-def _run_notes(summary: Mapping[str, Any]) -> Dict[str, Any]:
-    return {"directory": summary["directory"], "incomplete": summary["incomplete"], "problems": summary["problems"],
-            "superseded": summary["superseded"],
-            "hosts": summary["hosts"], "engines": list(summary["engines"])}
+def _run_notes(side: Mapping[str, Any]) -> Any:
+    """Per run of a side, its directory and what the report noted; one run: that run's notes, several: a list."""
+    notes = [{"directory": summary["directory"], "incomplete": summary["incomplete"], "problems": summary["problems"],
+              "superseded": summary["superseded"], "hosts": summary["hosts"], "engines": list(summary["engines"])}
+             for summary in side["runs"]]
+    return notes[0] if len(notes) == 1 else notes
 
 
-def build_diff(base_directory: Path, new_directory: Path, top: int = 10) -> Dict[str, Any]:
-    """Every figure ``ds-profutils diff`` shows, as data.  Raises :class:`ds_profutils.report.build.ReportError` (naming the
-    directory) where a directory holds no run."""
-    base = summarize_run(base_directory, top)
-    new = summarize_run(new_directory, top)
+def build_diff(base_directories: Sequence[Path], new_directories: Sequence[Path], top: int = 10) -> Dict[str, Any]:
+    """Every figure ``ds-profutils diff`` shows, as data; each side one run directory or several (a sequence; a
+    single path is one run).  Raises :class:`ds_profutils.report.build.ReportError` (naming the directory) where a
+    directory holds no run."""
+    base = read_side([base_directories] if isinstance(base_directories, (str, Path)) else base_directories, top)
+    new = read_side([new_directories] if isinstance(new_directories, (str, Path)) else new_directories, top)
     pairs, matched_by = _matched(list(base["engines"]), list(new["engines"]))
     engines = {base_name: _engine(base["engines"][base_name], new["engines"][new_name], (base_name, new_name),
                                   (base["settings"][base_name], new["settings"][new_name]))
@@ -180,15 +196,20 @@ def build_diff(base_directory: Path, new_directory: Path, top: int = 10) -> Dict
     return {
         "warnings": warnings,
         "test": {"text": significance_rule(),
-                 "name": "difference of means on effective steps (autocorrelation time: the larger of the "
-                         "bias-corrected AR(1) and Geyer's initial positive sequence estimates); Student's t, Welch, "
-                         "two-sided; on ranks and on values, the smaller p doubled", "alpha": ALPHA, "min_change": MIN_CHANGE, "min_steps": MIN_STEPS,
+                 "name": "one run per side: difference of winsorized means on effective steps (autocorrelation time of "
+                         "both runs: the larger of the bias-corrected AR(1) and Geyer's initial positive sequence "
+                         "estimates), Student's t, Welch, two-sided; several runs per side: Student's t on the runs' "
+                         "means, pooled between-run variance",
+                 "sees": "beyond within-run noise; offsets between nodes or reruns need several runs per side"
+                 if len(base["runs"]) < 2 or len(new["runs"]) < 2 else "beyond the spread between reruns",
+                 "alpha": ALPHA, "runs_alpha": RUNS_ALPHA, "min_change": MIN_CHANGE, "min_steps": MIN_STEPS,
                  "warmup_steps": WARMUP_STEPS, "warmup_share": WARMUP_SHARE},
         "base": _run_notes(base),
         "new": _run_notes(new),
         "matched_by": matched_by,
-        "unmatched": {"base": [name for name in base["engines"] if name not in {b for b, _ in pairs}],
-                      "new": [name for name in new["engines"] if name not in {n for _, n in pairs}]},
+        "unmatched": {"base": [name for name in base["engines"] if name not in {b for b, _ in pairs}]
+                      + base["partial_engines"],
+                      "new": [name for name in new["engines"] if name not in {n for _, n in pairs}] + new["partial_engines"]},
         "engines": engines,
         "trace_settings": settings_differences(base["settings"].get(None, {}), new["settings"].get(None, {}))
         if None in base["settings"] and None in new["settings"] else [],

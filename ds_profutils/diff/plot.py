@@ -21,14 +21,17 @@ _RUN_COLORS = {"base": "tab:blue", "new": "tab:orange"}
 
 def _series(axes: Any, engine: Mapping[str, Any]) -> None:
     for run in ("base", "new"):
-        values = engine["series"][run]["step_ms"]
-        axes.plot(range(len(values)), [value if value is not None else float("nan") for value in values],
-                  color=_RUN_COLORS[run], linewidth=1, label=run.upper())
-        warmup = engine["warmup_steps"][run]
+        side = engine["series"][run]
+        runs = side if isinstance(side, list) else [side]
+        for index, series in enumerate(runs):
+            values = series["step_ms"]
+            axes.plot(range(len(values)), [value if value is not None else float("nan") for value in values],
+                      color=_RUN_COLORS[run], linewidth=1, label=run.upper() if index == 0 else None)
+        warmup = engine["warmup_steps"][run] // len(runs)
         if warmup:
             axes.axvspan(-0.5, warmup - 0.5, color=_RUN_COLORS[run], alpha=0.08)
     axes.set_xlabel("recorded train step (shaded: warm-up, left out of the test)")
-    axes.set_ylabel("step time, mean over ranks (ms)")
+    axes.set_ylabel("step time, largest over ranks (ms)")
     axes.set_ylim(bottom=0)
     axes.legend(loc="lower right", fontsize="small", frameon=False)
 
@@ -41,6 +44,11 @@ def _parts(axes: Any, engine: Mapping[str, Any]) -> None:
         bottoms = [bottom + mean for bottom, mean in zip(bottoms, means)]
     axes.set_ylabel("mean per step after warm-up (ms)")
     axes.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize="small", ncol=3, frameon=False)
+
+
+def _named(side: Any) -> str:
+    """A side's directory, or its runs' directories (several runs: a list of notes)."""
+    return side["directory"] if isinstance(side, Mapping) else ", ".join(notes["directory"] for notes in side)
 
 
 def plot_diff(diff: Mapping[str, Any], path: Path) -> None:
@@ -63,7 +71,7 @@ def plot_diff(diff: Mapping[str, Any], path: Path) -> None:
                          f"{tested})", loc="left", fontsize="medium")
         _series(series, engine)
         _parts(parts, engine)
-    figure.suptitle(f"ds-profutils diff: BASE {diff['base']['directory']} -> NEW {diff['new']['directory']}")
+    figure.suptitle(f"ds-profutils diff: BASE {_named(diff['base'])} -> NEW {_named(diff['new'])}")
     try:
         figure.savefig(path, dpi=110)
     except OSError as exc:

@@ -1,8 +1,10 @@
 """What ``ds-profutils diff`` keeps of one run: the report's figures, reduced to what is compared.
 
 Each run is read by the report itself (:func:`ds_profutils.report.build.build_report`: the same readers, the same
-straggler verdict), then reduced, per engine, to one value per recorded train step (step time and its
-parts as the mean over ranks, so the parts add up to the step; the memory peak as the highest rank's),
+straggler verdict), then reduced, per engine, to one value per recorded train step: the step time, the
+iteration and the gap between steps as the largest over ranks (the step the job took: the slowest rank's,
+as the live figures give it), the step time also as the mean over ranks beside its parts (so the parts add
+up to it), the memory peak as the highest rank's, TFLOP/s and MFU as the mean over ranks;
 per rank the medians after warm-up, the straggler verdict, and the per-step event and collective
 figures.  The reduction is a few numbers per step and rank at most; the report and its step view
 (80-odd bytes per rank and step) are dropped before the other run is read, so two 1024-rank x
@@ -19,16 +21,20 @@ from .settings import run_settings
 from .stats import warmup_steps
 from ..report.steps import Matrix, StepView
 
-__all__ = ["ITERATION", "MEMORY", "PARTS", "SERIES", "summarize_run"]
+__all__ = ["ITERATION", "MEMORY", "PARTS", "SERIES", "STEP_MEAN", "summarize_run"]
 
 PARTS = ("busy_ms", "fetch_wait_ms", "collective_wait_ms")
 """The parts of a step (busy = step - fetch wait - blocking collective wait): they add up to the step."""
 MEMORY = "peak_allocated_bytes"
 """A step's memory peak: the highest of its records' (schema 3 ``memory``); per step of a run, the highest rank's."""
-SERIES = ("step_ms", *PARTS, MEMORY)
+STEP_MEAN = "step_ms_mean"
+"""The step time per step as the mean over ranks: what the parts (means over ranks too) add up to."""
+SERIES = ("step_ms", *PARTS, MEMORY, "iteration_ms", "gap_ms")
+"""Per rank, the medians kept of these (iteration and gap where the records carry them)."""
 ITERATION = ("iteration_ms", "gap_ms", "tflops", "mfu")
-"""What a user's iteration took (the step, and the gap between steps: data loading, callbacks, logging) and the
-throughput, per step the mean over ranks (MFU: TFLOP/s over the run's peak); compared where both runs carry them."""
+"""What a user's iteration took (the step, and the gap between steps: data loading, callbacks, logging: per step
+the largest over ranks) and the throughput (per step the mean over ranks; MFU: TFLOP/s over the run's peak);
+compared where both runs carry them."""
 
 
 def _per_step(matrix: Matrix, pick: Callable[[Sequence[float]], float]) -> List[Optional[float]]:
@@ -67,10 +73,12 @@ def _engine(engine: Mapping[str, Any]) -> Dict[str, Any]:
     steps = len(view.global_steps)
     summary = engine["ranks_summary"]
     stragglers = [rank for rank, row in summary.items() if row["straggler"]]
-    series = {name: _per_step(getattr(view, name), fmean) for name in SERIES[:-1]}
+    series = {name: _per_step(getattr(view, name), fmean) for name in PARTS}
+    for name in ("step_ms", "iteration_ms", "gap_ms"):
+        series[name] = _per_step(getattr(view, name), max)
+    series[STEP_MEAN] = _per_step(view.step_ms, fmean)
     series[MEMORY] = _per_step(view.peak_allocated_bytes, max)
-    for name in ITERATION[:-1]:
-        series[name] = _per_step(getattr(view, name), fmean)
+    series["tflops"] = _per_step(view.tflops, fmean)
     peak = engine["peak_tflops"]
     series["mfu"] = [None if value is None or not peak else value / peak for value in series["tflops"]]
     return {

@@ -13,12 +13,15 @@ from .stages import stage_lines
 from .stats import MIN_STEPS
 from .summary import MEMORY, PARTS
 from ..report.tables import rank_ranges, table, wrap
+from ..units import flops_rate, share
 
 __all__ = ["render_diff"]
 
 _MIB = 2**20
-_LABELS = {"step_ms": "step time", "busy_ms": "  busy", "fetch_wait_ms": "  fetch wait",
-           "collective_wait_ms": "  collective wait", MEMORY: "memory peak MiB (highest rank)"}
+_LABELS = {"step_ms": "step time", "step_ms_mean_over_ranks": "step, mean over ranks", "busy_ms": "  busy",
+           "fetch_wait_ms": "  fetch wait", "collective_wait_ms": "  collective wait",
+           MEMORY: "memory peak MiB (highest rank)", "iteration_ms": "iteration", "gap_ms": "gap"}
+_WITHIN = "one run per side: this sees changes beyond within-run noise; offsets between nodes or reruns need several runs per side"
 
 
 def _shown(value: Optional[float], column: str = "step_ms") -> Optional[float]:
@@ -44,7 +47,9 @@ def _verdict(step_ms: Mapping[str, Any]) -> str:
     if step_ms["base"] is None or step_ms["new"] is None:
         return "Step time: no train steps after warm-up in " + ("BASE" if step_ms["base"] is None else "NEW")
     change = f"{step_ms['change']:+.3f} ms, {_percent(step_ms['ratio']) or '-'}; p = {_p(step_ms['p_value'])}"
-    return (f"Step time: {step_ms['base']:.3f} -> {step_ms['new']:.3f} ms median ({change}): {_said(step_ms)}; p90 "
+    seen = f" ({_WITHIN})" if step_ms["method"] == "within runs" else ""
+    return (f"Step time (per step the largest over ranks: the step the job took): {step_ms['base']:.3f} -> "
+            f"{step_ms['new']:.3f} ms median ({change}): {_said(step_ms)}{seen}; p90 "
             f"{step_ms['p90']['base']:.3f} -> {step_ms['p90']['new']:.3f}, mean {step_ms['mean']['base']:.3f} -> "
             f"{step_ms['mean']['new']:.3f}{_drift(step_ms)}")
 
@@ -52,7 +57,8 @@ def _verdict(step_ms: Mapping[str, Any]) -> str:
 def _said(figure: Mapping[str, Any], more: str = "SLOWER", less: str = "FASTER") -> str:
     """The verdict of one compared figure in words."""
     if figure["significant"]:
-        return (more if figure["change"] > 0 else less) + ", beyond noise"
+        beyond = "within-run noise" if figure["method"] == "within runs" else "the spread between reruns"
+        return (more if figure["change"] > 0 else less) + f", beyond {beyond}"
     if figure["p_value"] is None:
         return (f"too few steps after warm-up to test ({figure['steps']['base']} and {figure['steps']['new']}; the "
                 f"test needs {MIN_STEPS} or more in each)")
@@ -67,45 +73,51 @@ def _iteration(engine: Mapping[str, Any]) -> List[str]:
         return []
     whole, gap = found["iteration_ms"], found.get("gap_ms")
     said = (f"Iteration (end of one optimizer step to the end of the next: what each step cost the user, data "
-            f"loading, callbacks and logging included): {whole['base']:.3f} -> {whole['new']:.3f} ms median "
-            f"({whole['change']:+.3f} ms, {_percent(whole['ratio']) or '-'}; p = {_p(whole['p_value'])}): "
-            f"{_said(whole)}; of it, the step {engine['step_ms']['change']:+.3f} ms")
+            f"loading, callbacks and logging included; per step the largest over ranks): {whole['base']:.3f} -> "
+            f"{whole['new']:.3f} ms median ({whole['change']:+.3f} ms, {_percent(whole['ratio']) or '-'}; p = "
+            f"{_p(whole['p_value'])}): {_said(whole)}; the step {engine['step_ms']['change']:+.3f} ms")
     if gap is not None:
-        said += f" and the gap between steps (outside forward, backward and step) {gap['change']:+.3f} ms ({_said(gap)})"
-    for name, label, shown in (("tflops", "TFLOP/s", "{:.2f}"), ("mfu", "MFU", "{:.1%}")):
+        said += (f" and the gap between steps (outside forward, backward and step; largest over ranks) "
+                 f"{gap['change']:+.3f} ms ({_said(gap)})")
+    for name, label, shown in (("tflops", "TFLOP/s per rank, mean over ranks", flops_rate),
+                               ("mfu", "MFU, mean over ranks", share)):
         if name in found:
             figure = found[name]
-            said += (f"; {label} {shown.format(figure['base'])} -> {shown.format(figure['new'])} "
+            said += (f"; {label} {shown(figure['base'])} -> {shown(figure['new'])} "
                      f"({_said(figure, 'HIGHER', 'LOWER')})")
     return wrap(said)
 
 
 def _drift(figure: Mapping[str, Any]) -> str:
-    """The figures the test used: each run's lag-1 autocorrelation and effective steps out of its steps."""
+    """The figures the test used: the runs' lag-1 autocorrelation, each side's effective steps out of its steps,
+    and, with several runs per side, the runs."""
     if figure["p_value"] is None:
         return ""
-    said = []
-    for run in ("base", "new"):
-        lag1 = figure["autocorrelation"][run]
-        said.append(f"{run.upper()} autocorrelation {'-' if lag1 is None else f'{lag1:.2f}'}, "
-                    f"{figure['effective_steps'][run]:.1f} effective of {figure['steps'][run]} steps")
-    return "; tested on " + " and ".join(said)
+    lag1 = figure["autocorrelation"]
+    said = [f"{run.upper()} {figure['effective_steps'][run]:.1f} effective of {figure['steps'][run]} steps"
+            + (f" in {figure['runs'][run]} runs" if figure["runs"][run] > 1 else "") for run in ("base", "new")]
+    method = "; between runs: the runs' means compared" if figure["method"] == "between runs" else ""
+    return (f"; tested on autocorrelation {'-' if lag1 is None else f'{lag1:.2f}'}, " + " and ".join(said)
+            + f"{method} (p < {figure['alpha']:g} needed)")
 
 
 def _parts(engine: Mapping[str, Any]) -> List[str]:
     rows = []
-    for name, figure in [("step_ms", engine["step_ms"]), *engine["parts"].items()]:
+    parts = [(name, figure) for name, figure in engine["parts"].items() if name != "fetch_wait_ms" or engine["events"]]
+    for name, figure in [("step_ms_mean_over_ranks", engine["step_ms_mean_over_ranks"]), *parts]:
         mean = figure["mean"]
         mean_change = None if mean["base"] is None or mean["new"] is None else mean["new"] - mean["base"]
         rows.append((_LABELS[name], _shown(figure["base"], name), _shown(figure["new"], name),
                      _signed(figure["change"], name), _percent(figure["ratio"]), _signed(mean_change, name),
                      _p(figure["p_value"]), "SIGNIFICANT" if figure["significant"] else ""))
+    waits = "fetch wait - blocking collective wait" if engine["events"] else "blocking collective wait"
     lines = ["", *wrap("The step and its parts (per step: the mean over ranks, ms; medians, and the change of the "
-                        "means, which add up to the step's; busy = step - fetch wait - blocking collective wait):")]
+                        f"means, which add up to the step's; busy = step - {waits}):")]
     lines += table(("", "BASE median", "NEW median", "change", "change %", "mean change", "p-value", ""), rows)
     where = engine["where"]
     if where:
-        lines += wrap("Where (per part that changed significantly, the ranks whose median changed most that way): "
+        lines += wrap("Where (per figure that changed significantly, the ranks whose own median changed most that "
+                      "way, as that rank saw it): "
                        + "; ".join(f"{_LABELS[part].strip()}: " + ", ".join(
                            f"rank {moved['rank']} {_signed(moved['change'], part)}" for moved in ranks)
                                    for part, ranks in where.items() if ranks))
@@ -129,6 +141,10 @@ def _straggler(engine: Mapping[str, Any]) -> List[str]:
 
 
 _RANK_COLUMNS = ("step_ms", *PARTS)
+_ITERATION_COLUMNS = ("iteration_ms", "gap_ms")  # where the records carry them
+_RANK_HEADERS = {"step_ms": "step change", "busy_ms": "busy change", "fetch_wait_ms": "fetch wait change",
+                 "collective_wait_ms": "collective wait change", MEMORY: "memory peak change MiB",
+                 "iteration_ms": "iteration change", "gap_ms": "gap change"}
 
 
 def _typical(ranks: Mapping[int, Mapping[str, Any]], column: str) -> Optional[float]:
@@ -144,7 +160,10 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
     if not ranks:
         return []
     memory = MEMORY in engine["parts"]
-    columns = _RANK_COLUMNS + ((MEMORY,) if memory else ())
+    iteration = tuple(column for column in _ITERATION_COLUMNS
+                      if any(row["change"].get(column) is not None for row in ranks.values()))
+    columns = tuple(column for column in _RANK_COLUMNS if column != "fetch_wait_ms" or engine["events"])
+    columns += ((MEMORY,) if memory else ()) + iteration
     typical = {column: _typical(ranks, column) for column in columns}
 
     def apart(rank: int) -> float:
@@ -152,8 +171,7 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
                    if ranks[rank]["change"][column] is not None and typical[column] is not None)
 
     shown = sorted(ranks) if len(ranks) <= limit else sorted(sorted(ranks, key=lambda rank: -apart(rank))[:limit])
-    headers = ["rank", "BASE step", "NEW step", "step change", "busy change", "fetch wait change",
-               "collective wait change", *(["memory peak change MiB"] if memory else []), "straggler"]
+    headers = ["rank", "BASE step", "NEW step", *(_RANK_HEADERS[column] for column in columns), "straggler"]
     base, new = set(engine["straggler"]["base"]), set(engine["straggler"]["new"])
     rows: List[Sequence[Any]] = []
     for rank in shown:
@@ -269,12 +287,23 @@ def _run_notes(run: str, notes: Mapping[str, Any]) -> List[str]:
     return wrap(f"{run}: {'; '.join(said)} (ds-profutils report {notes['directory']} names them)")
 
 
+def _runs(side: Any) -> List[Mapping[str, Any]]:
+    """A side's notes per run (one run's notes are a mapping, several runs' a list)."""
+    return [side] if isinstance(side, Mapping) else list(side)
+
+
+def _directories(side: Any) -> str:
+    runs = _runs(side)
+    named = ", ".join(notes["directory"] for notes in runs)
+    return named if len(runs) == 1 else f"{len(runs)} runs ({named})"
+
+
 def render_diff(diff: Mapping[str, Any], max_ranks: int = 8) -> str:
     """The comparison as text, at most ``max_ranks`` ranks per table."""
-    lines = [f"ds-profutils diff: BASE {diff['base']['directory']} -> NEW {diff['new']['directory']}"]
+    lines = [f"ds-profutils diff: BASE {_directories(diff['base'])} -> NEW {_directories(diff['new'])}"]
     lines += [line for warning in diff["warnings"] for line in wrap(f"WARNING: {warning}.")]
     lines += wrap(f"Test: {diff['test']['text']}.")
-    lines += _run_notes("BASE", diff["base"]) + _run_notes("NEW", diff["new"])
+    lines += [line for run in ("base", "new") for notes in _runs(diff[run]) for line in _run_notes(run.upper(), notes)]
     if diff["matched_by"] != "name":
         pair = next(iter(diff["engines"].values()))["engine"]
         lines += wrap(f"Engines: {pair['base']} of BASE compared with {pair['new']} of NEW ({diff['matched_by']}).")

@@ -15,7 +15,8 @@ from ..diagnosis.stragglers import rank_causes, rank_work, work_imbalance
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
 from .memory import memory_report
 from .pipeline import pipeline_report, staged_view
-from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
+from .records import (BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, beyond_world, found_unreadable, read_all,
+                      world_of)
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
                     host_stragglers, is_straggler, reach, step_view, steps_to_name,
                     straggler_rule, tflops)
@@ -171,7 +172,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
     """One engine's tables; its missing and incomplete files are appended to ``incomplete``."""
     by_rank = {records.rank: records for records in files}
     with_records = [records for records in files if records.complete_records]
-    world = max([records.world_size for records in files] + [max(by_rank) + 1])
+    world = world_of(files)
     # Ranks left out by the run's "ranks" setting are not missing; without it, every rank records.
     recording = next((records.recording_ranks for records in with_records if records.recording_ranks is not None),
                      range(world))
@@ -182,6 +183,10 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
             incomplete.append({"kind": "records", "engine": name, "rank": rank,
                                "file": None if records is None else Path(records.path).name, "reason": reason})
     for records in files:
+        ignored = beyond_world(records, world)
+        if ignored is not None:
+            incomplete.append({"kind": "records", "engine": name, "rank": records.rank,
+                               "file": Path(records.path).name, "reason": ignored})
         if records.torn:
             incomplete.append({"kind": "records", "engine": name, "rank": records.rank,
                                "file": Path(records.path).name, "reason": TORN})
@@ -320,8 +325,8 @@ def _where_to_look(directory: Path) -> str:
                   if sub.is_dir() and (fetch_records_files(sub) or trace_files(sub)))
     if runs:
         return f"its subdirectories {', '.join(runs)} hold runs: name one of them"
-    return ("is \"partitioned_param_profiler\" enabled with this output_dir, and did ds_profutils.attach(engine) "
-            "run?")
+    return ("is \"step_metrics\" (or, on ZeRO-3, \"partitioned_param_profiler\") enabled with this output_dir, and "
+            "did ds_profutils.attach(engine) run?")
 
 
 def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
@@ -333,7 +338,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     record_files = fetch_records_files(directory)
     traces_found = trace_files(directory)
     if not record_files and not traces_found:
-        raise ReportError(f"{directory}: no ZeRO-3 fetch records (zero_fetch_*rank_*.jsonl) and no traces "
+        raise ReportError(f"{directory}: no step records (zero_fetch_*rank_*.jsonl) and no traces "
                           f"(trace_rank_*.json); {_where_to_look(directory)}")
     incomplete: List[Dict[str, Any]] = []
     traces = _traces(traces_found, top_ops, incomplete)
@@ -354,8 +359,10 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
                    if summary["step_numbering"] == "global"}
     if not traces and not any(f.complete_records for f in files):
-        unread = "; ".join(f"{entry['file']}: {entry['reason']}" for entry in incomplete if entry["file"])
-        raise ReportError(f"{directory}: nothing readable ({unread})")
+        unread = [f"{entry['file']}: {entry['reason']}" for entry in incomplete if entry["file"]][:3]
+        if not unread:
+            unread = [found_unreadable(files)]
+        raise ReportError(f"{directory}: nothing readable ({'; '.join(unread)})")
     names = sorted({f.engine for f in files}, key=lambda name: (name != MAIN_ENGINE, name))  # the main engine first
     joined = _joined_engine(names)
     engines = {name: _engine_report(name, [f for f in files if f.engine == name],

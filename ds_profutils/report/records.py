@@ -35,12 +35,12 @@ from array import array
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import orjson
 
-__all__ = ["BYTES", "COUNT", "FETCH_WAIT_EVENTS", "MAX", "MIN", "NUMEL", "TIME", "FileRecords", "read_all",
-           "read_records"]
+__all__ = ["BYTES", "COUNT", "FETCH_WAIT_EVENTS", "MAX", "MIN", "NUMEL", "TIME", "FileRecords", "beyond_world",
+           "found_unreadable", "read_all", "read_records", "world_of"]
 
 FETCH_WAIT_EVENTS = ("forward_fetch_wait", "backward_fetch_wait")
 _PROBLEMS_SHOWN = 5  # per file; the rest are counted
@@ -386,3 +386,34 @@ def read_all(files: Mapping[str, Mapping[int, Path]]) -> List[FileRecords]:
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         return list(pool.map(_read_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
 
+
+
+def world_of(files: Sequence[FileRecords]) -> int:
+    """The run's world size: the largest recorded in a file with complete records (or its highest such rank + 1).
+    Files without a record (a leftover, an empty file of a rank beyond the world) do not widen it; with no
+    complete record anywhere, the highest rank + 1."""
+    complete = [records for records in files if records.complete_records]
+    if not complete:
+        return max((records.rank for records in files), default=-1) + 1
+    return max([records.world_size for records in complete] + [max(records.rank for records in complete) + 1])
+
+
+def beyond_world(records: FileRecords, world: int) -> Optional[str]:
+    """Why a file without a complete record of a rank outside the world is left out (None: it is not such a file)."""
+    if records.complete_records or records.rank < world:
+        return None
+    try:
+        empty = Path(records.path).stat().st_size == 0
+    except OSError:
+        empty = False
+    return f"{'empty' if empty else 'no complete record'}, rank beyond world_size {world}: ignored"
+
+
+def found_unreadable(files: Sequence[FileRecords], shown: int = 3) -> str:
+    """What a directory with nothing readable holds: how many record files, none with a complete record, the first
+    few named (``nothing readable`` names what it found, never ``()``)."""
+    if not files:
+        return "no record files"
+    names = [Path(records.path).name for records in sorted(files, key=lambda records: records.rank)]
+    more = f", ... {len(names) - shown:,} more" if len(names) > shown else ""
+    return f"{len(files):,} record file{'' if len(files) == 1 else 's'} without a complete record ({', '.join(names[:shown])}{more})"

@@ -1,10 +1,11 @@
-"""Text building blocks shared by the report and the diff: wrapped prose, aligned tables, rank ranges."""
+"""Text building blocks shared by the report and the diff: wrapped prose, aligned tables, rank ranges, and the
+files a run's reading could not use, summarised."""
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["cell", "counted", "percent", "rank_ranges", "table", "wrap"]
+__all__ = ["cell", "counted", "percent", "rank_ranges", "table", "unread_files", "wrap"]
 
 _WIDTH = 110  # prose is wrapped to this; tables are as wide as their columns
 
@@ -61,3 +62,43 @@ def rank_ranges(ranks: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
+
+
+_FILES_NAMED = 3  # files named one per line in a kind of finding; more of one kind are one line naming the first
+
+
+def _incomplete(entries: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The missing and incomplete files, one line per file where a kind has few; a kind (what, reason) with more
+    is one line: how many, their ranks and the first few named (2,000 empty files of ranks beyond the world are
+    one line, not 2,000)."""
+    kinds: Dict[Tuple[str, str], List[Mapping[str, Any]]] = {}
+    for entry in entries:
+        what = "trace" if entry["kind"] == "trace" else f"records of engine {entry['engine']}"
+        kinds.setdefault((what, entry["reason"]), []).append(entry)
+    lines = []
+    for (what, reason), found in kinds.items():
+        if len(found) <= _FILES_NAMED:
+            lines += [f"  {what}, rank {entry['rank']}" + (f" ({entry['file']})" if entry["file"] else "") + f": {reason}"
+                      for entry in found]
+            continue
+        files = [entry["file"] for entry in found if entry["file"]]
+        named = f"; {', '.join(files[:_FILES_NAMED])}{', ...' if len(files) > _FILES_NAMED else ''}" if files else ""
+        noun = "files" if files else "ranks"
+        lines += wrap(f"  {what}: {len(found):,} {noun} of ranks {rank_ranges(entry['rank'] for entry in found)} "
+                      f"({reason}{named})")
+    return lines
+
+
+def unread_files(incomplete: Sequence[Mapping[str, Any]], problems: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The report's ``incomplete`` files and bad lines (``problems``) as text, a kind of finding with many files in
+    one line, so that thousands of empty or damaged files never flood the report."""
+    lines = ["MISSING OR INCOMPLETE:", *_incomplete(incomplete)] if incomplete else []
+    for found in problems[:_FILES_NAMED]:
+        lines.extend(f"{found['file']}: {message}" for message in found["first"])
+        if found["count"] > len(found["first"]):
+            lines.append(f"{found['file']}: ... and {found['count'] - len(found['first'])} more problems")
+    if len(problems) > _FILES_NAMED:
+        more = problems[_FILES_NAMED:]
+        lines.append(f"... and {sum(found['count'] for found in more):,} problems in {len(more):,} more files "
+                     "(every file: --json)")
+    return lines

@@ -13,7 +13,8 @@ from ..diagnosis.advice import advice_lines
 from ..diagnosis.causes import describe_cause
 from .pipeline import pipeline_lines
 from .steps import ARRIVAL_FIGURES, StepView
-from .tables import counted, percent, rank_ranges, table, wrap
+from .tables import counted, percent, rank_ranges, table, unread_files, wrap
+from ..units import flops_rate, share
 
 __all__ = ["render_text"]
 
@@ -28,17 +29,7 @@ def _header(report: Mapping[str, Any]) -> List[str]:
         if len(shown) > _HOSTS_SHOWN:
             shown[_HOSTS_SHOWN - 1:-1] = [f"... {len(shown) - _HOSTS_SHOWN} more ..."]
         lines += wrap(f"hosts ({len(hosts)}): " + "; ".join(shown))
-    if report["incomplete"]:
-        lines.append("MISSING OR INCOMPLETE:")
-        for entry in report["incomplete"]:
-            what = "trace" if entry["kind"] == "trace" else f"records of engine {entry['engine']}"
-            where = f" ({entry['file']})" if entry["file"] else ""
-            lines.append(f"  {what}, rank {entry['rank']}{where}: {entry['reason']}")
-    for found in report["problems"]:
-        lines.extend(f"{found['file']}: {message}" for message in found["first"])
-        if found["count"] > len(found["first"]):
-            lines.append(f"{found['file']}: ... and {found['count'] - len(found['first'])} more problems")
-    return lines
+    return lines + unread_files(report["incomplete"], report["problems"])
 
 
 def _engine_header(name: str, engine: Mapping[str, Any]) -> List[str]:
@@ -118,21 +109,29 @@ def _worst_ranks(summary: Mapping[int, Mapping[str, Any]], limit: int) -> List[i
 _RANK_COLUMNS = {"step_ms_median": "step ms", "fetch_wait_ms_median": "fetch wait",
                  "collective_wait_ms_median": "collective wait", "exposed_wait_ms_median": "exposed wait",
                  "collective_ms_median": "in collectives", "busy_ms_median": "busy", "iteration_ms_median": "iteration",
-                 "gap_ms_median": "gap", "tflops_median": "TFLOP/s", "mfu_median": "MFU"}
+                 "gap_ms_median": "gap", "tflops_median": "FLOP/s", "mfu_median": "MFU"}
 _OPTIONAL_COLUMNS = ("iteration_ms_median", "gap_ms_median", "tflops_median", "mfu_median")  # later writers' fields
 
 
-def _rank_columns(view: StepView, summary: Mapping[int, Mapping[str, Any]]) -> List[str]:
-    """The per-rank medians shown: the time inside collectives only where the records carry it, the iteration,
-    gap, TFLOP/s and MFU where some rank has them."""
+def _fetched(engine: Mapping[str, Any]) -> bool:
+    """Whether the engine's records hold fetch events (ZeRO-3 with ``partitioned_param_profiler``): without them a
+    fetch wait column would be a column of zeros about something the job never recorded."""
+    return any(engine["events"].values())
+
+
+def _rank_columns(view: StepView, summary: Mapping[int, Mapping[str, Any]], fetched: bool = True) -> List[str]:
+    """The per-rank medians shown: the fetch wait only where fetches were recorded, the time inside collectives
+    only where the records carry it, the iteration, gap, TFLOP/s and MFU where some rank has them."""
     return [column for column in _RANK_COLUMNS
-            if (column != "collective_ms_median" or view.arrival == "collective_ms")
+            if (column != "fetch_wait_ms_median" or fetched)
+            and (column != "collective_ms_median" or view.arrival == "collective_ms")
             and (column not in _OPTIONAL_COLUMNS or any(row[column] is not None for row in summary.values()))]
 
 
 def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
     summary = engine["ranks_summary"]
-    columns = _rank_columns(engine["steps"], summary)
+    fetched = _fetched(engine)
+    columns = _rank_columns(engine["steps"], summary, fetched)
     staged = engine.get("pipeline") is not None  # a pipeline's ranks say their stage
     stage = ("stage", ) if staged else ()
     headers = ("rank", "host", *stage, "steps", *(_RANK_COLUMNS[column] for column in columns), "exposed share",
@@ -156,15 +155,18 @@ def _ranks(engine: Mapping[str, Any], limit: int) -> List[str]:
         inside += ("; iteration = end of the previous optimizer step to the end of this one (data loading, callbacks "
                    "and logging included); gap = its part outside forward, backward and step")
     if "tflops_median" in columns:
-        inside += "; TFLOP/s = the step's model FLOPs over its iteration; MFU = that over the peak the job was given"
-    return ["", *wrap(f"Ranks (median per train step, ms; exposed wait = fetch wait + blocking collectives; busy = "
+        inside += "; FLOP/s = the step's model FLOPs over its iteration; MFU = that over the peak the job was given"
+    exposed = "fetch wait + blocking collectives" if fetched else "blocking collectives"
+    return ["", *wrap(f"Ranks (median per train step, ms; exposed wait = {exposed}; busy = "
                        f"step - exposed{inside}; others' wait = what the ranks waited beyond this one in its straggler "
                        f"steps){note}:"), *table(headers, rows)]
 
 
 def _cell_of(column: str, value: Any) -> Any:
-    """A rank table value as shown: MFU as a percentage, the rest as they are."""
-    return percent(value) if column == "mfu_median" else value
+    """A rank table value as shown: MFU as a percentage, FLOP/s in TFLOP/s, GFLOP/s or MFLOP/s, the rest as they are."""
+    if column == "tflops_median":
+        return flops_rate(value)
+    return share(value) if column == "mfu_median" else value
 
 
 def _over_ranks(summary: Mapping[int, Mapping[str, Any]], column: str, pick: Any) -> Optional[float]:
@@ -185,13 +187,15 @@ _STEP_COLUMNS = {"step_ms": "step ms", "fetch_wait_ms": "fetch wait", "collectiv
                  "trace_step_ms": "trace step ms"}
 
 
-def _steps(view: StepView, limit: int, max_ranks: int) -> List[str]:
-    """Up to ``max_ranks`` ranks, a row per step and rank; beyond, a row per step across ranks."""
+def _steps(view: StepView, limit: int, max_ranks: int, fetched: bool = True) -> List[str]:
+    """Up to ``max_ranks`` ranks, a row per step and rank (the fetch wait where fetches were recorded); beyond, a
+    row per step across ranks."""
     shown, note = _steps_shown(view, limit)
     if not shown:
         return []
     if len(view.ranks) <= max_ranks:
-        names = [name for name in _STEP_COLUMNS if name != "collective_ms" or view.arrival == "collective_ms"]
+        names = [name for name in _STEP_COLUMNS if (name != "collective_ms" or view.arrival == "collective_ms")
+                 and (name != "fetch_wait_ms" or fetched)]
         matrices = [getattr(view, name) for name in names]
         rows = []
         for index in shown:
@@ -292,9 +296,10 @@ def _memory(engine: Mapping[str, Any], limit: int) -> List[str]:
                          key=lambda rank: (-(ranks[rank]["peak_allocated_bytes"] or 0), rank))
         shown = by_peak[:limit - 1] + ([lowest] if lowest is not None else by_peak[limit - 1:limit])
         note = f"; {limit} of {len(ranks)} ranks shown: the highest peaks, then the lowest"
+    live = ("; ZeRO-3's most live parameter elements against stage3_max_live_parameters"
+            if any(key == "live_params_max" for key, _, _ in columns) else "")
     lines = ["", *wrap(f"Memory (train steps: per rank the highest step peak, the step and phase it was in, and the "
-                        f"median step peak; ZeRO-3's most live parameter elements against stage3_max_live_parameters; "
-                        f"memory from {sources}){note}:")]
+                        f"median step peak{live}; memory from {sources}){note}:")]
     lines += table(("rank", "host", *(header for _, header, _ in columns)),
                     [(rank, hosts[rank]["host"], *(ranks[rank][key] if show is None else show(ranks[rank][key])
                                                    for key, _, show in columns)) for rank in shown])
@@ -359,7 +364,7 @@ def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int =
         if engine["ranks_summary"]:
             lines += _ranks(engine, max_ranks)
             lines += pipeline_lines(engine.get("pipeline"))
-            lines += _steps(engine["steps"], max_steps, max_ranks)
+            lines += _steps(engine["steps"], max_steps, max_ranks, _fetched(engine))
             lines += _memory(engine, max_ranks)
         if "advice" in engine:
             lines += ["", *(part for line in advice_lines(engine["advice"]) for part in wrap(line))]

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence
 
 from ...diagnosis.causes import CAUSES
 from .interval import Event
+from ...units import flops_rate
 
 __all__ = ["ConsoleSink", "DeepSpeedMonitorSink", "LiveSink", "console_line", "monitor_sink"]
 
@@ -71,7 +72,7 @@ def console_line(events: Sequence[Event]) -> str:
     parts = [
         _format(figures, "step_ms", "step {:.1f} ms"),
         " ".join(filter(None, [iteration, gap])) or None,
-        _format(figures, "tflops", "{:.3g} TFLOP/s"),
+        flops_rate(figures.get("ds_profutils/tflops")),
         _format(figures, "mfu", "MFU {:.3g}%", scale=100),
         _format(figures, "tokens_per_s", "{:,.0f} tok/s"),
         _format(figures, "exposed_wait_share", "wait {:.0%}"),
