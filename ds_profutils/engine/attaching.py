@@ -43,6 +43,8 @@ from .engine_driven import EngineDrivenProfiler
 from .engine_setup import apply_engine_settings
 from .hooks import EngineHooks, Listener
 from .live import LiveMetrics, LiveSink, monitor_sink
+from .live.clock import LiveStepClock
+from .live.gather import exchange_group
 from .memory import StepMemory
 from .recorder import StepRecorder
 from .throughput.accelerators import compute_dtype, resolve_peak
@@ -341,6 +343,10 @@ def _device_name(accelerator: Any) -> Optional[str]:
         return None
 
 
+def _nothing() -> None:
+    pass
+
+
 def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, identity: ProcessIdentity,
                      config: ProfUtilsConfig, *, writes: bool, metrics: Any,
                      profiler_active: Optional[Callable[[], bool]]) -> None:
@@ -350,7 +356,8 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
     dtype = engine.get_data_types()[0]
     peak = resolve_peak(metrics.peak_tflops, _device_name(accelerator), compute_dtype(dtype)) if metrics else None
     # on every rank (each takes part in the interval's gather), into DeepSpeed's monitor where one is enabled
-    attachment.live = None if metrics is None else LiveMetrics(metrics, peak.tflops, [monitor_sink(engine)])
+    attachment.live = None if metrics is None else LiveMetrics(metrics, peak.tflops, [monitor_sink(engine)],
+                                                               group=exchange_group(engine))
     recorder = StepRecorder(engine, coordinator, settings,
                             name=name,
                             identity=identity,
@@ -368,6 +375,8 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
         _started_files.add(path)
     attachment.recorder = recorder
     attachment.add(recorder, recorder.close)
+    if attachment.live is not None:  # after the recorder: a step whose figures did not come counts empty
+        attachment.add(LiveStepClock(engine, attachment.live), _nothing)
     if writes and identity.rank == settings.reporting_rank:
         pattern = fetch_records_file(settings.output_dir, "<r>", name)
         ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"

@@ -40,7 +40,7 @@ import torch
 from .._device_clock import DeviceEvents, pairs_clock
 from .._signal_exit import close_at_exit
 from ..config import PartitionedParamProfilerConfig
-from ..logging import log_dist, logger, warning_once
+from ..logging import log_dist, logger
 from ..nvtx import ranges_active
 from ..outputs import ProcessIdentity, fetch_records_file, last_record
 from ..zero3 import CoordinatorFetches
@@ -49,6 +49,7 @@ from . import collectives
 from .hooks import Listener
 from .live import StepFigures
 from .memory import StepMemory
+from .records_file import RecordsFile
 from .step import EngineCollectives, MicroSteps, StepRecord
 from .throughput.flops import FlopCounter
 from .throughput.totals import OptimizerStepTotals
@@ -90,10 +91,11 @@ class StepRecorder(Listener):
         self.flops = flops
         self.step_listeners: List[Callable[[StepFigures], None]] = list(step_listeners)
         self._profiler_active = profiler_active
+        what = "step records" if coordinator is None else "step and ZeRO-3 fetch records"
+        self._records = RecordsFile(self.path, what, identity.rank)  # opened at the first forward (module doc)
         if writes:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._records.make_directory()
         self._append = append
-        self._file: Any = None  # opened at the first forward, when a resume can be told (module doc)
         self._closed = False
         self.segment = 0
         self._finished_step = -1  # the highest global step whose optimizer step this file has
@@ -136,16 +138,18 @@ class StepRecorder(Listener):
     def _open_file(self) -> None:
         """Open the records file at the first forward: append on a resume (module doc), else start it."""
         engine = self._engine
+        if self._records.failed:  # its directory could not be made: said once, recording is off here
+            return
         resumed = engine.global_steps > 0
         last = last_record(self.path) if self._append or resumed else None
         if last is not None:
             self.segment = int(last.get("segment") or 0) + (0 if self._append else 1)
             # in this process the run goes on (a repeat starts a segment); a new process started one already
             self._finished_step = int(last.get("global_step", -1)) if self._append else -1
-        elif not self._append and self.path.exists() and self.path.stat().st_size > 0:
+        elif not self._append and self.path.is_file() and self.path.stat().st_size > 0:
             log_dist(f"ds_profutils: {self.path} held records of an earlier run; this run starts at global step 0 "
                      "and replaces them", ranks=[-1])
-        self._file = open(self.path, "ab" if self._append or resumed else "wb", buffering=0)  # one write() per record
+        self._records.open(append=self._append or resumed)
 
     # ---- step boundaries (EngineHooks) ----------------------------------------------------------------
 
@@ -162,7 +166,7 @@ class StepRecorder(Listener):
             self.fetches.begin(recorded, self.settings.trace_ranges and ranges_active())
         if not recorded and not self.step_listeners:
             return
-        if recorded and self._file is None:
+        if recorded and not self._records.opened:
             self._open_file()
         if mode == "train" and global_step <= self._finished_step:
             self.segment += 1  # this file finished the step before: a run went back to an earlier checkpoint
@@ -336,11 +340,7 @@ class StepRecorder(Listener):
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
 
     def _write(self, line: bytes) -> None:
-        try:
-            self._file.write(line)
-        except OSError as exc:
-            warning_once(f"ds_profutils: cannot write ZeRO-3 fetch records to {self.path} ({exc.strerror}); "
-                         "training goes on, those steps are not recorded")
+        self._records.write(line)
 
     def close(self) -> None:
         """Write what is finished, give the coordinator DeepSpeed's profiler back, close the file.
@@ -351,7 +351,7 @@ class StepRecorder(Listener):
         if self.closed:
             return
         try:
-            if self.writes and self._file is None:
+            if self.writes and not self._records.opened:
                 self._open_file()  # no forward came: the file says this run recorded nothing
             self._finish_open(closing=True)
             if self.device_events is not None:
@@ -364,8 +364,7 @@ class StepRecorder(Listener):
         """Close the file and give the coordinator back as DeepSpeed made it."""
         self._forget_at_exit()
         self._closed = True
-        if self._file is not None:
-            self._file.close()
+        self._records.close()
         if self.memory is not None:
             self.memory.close()
         self.collectives.step = None

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..._straggler import step_straggler
 
-__all__ = ["EVENT_NAMES", "Event", "StepFigures", "interval_events", "pack_interval"]
+__all__ = ["EVENT_NAMES", "Event", "StepFigures", "interval_events", "pack_interval", "packed_length"]
 
 Event = Tuple[str, float, int]
 """``(name, value, global_step)``: what DeepSpeed's ``MonitorMaster.write_events`` takes, and every sink."""
@@ -63,6 +63,11 @@ class StepFigures:
 # Positions of the per-rank totals after the two per-step columns (step_ms, collective_ms).
 _ITERATION, _GAP, _WALL, _FLOPS, _TOKENS, _WAIT, _STEP_SUM, _PEAK = range(8)
 _TOTALS = 8
+
+
+def packed_length(steps: int) -> int:
+    """How many floats :func:`pack_interval` gives for an interval of ``steps`` steps (an empty row's length)."""
+    return 2 * steps + _TOTALS
 
 
 def _known_sum(values: Sequence[Optional[float]]) -> float:

@@ -1,0 +1,93 @@
+"""One rank's records file, and the one behaviour for every way writing it can fail.
+
+An output directory that cannot be created (a path under a file, a read-only mount), a file that cannot
+be opened or written: on the rank concerned one line names the directory, the cause and what is already
+on disk, and recording stops on that rank; training goes on, the step's figures still reach the live
+metrics, the job's exit code is unchanged, no traceback.  A full disk (ENOSPC) pauses writing instead:
+the records of the steps meanwhile are lost, writing resumes with the first one that fits again.
+"""
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Any
+
+from ..logging import logger
+
+__all__ = ["RecordsFile"]
+
+
+class RecordsFile:
+    """The JSONL file at ``path`` (unbuffered: one ``write`` per record).  ``what`` names the records as
+    the job runs them ("step records", "step and ZeRO-3 fetch records") in its one line on failure."""
+
+    def __init__(self, path: Path, what: str, rank: int) -> None:
+        self.path = path
+        self.what = what
+        self.rank = rank
+        self.failed = False  # recording is off on this rank
+        self._file: Any = None
+        self._paused = False  # the disk was full at the last write
+
+    @property
+    def opened(self) -> bool:
+        """Whether an open was tried (the file is open, or failed to open)."""
+        return self._file is not None or self.failed
+
+    def make_directory(self) -> None:
+        """Create the output directory (at attach, so a later failure is not the first word about it)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._fail("cannot be created", exc)
+
+    def open(self, append: bool) -> None:
+        """Open for appending or start it afresh."""
+        if self.failed:
+            return
+        try:
+            self._file = open(self.path, "ab" if append else "wb", buffering=0)
+        except OSError as exc:
+            self._fail("cannot be written", exc)
+
+    def write(self, line: bytes) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(line)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                if not self._paused:
+                    self._paused = True
+                    logger.warning(f"ds_profutils: {self.path.parent} is full ({exc.strerror}): {self.what} of rank "
+                                   f"{self.rank} paused until space returns; training goes on")
+                return
+            self._fail("cannot be written", exc)
+            return
+        if self._paused:
+            self._paused = False
+            logger.warning(f"ds_profutils: {self.path.parent} has space again: {self.what} of rank {self.rank} go on "
+                           "(the steps in between are not recorded)")
+
+    def close(self) -> None:
+        if self._file is not None:
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError:  # an unbuffered file has nothing left to flush; the records written are on disk
+                pass
+
+    def _fail(self, how: str, exc: OSError) -> None:
+        """The one line, then recording off on this rank."""
+        self.close()
+        self.failed = True
+        cause = exc.strerror or str(exc)
+        logger.error(f"ds_profutils: output_dir {self.path.parent} {how} ({cause}): {self.what} are off on rank "
+                     f"{self.rank}, training goes on; {self._on_disk()}")
+
+    def _on_disk(self) -> str:
+        try:
+            size = self.path.stat().st_size if self.path.is_file() else 0
+        except OSError:
+            size = 0
+        return f"{self.path} keeps the {size:,} bytes written before" if size else "nothing of them is on disk"
