@@ -271,7 +271,7 @@ def test_a_full_disk_pauses_the_records_until_space_returns(tmp_path, ds_caplog)
     with recorder_for(engine, tmp_path) as attached:
         recorder = attached.recorder
         engine.train_step()
-        records = recorder._records
+        records = recorder.records_file
         kept, records._file = records._file, open("/dev/full", "wb", buffering=0)  # ENOSPC on every write
         engine.train_step()
         engine.train_step()

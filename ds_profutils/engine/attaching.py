@@ -377,7 +377,7 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
     attachment.add(recorder, recorder.close)
     if attachment.live is not None:  # after the recorder: a step whose figures did not come counts empty
         attachment.add(LiveStepClock(engine, attachment.live), _nothing)
-    if writes and identity.rank == settings.reporting_rank:
+    if writes and identity.rank == settings.reporting_rank and not recorder.records_file.failed:
         pattern = fetch_records_file(settings.output_dir, "<r>", name)
         ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"
         what = "step records" if coordinator is None else "step and ZeRO-3 fetch records"

@@ -92,9 +92,9 @@ class StepRecorder(Listener):
         self.step_listeners: List[Callable[[StepFigures], None]] = list(step_listeners)
         self._profiler_active = profiler_active
         what = "step records" if coordinator is None else "step and ZeRO-3 fetch records"
-        self._records = RecordsFile(self.path, what, identity.rank)  # opened at the first forward (module doc)
+        self.records_file = RecordsFile(self.path, what, identity.rank)  # opened at the first forward (module doc)
         if writes:
-            self._records.make_directory()
+            self.records_file.make_directory()
         self._append = append
         self._closed = False
         self.segment = 0
@@ -138,7 +138,7 @@ class StepRecorder(Listener):
     def _open_file(self) -> None:
         """Open the records file at the first forward: append on a resume (module doc), else start it."""
         engine = self._engine
-        if self._records.failed:  # its directory could not be made: said once, recording is off here
+        if self.records_file.failed:  # its directory could not be made: said once, recording is off here
             return
         resumed = engine.global_steps > 0
         last = last_record(self.path) if self._append or resumed else None
@@ -149,7 +149,7 @@ class StepRecorder(Listener):
         elif not self._append and self.path.is_file() and self.path.stat().st_size > 0:
             log_dist(f"ds_profutils: {self.path} held records of an earlier run; this run starts at global step 0 "
                      "and replaces them", ranks=[-1])
-        self._records.open(append=self._append or resumed)
+        self.records_file.open(append=self._append or resumed)
 
     # ---- step boundaries (EngineHooks) ----------------------------------------------------------------
 
@@ -166,7 +166,7 @@ class StepRecorder(Listener):
             self.fetches.begin(recorded, self.settings.trace_ranges and ranges_active())
         if not recorded and not self.step_listeners:
             return
-        if recorded and not self._records.opened:
+        if recorded and not self.records_file.opened:
             self._open_file()
         if mode == "train" and global_step <= self._finished_step:
             self.segment += 1  # this file finished the step before: a run went back to an earlier checkpoint
@@ -340,7 +340,7 @@ class StepRecorder(Listener):
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
 
     def _write(self, line: bytes) -> None:
-        self._records.write(line)
+        self.records_file.write(line)
 
     def close(self) -> None:
         """Write what is finished, give the coordinator DeepSpeed's profiler back, close the file.
@@ -351,7 +351,7 @@ class StepRecorder(Listener):
         if self.closed:
             return
         try:
-            if self.writes and not self._records.opened:
+            if self.writes and not self.records_file.opened:
                 self._open_file()  # no forward came: the file says this run recorded nothing
             self._finish_open(closing=True)
             if self.device_events is not None:
@@ -364,7 +364,7 @@ class StepRecorder(Listener):
         """Close the file and give the coordinator back as DeepSpeed made it."""
         self._forget_at_exit()
         self._closed = True
-        self._records.close()
+        self.records_file.close()
         if self.memory is not None:
             self.memory.close()
         self.collectives.step = None
