@@ -5,6 +5,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from ds_profutils.engine.live import LiveMetrics, StepFigures
 from ds_profutils.engine.live.decisions import STOP, decide, empty_row, known_rows, split_flags, with_flags
@@ -103,3 +104,27 @@ def test_the_straggler_is_named_by_its_rank_among_rows_with_figures(known):
     events = dict((name, value) for name, value, _ in live._events(rows, 1, 0))
     assert events["ds_profutils/straggler_rank"] == 2
     assert ("ds_profutils/tokens_per_s" in events) == (len(known) == 2)
+
+
+def test_an_attached_engine_dropped_without_close_is_freed_and_leaves_inert_hooks(tmp_path):
+    """A retry loop or a sweep drops engines without close(): nothing of ours keeps one alive, and a module
+    kept beyond its engine (an EMA copy's source) runs its forwards as without ds_profutils."""
+    import copy
+    import gc
+    import pickle
+    import weakref
+
+    from test_zero_attach import Engine, read_records, recorder_for
+
+    engine = Engine()
+    recorder_for(engine, tmp_path)
+    engine.train_step()
+    copied = pickle.loads(pickle.dumps(copy.deepcopy(engine.module).__dict__["_forward_hooks"]))
+    assert all(hook._hooks is None for hook in copied.values())  # copies hold nothing of the engine
+    module, ref = engine.module, weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert ref() is None
+    module.train()
+    module(torch.ones(1))
+    assert len(read_records(tmp_path)) == 1
