@@ -22,7 +22,7 @@ def test_a_directory_under_a_file_is_one_line_and_recording_off(tmp_path, ds_cap
     assert records.failed and records.opened
     lines = [record.getMessage() for record in ds_caplog.records]
     assert lines == [f"ds_profutils: output_dir {tmp_path / 'plain' / 'out'} cannot be created (Not a directory): "
-                     "step records are off on rank 1, training goes on; nothing of them is on disk"]
+                     "step records are off on rank 1, training goes on; no step records of rank 1 are on disk"]
     assert "Traceback" not in ds_caplog.text
 
 
@@ -47,7 +47,7 @@ def test_a_write_error_keeps_what_was_written_and_names_it(tmp_path, ds_caplog):
     records.write(b'{"step": 2}\n')
     assert records.failed and path.read_bytes() == b'{"step": 0}\n'
     assert ds_caplog.text.count("cannot be written") == 1
-    assert f"{path} keeps the 12 bytes written before" in ds_caplog.text
+    assert f"{path} keeps the 12 bytes of step records written before" in ds_caplog.text
 
 
 class Kept:

@@ -93,7 +93,7 @@ def test_an_output_dir_under_a_file_is_one_line_per_rank_and_training_goes_on(jo
     assert found[0]["under_file"]["failed"] and found[1]["under_file"]["failed"]
     for rank in (0, 1):
         assert output.count(f"output_dir {out / 'plain' / 'records'} cannot be created (Not a directory): step "
-                            f"records are off on rank {rank}, training goes on; nothing of them is on disk") == 1
+                            f"records are off on rank {rank}, training goes on; no step records of rank {rank} are on disk") == 1
 
 
 def test_a_read_only_output_dir_is_one_line_per_rank_and_training_goes_on(job):

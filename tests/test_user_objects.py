@@ -7,12 +7,20 @@ import pytest
 
 from launcher import DIST_SCRIPTS, run_one_rank
 
+FETCHES_NEED_STAGE_3 = ("ds_profutils: partitioned_param_profiler is on, but ZeRO stage 2 does not partition parameters: "
+                        "fetch records need zero_optimization.stage 3; the step records of step_metrics go on")
+
 
 @pytest.fixture(scope="module")
-def found(tmp_path_factory):
+def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("user_objects") / "found.json"
-    run_one_rank([str(DIST_SCRIPTS / "user_objects.py"), "--out", str(out)])
-    return json.loads(out.read_text())
+    done = run_one_rank([str(DIST_SCRIPTS / "user_objects.py"), "--out", str(out)])
+    return json.loads(out.read_text()), done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def found(job):
+    return job[0]
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
@@ -27,3 +35,9 @@ def test_copies_of_the_attached_module_do_as_without_attach_and_are_not_the_engi
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_the_engine_goes_on_recording_and_close_twice_is_one_close(found, stage):
     assert found[f"stage{stage}"]["records_after"] == 1 and found[f"stage{stage}"]["closed_twice"]
+
+
+def test_both_record_sections_below_stage_3_keep_the_step_records_and_say_so_once(job):
+    found, output = job
+    assert found["both_sections"] == {"records": 2, "fetches": False}
+    assert output.count(FETCHES_NEED_STAGE_3) == 1

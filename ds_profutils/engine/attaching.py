@@ -13,7 +13,8 @@ framework adapter adds (:meth:`Attachment.report_to`).  An engine it does not kn
 :class:`Attachment` is what it returns: ``close()`` takes everything off again.
 
 Step records come from either section.  ``"step_metrics"`` records any ZeRO stage (0-3) and adds FLOPs;
-``"partitioned_param_profiler"`` needs stage 3 and adds the fetch events.  With both on, one file is
+``"partitioned_param_profiler"`` needs stage 3 and adds the fetch events (alone below stage 3 it is
+refused; beside ``"step_metrics"`` it is switched off there, said once).  With both on, one file is
 written whose shared keys (``output_dir``, ``ranks``, ``log_interval``, ``memory``) are step_metrics':
 the section that asks for the records of every stage decides where and how often they are written
 (a differing value in the other section is said once, and by ``check-config``).
@@ -279,6 +280,7 @@ def attach(engine: Any,
     fetch_settings = resolve_section(loaded.partitioned_param_profiler,
                                      dict(enabled=enabled, trace_ranges=trace_ranges, **given))
     metrics = resolve_section(loaded.step_metrics, given)
+    fetch_settings = _fetches_where_partitioned(engine, fetch_settings, metrics)
     settings = _record_settings(fetch_settings, metrics)
     snapshot_settings = resolve_section(loaded.memory_snapshot)
     profiler_settings = resolve_section(loaded.profiler)
@@ -314,6 +316,20 @@ def attach(engine: Any,
         snapshots = snapshot.MemorySnapshots(snapshot_settings, identity, history)
         attachment.add(_StepSnapshots(engine, snapshots), snapshots.close)
     return attachment
+
+
+def _fetches_where_partitioned(engine: Any, fetches: PartitionedParamProfilerConfig,
+                               metrics: Any) -> PartitionedParamProfilerConfig:
+    """Both record sections on below ZeRO-3: the step records stay, the fetch records (which need stage 3)
+    are off, said once; the fetch section alone is refused as before (there is nothing else to record)."""
+    if not (fetches.enabled and metrics.enabled):
+        return fetches
+    stage = engine.zero_optimization_stage()
+    if stage == 3:
+        return fetches
+    warning_once(f"ds_profutils: partitioned_param_profiler is on, but ZeRO stage {stage} does not partition "
+                 "parameters: fetch records need zero_optimization.stage 3; the step records of step_metrics go on")
+    return fetches.model_copy(update=dict(enabled=False))
 
 
 def _record_settings(fetches: PartitionedParamProfilerConfig, metrics: Any) -> PartitionedParamProfilerConfig:

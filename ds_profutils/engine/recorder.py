@@ -379,7 +379,7 @@ class StepRecorder(Listener):
     def stop_after_error(self, exc: Exception) -> None:
         what = "ZeRO-3 fetch recorder" if self.fetches is not None else "step recorder"
         logger.error("ds_profutils: the %s of engine %r failed (%s: %s); it stops recording and training goes on; "
-                     "the steps recorded so far are in %s", what, self.name, type(exc).__name__, exc, self.path)
+                     "%s", what, self.name, type(exc).__name__, exc, self.records_file.on_disk())
         if self.closed:
             return
         try:

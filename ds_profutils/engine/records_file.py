@@ -83,11 +83,14 @@ class RecordsFile:
         self.failed = True
         cause = exc.strerror or str(exc)
         logger.error(f"ds_profutils: output_dir {self.path.parent} {how} ({cause}): {self.what} are off on rank "
-                     f"{self.rank}, training goes on; {self._on_disk()}")
+                     f"{self.rank}, training goes on; {self.on_disk()}")
 
-    def _on_disk(self) -> str:
+    def on_disk(self) -> str:
+        """What of the records is on disk, in words (a failure's line says it)."""
         try:
             size = self.path.stat().st_size if self.path.is_file() else 0
         except OSError:
             size = 0
-        return f"{self.path} keeps the {size:,} bytes written before" if size else "nothing of them is on disk"
+        if size:
+            return f"{self.path} keeps the {size:,} bytes of {self.what} written before"
+        return f"no {self.what} of rank {self.rank} are on disk"

@@ -5,7 +5,7 @@ For ZeRO stages 0, 1 and 2, an engine with ``step_metrics`` on trains two steps 
 ``torch.optim.swa_utils.AveragedModel(engine.module)`` (EMA models, teacher copies) must do what they do
 without ``attach`` (DeepSpeed's own module hooks are local functions, so pickling fails without us too, and
 must fail the same way), the copies' forwards must add no record, and the engine must go on recording.
-``close()`` twice is one close.  Findings go to the JSON file named by ``--out``.
+``close()`` twice is one close.  Both record sections on a ZeRO-2 engine keep the step records.  Findings go to the JSON file named by ``--out``.
 """
 import argparse
 import copy
@@ -75,12 +75,28 @@ def copies_of(stage, out):
     return found
 
 
+def both_sections(out):
+    """Both record sections on a ZeRO-2 engine: the step records stay, without fetch events."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+        "train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}}, "zero_optimization": {"stage": 2},
+        "step_metrics": {"enabled": True, "output_dir": str(out / "both"), "console": False},
+        "partitioned_param_profiler": {"enabled": True, "output_dir": str(out / "both")}})
+    with ds_profutils.attach(engine, name="both") as attachment:
+        train(engine, 2)
+        fetches = attachment.recorder.fetches
+    return {"records": records(attachment.recorder.path), "fetches": fetches is not None}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     out = Path(parser.parse_args().out)
     deepspeed.init_distributed(dist_backend="gloo")
     found = {f"stage{stage}": copies_of(stage, out.parent) for stage in (0, 1, 2)}
+    found["both_sections"] = both_sections(out.parent)
     out.write_text(json.dumps(found))
     torch.distributed.destroy_process_group()
 
