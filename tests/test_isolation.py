@@ -128,3 +128,34 @@ def test_an_attached_engine_dropped_without_close_is_freed_and_leaves_inert_hook
     module.train()
     module(torch.ones(1))
     assert len(read_records(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("earlier, moved", [({"model_numel": 999, "world_size": 4}, True),
+                                            ({"model_numel": 123, "world_size": 8}, True),
+                                            ({"model_numel": 123, "world_size": 4, "engine_config_hash": "x"}, False),
+                                            ({"model_numel": 123, "world_size": 4}, False)])
+def test_a_resume_into_another_jobs_records_moves_them_aside_once(tmp_path, ds_caplog, earlier, moved):
+    """Another job = a different model_numel, world_size or config hash in the last record (a key either side
+    lacks decides nothing: this stand-in engine has no config hash); the readers skip the moved file."""
+    import json
+
+    from ds_profutils.outputs import fetch_records_files
+    from test_step_records import attach_recorder
+    from test_zero_attach import Engine, read_records
+
+    path = tmp_path / "zero_fetch_rank_3.jsonl"
+    earlier_text = json.dumps({"global_step": 9, "segment": 0, **earlier}) + "\n"
+    path.write_text(earlier_text)
+    engine = Engine(stage=2)
+    engine.global_steps = 5  # a resume
+    with attach_recorder(engine, tmp_path, model_numel=123):
+        engine.train_step()
+    aside = tmp_path / "zero_fetch_rank_3.prev-1.jsonl"
+    assert aside.exists() == moved
+    steps = [(record["global_step"], record["segment"]) for record in read_records(tmp_path)]
+    if moved:
+        assert aside.read_text() == earlier_text and steps == [(5, 0)]
+        assert ds_caplog.text.count(f"ds_profutils: {path} held another job's records") == 1
+        assert fetch_records_files(tmp_path) == {"main": {3: path}}  # the readers' pattern skips it
+    else:
+        assert path.read_text().startswith(earlier_text) and steps == [(9, 0), (5, 1)]

@@ -39,5 +39,7 @@ def test_the_engine_goes_on_recording_and_close_twice_is_one_close(found, stage)
 
 def test_both_record_sections_below_stage_3_keep_the_step_records_and_say_so_once(job):
     found, output = job
-    assert found["both_sections"] == {"records": 2, "fetches": False}
+    both = found["both_sections"]
+    assert (both["records"], both["fetches"]) == (2, False)
+    assert len(both["config_hash"]) == 16  # the real engine's resolved config, which tells another job's file apart
     assert output.count(FETCHES_NEED_STAGE_3) == 1

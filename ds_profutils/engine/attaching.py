@@ -48,6 +48,7 @@ from .live.clock import LiveStepClock
 from .live.gather import exchange_group
 from .memory import StepMemory
 from .recorder import StepRecorder
+from .records_file import config_hash
 from .throughput.accelerators import compute_dtype, resolve_peak
 from .throughput.flops import FlopCounter
 
@@ -154,30 +155,6 @@ def continue_series(engine: Any, name: str) -> None:
     """``engine`` continues the records of ``name`` (a framework's next engine for a resumed run): attached
     without a name, it records under ``name`` and appends to its file.  An engine named already keeps its name."""
     _engine_names.setdefault(engine, name)
-
-
-class _StepSnapshots(Listener):
-    """The memory snapshots as the engine's steps and errors reach them."""
-
-    def __init__(self, engine: Any, snapshots: snapshot.MemorySnapshots) -> None:
-        self.engine = engine
-        self.snapshots = snapshots
-        self.watches_errors = snapshots.settings.on_oom
-        self._steps_before: Optional[int] = None
-
-    def step_started(self) -> None:
-        self._steps_before = self.engine.global_steps
-
-    def step_ended(self) -> None:
-        if self._steps_before is not None and self.engine.global_steps != self._steps_before:
-            self.snapshots.step_ended(self._steps_before)  # global step N is done once the count passes it
-
-    def failed(self, exc: BaseException) -> None:
-        self.snapshots.failed(exc)
-
-    def stop_after_error(self, exc: Exception) -> None:
-        logger.error("memory_snapshot: stopped after an error (%s: %s); training goes on", type(exc).__name__, exc)
-        self.snapshots.close()
 
 
 class Attachment:
@@ -314,7 +291,7 @@ def attach(engine: Any,
         attachment.add(profiling, profiling.close)
     if history is not None:
         snapshots = snapshot.MemorySnapshots(snapshot_settings, identity, history)
-        attachment.add(_StepSnapshots(engine, snapshots), snapshots.close)
+        attachment.add(snapshot.StepSnapshots(engine, snapshots), snapshots.close)
     return attachment
 
 
@@ -385,6 +362,7 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
                             flops=FlopCounter() if metrics is not None else None,
                             peak_tflops=peak.tflops if peak is not None else None,
                             model_numel=model_numel(engine),
+                            config_hash=config_hash(engine),
                             profiler_active=profiler_active,
                             step_listeners=[] if attachment.live is None else [attachment.live.step_finished])
     if writes:

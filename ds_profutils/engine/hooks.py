@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 from torch.autograd.graph import register_multi_grad_hook
 
-__all__ = ["EngineHooks", "Listener", "grad_outputs", "on_backward_end", "raised_by_signal_handler", "running"]
+__all__ = ["EngineHooks", "Listener", "OptimizerStepListener", "grad_outputs", "on_backward_end", "raised_by_signal_handler", "running"]
 
 _ABSENT = object()
 
@@ -121,6 +121,31 @@ class Listener:
 
     def stop_after_error(self, exc: Exception) -> None:
         """This listener raised ``exc``: stop listening (the hooks remove it afterwards)."""
+
+
+class OptimizerStepListener(Listener):
+    """A listener told of each optimizer step of ``engine`` (held weakly) that ends: a ``step()`` after which
+    the engine's global step count moved on (Accelerate calls it at every micro step; only the boundary's
+    counts).  Subclasses implement :meth:`optimizer_step_ended`."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = weakref.ref(engine)
+        self._steps_before: Optional[int] = None
+
+    def _global_steps(self) -> Optional[int]:
+        engine = self._engine()
+        return None if engine is None else engine.global_steps
+
+    def step_started(self) -> None:
+        self._steps_before = self._global_steps()
+
+    def step_ended(self) -> None:
+        before, self._steps_before = self._steps_before, None
+        if before is not None and self._global_steps() != before:
+            self.optimizer_step_ended(before)  # global step N is done once the count passes it
+
+    def optimizer_step_ended(self, global_step: int) -> None:
+        """Global step ``global_step`` is done."""
 
 
 def raised_by_signal_handler(exc: BaseException) -> bool:

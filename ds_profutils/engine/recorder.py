@@ -72,7 +72,8 @@ class StepRecorder(Listener):
     rather than start it afresh.  ``coordinator``: the engine's ZeRO-3 parameter coordinator, whose
     fetches the records then hold; None records the steps and collectives of an engine without one.
     ``writes``: False on a rank outside ``ranks`` that measures for ``step_listeners`` only (no file).
-    ``flops``: counts each micro step's FLOPs (None: no ``flops`` fields).  ``profiler_active``: whether
+    ``flops``: counts each micro step's FLOPs (None: no ``flops`` fields).  ``config_hash``: the engine's
+    resolved config, hashed (with ``model_numel`` and the world size it tells another job's file apart).  ``profiler_active``: whether
     the engine-driven torch profiler records now (the step's record then says so).
     """
 
@@ -80,7 +81,8 @@ class StepRecorder(Listener):
                  identity: ProcessIdentity, dtype: torch.dtype, device_events: Optional[DeviceEvents],
                  memory: Optional[StepMemory], append: bool = False, writes: bool = True,
                  flops: Optional[FlopCounter] = None, peak_tflops: Optional[float] = None,
-                 model_numel: Optional[int] = None, profiler_active: Optional[Callable[[], bool]] = None,
+                 model_numel: Optional[int] = None, config_hash: Optional[str] = None,
+                 profiler_active: Optional[Callable[[], bool]] = None,
                  step_listeners: Sequence[Callable[[StepFigures], None]] = ()) -> None:
         self.name = name
         self.settings = settings
@@ -107,7 +109,7 @@ class StepRecorder(Listener):
             "schema": RECORD_SCHEMA, "engine": name, "rank": identity.rank, "world_size": identity.world_size,
             "local_rank": identity.local_rank, "host": identity.host, "pid": identity.pid,
             "recording_ranks": settings.ranks, "dtype": str(dtype)[len("torch."):], "clock": "host",
-            "model_numel": model_numel, "peak_tflops": peak_tflops,
+            "model_numel": model_numel, "peak_tflops": peak_tflops, "engine_config_hash": config_hash,
             **(fetches.header if fetches is not None else {})
         }  # on the device clock, each record says its own clock
         self._engine = engine
@@ -142,6 +144,8 @@ class StepRecorder(Listener):
             return
         resumed = engine.global_steps > 0
         last = last_record(self.path) if self._append or resumed else None
+        if last is not None and not self._append and self.records_file.set_aside_other_job(last, self._header):
+            last = None  # another job's file, moved aside (or this rank's recording is off)
         if last is not None:
             self.segment = int(last.get("segment") or 0) + (0 if self._append else 1)
             # in this process the run goes on (a repeat starts a segment); a new process started one already

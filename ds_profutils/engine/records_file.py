@@ -5,16 +5,33 @@ be opened or written: on the rank concerned one line names the directory, the ca
 on disk, and recording stops on that rank; training goes on, the step's figures still reach the live
 metrics, the job's exit code is unchanged, no traceback.  A full disk (ENOSPC) pauses writing instead:
 the records of the steps meanwhile are lost, writing resumes with the first one that fits again.
+
+A resume into an output directory holding another job's records (a different ``model_numel``,
+``world_size`` or engine config hash in the file's last record) would append to them: that file is moved
+aside to ``<name>.prev-<n>.jsonl``, which the readers' name pattern skips, and the job says so once.
 """
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Optional
 
 from ..logging import logger
 
-__all__ = ["RecordsFile"]
+__all__ = ["JOB_KEYS", "RecordsFile", "config_hash"]
+
+JOB_KEYS = ("model_numel", "world_size", "engine_config_hash")
+"""Header fields that tell one job from another (not the time: a resume starts later by design)."""
+
+
+def config_hash(engine: Any) -> Optional[str]:
+    """A short hash of the engine's resolved ds_config (DeepSpeed's parsed dict), None where it has none."""
+    resolved = getattr(getattr(engine, "_config", None), "_param_dict", None)
+    if not isinstance(resolved, dict):
+        return None
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class RecordsFile:
@@ -49,6 +66,25 @@ class RecordsFile:
             self._file = open(self.path, "ab" if append else "wb", buffering=0)
         except OSError as exc:
             self._fail("cannot be written", exc)
+
+    def set_aside_other_job(self, last: Mapping[str, Any], header: Mapping[str, Any]) -> bool:
+        """Move the file aside when its ``last`` record is another job's than ``header`` says this one is (a
+        key either side lacks decides nothing); True when it was moved."""
+        differing = [f"{key} {last[key]} -> {header[key]}" for key in JOB_KEYS
+                     if last.get(key) is not None and header.get(key) is not None and last[key] != header[key]]
+        if not differing:
+            return False
+        number = 1
+        while (aside := self.path.with_name(f"{self.path.stem}.prev-{number}.jsonl")).exists():
+            number += 1
+        try:
+            self.path.rename(aside)
+        except OSError as exc:
+            self._fail("cannot be written", exc)
+            return True
+        logger.warning(f"ds_profutils: {self.path} held another job's records ({', '.join(differing)}); moved to "
+                       f"{aside.name} (reports skip it unless named), this run starts the file afresh")
+        return True
 
     def write(self, line: bytes) -> None:
         if self._file is None:

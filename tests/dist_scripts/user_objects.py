@@ -87,7 +87,9 @@ def both_sections(out):
     with ds_profutils.attach(engine, name="both") as attachment:
         train(engine, 2)
         fetches = attachment.recorder.fetches
-    return {"records": records(attachment.recorder.path), "fetches": fetches is not None}
+    first = json.loads(attachment.recorder.path.read_text().splitlines()[0])
+    return {"records": records(attachment.recorder.path), "fetches": fetches is not None,
+            "config_hash": first["engine_config_hash"]}
 
 
 def main():

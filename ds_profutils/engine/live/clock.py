@@ -8,35 +8,24 @@ not come with empty figures: the failed rank's row is empty, every rank's exchan
 """
 from __future__ import annotations
 
-import weakref
-from typing import Any, Optional
+from typing import Any
 
 from ...logging import logger
-from ..hooks import Listener
+from ..hooks import OptimizerStepListener
 from .metrics import LiveMetrics
 
 __all__ = ["LiveStepClock"]
 
 
-class LiveStepClock(Listener):
-    """Tells ``live`` each optimizer step of ``engine`` (held weakly) that ends; add it after the recorder."""
+class LiveStepClock(OptimizerStepListener):
+    """Tells ``live`` each optimizer step of ``engine`` that ends; add it after the recorder."""
 
     def __init__(self, engine: Any, live: LiveMetrics) -> None:
-        self._engine = weakref.ref(engine)
+        super().__init__(engine)
         self.live = live
-        self._steps_before: Optional[int] = None
 
-    def _global_steps(self) -> Optional[int]:
-        engine = self._engine()
-        return None if engine is None else engine.global_steps
-
-    def step_started(self) -> None:
-        self._steps_before = self._global_steps()
-
-    def step_ended(self) -> None:
-        before, self._steps_before = self._steps_before, None
-        if before is not None and self._global_steps() != before:  # global step ``before`` is done
-            self.live.optimizer_step_ended(before)
+    def optimizer_step_ended(self, global_step: int) -> None:
+        self.live.optimizer_step_ended(global_step)
 
     def stop_after_error(self, exc: Exception) -> None:
         logger.error("ds_profutils: live metrics stopped after an error (%s: %s); training goes on",
