@@ -40,9 +40,9 @@ import torch
 from .._device_clock import DeviceEvents, pairs_clock
 from .._signal_exit import close_at_exit
 from ..config import PartitionedParamProfilerConfig
-from ..logging import log_dist, logger
+from ..logging import logger
 from ..nvtx import ranges_active
-from ..outputs import ProcessIdentity, fetch_records_file, last_record
+from ..outputs import ProcessIdentity, fetch_records_file
 from ..zero3 import CoordinatorFetches
 from ..zero3.fetches import fetch_wait_ms
 from . import collectives
@@ -139,21 +139,11 @@ class StepRecorder(Listener):
 
     def _open_file(self) -> None:
         """Open the records file at the first forward: append on a resume (module doc), else start it."""
-        engine = self._engine
-        if self.records_file.failed:  # its directory could not be made: said once, recording is off here
-            return
-        resumed = engine.global_steps > 0
-        last = last_record(self.path) if self._append or resumed else None
-        if last is not None and not self._append and self.records_file.set_aside_other_job(last, self._header):
-            last = None  # another job's file, moved aside (or this rank's recording is off)
+        last = self.records_file.start(self._append, self._engine.global_steps > 0, self._header)
         if last is not None:
             self.segment = int(last.get("segment") or 0) + (0 if self._append else 1)
             # in this process the run goes on (a repeat starts a segment); a new process started one already
             self._finished_step = int(last.get("global_step", -1)) if self._append else -1
-        elif not self._append and self.path.is_file() and self.path.stat().st_size > 0:
-            log_dist(f"ds_profutils: {self.path} held records of an earlier run; this run starts at global step 0 "
-                     "and replaces them", ranks=[-1])
-        self.records_file.open(append=self._append or resumed)
 
     # ---- step boundaries (EngineHooks) ----------------------------------------------------------------
 

@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from ..logging import logger
+from ..logging import log_dist, logger
+from ..outputs import last_record
 
 __all__ = ["JOB_KEYS", "RecordsFile", "config_hash"]
 
@@ -66,6 +67,21 @@ class RecordsFile:
             self._file = open(self.path, "ab" if append else "wb", buffering=0)
         except OSError as exc:
             self._fail("cannot be written", exc)
+
+    def start(self, append: bool, resumed: bool, header: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+        """Open at a run's first forward: add to the file within this process (``append``) or on a resume
+        (``resumed``, another job's file moved aside first), else start it afresh, saying so where it held
+        records.  Returns the last record the run goes on from (None: it starts the file)."""
+        if self.failed:  # its directory could not be made: said once, recording is off here
+            return None
+        last = last_record(self.path) if append or resumed else None
+        if last is not None and not append and self.set_aside_other_job(last, header):
+            last = None
+        if last is None and not append and self.path.is_file() and self.path.stat().st_size > 0:
+            log_dist(f"ds_profutils: {self.path} held records of an earlier run; this run starts at global step 0 "
+                     "and replaces them", ranks=[-1])
+        self.open(append=append or resumed)
+        return last
 
     def set_aside_other_job(self, last: Mapping[str, Any], header: Mapping[str, Any]) -> bool:
         """Move the file aside when its ``last`` record is another job's than ``header`` says this one is (a
