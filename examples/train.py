@@ -101,3 +101,5 @@ def report_outputs(attachment: Optional[Attachment]) -> None:
 
 if __name__ == "__main__":
     report_outputs(train(parse_args()))
+    if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
+        torch.distributed.destroy_process_group()

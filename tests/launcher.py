@@ -80,14 +80,15 @@ def run_deepspeed(script: os.PathLike | str,
                   timeout: float = 300,
                   env: Optional[Mapping[str, str]] = None,
                   cwd: Optional[os.PathLike | str] = None,
-                  check: bool = True) -> subprocess.CompletedProcess:
+                  check: bool = True,
+                  prefix: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """Run ``deepspeed --num_gpus N --master_port P script args`` and return the finished process.
 
     With ``check`` a non-zero exit fails with the tail of the combined output, which is what one
-    needs to see when a rank dies.
+    needs to see when a rank dies.  ``prefix`` goes before the command (``unshare --mount ...``).
     """
     port = free_port()
-    command = _command(script, args, num_gpus, port)
+    command = [*prefix, *_command(script, args, num_gpus, port)]
     try:
         proc = subprocess.run(command,
                               cwd=cwd or REPO,
@@ -102,6 +103,22 @@ def run_deepspeed(script: os.PathLike | str,
         tail = "\n".join(proc.stdout.splitlines()[-60:])
         raise AssertionError(f"deepspeed launcher exited {proc.returncode}: {' '.join(command)}\n{tail}")
     return proc
+
+
+TEARDOWN_ABORT = "terminate called without an active exception"
+"""gloo's abort at process exit, with or without ds_profutils (README, "On CPU")."""
+
+
+def assert_job_ended(proc: subprocess.CompletedProcess, marker: str, ranks: int = 2) -> None:
+    """The job (run with ``check=False``) succeeded: exit 0, or gloo's teardown abort after every rank printed
+    ``marker`` (the script's last line before its shutdown) with no traceback before; never otherwise."""
+    output = proc.stdout
+    tail = "\n".join(output.splitlines()[-60:])
+    assert output.count(marker) == ranks, f"not every rank reached {marker!r} (exit {proc.returncode}):\n{tail}"
+    assert "Traceback" not in output, tail
+    if proc.returncode != 0:
+        abort = output.find(TEARDOWN_ABORT)
+        assert abort > output.rfind(marker) >= 0, f"exit {proc.returncode} without gloo's teardown abort:\n{tail}"
 
 
 def run_one_rank(args: Sequence[str], *, timeout: float = 600,

@@ -10,7 +10,8 @@ import pytest
 
 from ds_profutils.config import (BOOL_FALSE, BOOL_TRUE, SUMMARY_SORT_KEYS, ConfigError, ConfigProblem, NvtxConfig,
                                  PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig, StepMetricsConfig,
-                                 check_ranks, load_config, resolve_section)
+                                 SECTIONS, check_ranks, load_config, resolve_section)
+from ds_profutils.config.loading import config_from_raw
 from launcher import REPO, run_one_rank
 
 DS_CONFIGS = sorted((REPO / "ds_configs").glob("*.json"))
@@ -354,18 +355,41 @@ def test_env_rank_lists(monkeypatch):
         load_config()
 
 
-def test_unknown_env_variables_are_errors(monkeypatch):
+def test_unknown_env_variables_are_errors_for_check_config(monkeypatch):
     monkeypatch.setenv("DS_PROFUTILS_PROFILER_ACTIV", "3")
     monkeypatch.setenv("DS_PROFUTILS_PROFILR_ENABLED", "1")
     monkeypatch.setenv("DS_PROFUTILS_TOX_DIR", "/tmp/tox")  # tooling, not a setting
     with pytest.raises(ConfigError) as excinfo:
-        load_config()
+        config_from_raw({}, strict=True)
     first, second = problem_lines(excinfo)
     assert first.startswith("DS_PROFUTILS_PROFILER_ACTIV: unknown variable (did you mean "
                             "DS_PROFUTILS_PROFILER_ACTIVE?); profiler settings are DS_PROFUTILS_PROFILER_<FIELD> "
                             "with FIELD one of ACTIVE, ENABLED, ")
     assert second == ("DS_PROFUTILS_PROFILR_ENABLED: unknown variable; expected DS_PROFUTILS_<SECTION>_<FIELD> "
                       "with SECTION one of PROFILER, NVTX, PARTITIONED_PARAM_PROFILER, MEMORY_SNAPSHOT, STEP_METRICS")
+
+
+def test_an_unknown_env_variable_in_a_job_is_warned_once_with_the_closest_and_ignored(monkeypatch, ds_caplog):
+    """Variables leak between jobs (module files, shell profiles): one naming no setting must not stop a job."""
+    import ds_profutils.config.env as env
+
+    monkeypatch.setattr(env, "_warned_unknown", set())
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ACTIV", "3")
+    monkeypatch.setenv("DS_PROFUTILS_FOO", "1")
+    monkeypatch.setenv("DS_PROFUTILS_NVTX_ENABLED", "1")  # a known key still sets its value
+    config = load_config({"profiler": {"enabled": True}})
+    assert config.profiler.active == ProfilerConfig().active and config.nvtx.enabled
+    load_config({})
+    resolve_section(config.profiler)
+    assert [r.getMessage() for r in ds_caplog.records if r.levelname == "WARNING"] == [
+        "ds_profutils: environment variable DS_PROFUTILS_FOO names no setting (closest: "
+        f"{env.closest_variable('DS_PROFUTILS_FOO', SECTIONS)}); it is ignored (ds-profutils check-config rejects it)",
+        "ds_profutils: environment variable DS_PROFUTILS_PROFILER_ACTIV names no setting (closest: "
+        "DS_PROFUTILS_PROFILER_ACTIVE); it is ignored (ds-profutils check-config rejects it)"]
+    monkeypatch.setenv("DS_PROFUTILS_PROFILER_ACTIVE", "many")  # a known key's bad value stays an error
+    with pytest.raises(ConfigError, match="DS_PROFUTILS_PROFILER_ACTIVE"):
+        load_config({})
 
 
 def test_env_and_file_problems_are_reported_together(monkeypatch):
@@ -586,7 +610,7 @@ def test_a_bad_peak_from_the_environment_names_the_variable(monkeypatch, text, l
 def test_unknown_step_metrics_variable_says_the_fields(monkeypatch):
     monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_MONITOR", "3")
     with pytest.raises(ConfigError) as excinfo:
-        load_config({})
+        config_from_raw({}, strict=True)
     assert problem_lines(excinfo) == [
         "DS_PROFUTILS_STEP_METRICS_MONITOR: unknown variable "
         "(did you mean DS_PROFUTILS_STEP_METRICS_MONITOR_INTERVAL?); step_metrics settings are "

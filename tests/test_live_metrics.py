@@ -191,6 +191,17 @@ def test_deepspeed_monitor_sink_only_where_a_monitor_is_enabled_on_deepspeeds_sa
     assert [{step for _, _, step in write} for write in written] == [{64}, {64}]
 
 
+def test_wandbs_monitor_gets_a_deferred_interval_at_the_present_samples_the_others_at_their_own():
+    """W&B drops every point below a step already logged, and DeepSpeed logs its own at the present samples."""
+    wandb, csv = [], []
+    monitor = SimpleNamespace(enabled=True, wandb_monitor=SimpleNamespace(write_events=wandb.append),
+                              csv_monitor=SimpleNamespace(write_events=csv.append), tb_monitor=None,
+                              comet_monitor=None, write_events=None)
+    engine = SimpleNamespace(monitor=monitor, global_steps=10, global_samples=80, train_batch_size=lambda: 8)
+    monitor_sink(engine).write([("ds_profutils/step_ms", 1.0, 7)])  # step 7's events written 2 steps later
+    assert wandb == [[("ds_profutils/step_ms", 1.0, 80)]] and csv == [[("ds_profutils/step_ms", 1.0, 64)]]
+
+
 @pytest.mark.parametrize("interval", [0, -1, 2.0, True, None])
 def test_a_bad_interval_names_the_key(interval):
     with pytest.raises(ValueError, match="step_metrics.monitor_interval"):

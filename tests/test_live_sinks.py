@@ -75,6 +75,31 @@ def test_trainer_reporting_nowhere_gets_nothing_and_goes_on(tmp_path):
     assert trainer.state.global_step == 6 and not list(tmp_path.rglob("events.out.tfevents.*"))
 
 
+def test_dvclive_gets_the_events_at_its_present_step_which_they_do_not_advance():
+    """DVCLive's Trainer callback calls ``next_step()`` in every ``on_log``: ours must not move its step."""
+    from transformers import TrainerState
+    from transformers.integrations import DVCLiveCallback
+
+    class Live:
+        def __init__(self):
+            self.metrics, self.steps = [], 0
+
+        def log_metric(self, name, value):
+            self.metrics.append((name, value))
+
+        def next_step(self):
+            self.steps += 1
+
+    callback = DVCLiveCallback.__new__(DVCLiveCallback)  # dvclive itself is not installed here
+    callback.live, callback._initialized = Live(), True
+    trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[callback]), state=TrainerState(), args=None)
+    TrainerSink(trainer).write(EVENTS)
+    assert callback.live.metrics == [(f"train/{name}", value) for name, value, _ in EVENTS]
+    assert callback.live.steps == 0
+    callback.live = None  # not started yet (its setup runs at the Trainer's first log): nothing to write to
+    TrainerSink(trainer).write(EVENTS)
+
+
 def test_accelerate_trackers_once_initialized(tmp_path):
     from accelerate import Accelerator
 

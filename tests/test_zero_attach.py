@@ -266,16 +266,22 @@ def test_log_interval_skips_steps_with_the_profiler_not_recording(tmp_path):
     assert getattr(engine.coordinator, PROFILER_ATTR) is deepspeeds  # given back at close
 
 
-def test_a_failing_write_is_logged_not_raised_into_training(tmp_path, monkeypatch):
-    warnings = []
-    monkeypatch.setattr(ds_profutils.engine.recorder, "warning_once", warnings.append)
+def test_a_full_disk_pauses_the_records_until_space_returns(tmp_path, ds_caplog):
     engine = Engine()
     with recorder_for(engine, tmp_path) as attached:
         recorder = attached.recorder
-        monkeypatch.setattr(recorder, "_file", open("/dev/full", "wb", buffering=0))
+        engine.train_step()
+        records = recorder.records_file
+        kept, records._file = records._file, open("/dev/full", "wb", buffering=0)  # ENOSPC on every write
         engine.train_step()
         engine.train_step()
-    assert len(warnings) >= 2 and all("cannot write ZeRO-3 fetch records" in warning for warning in warnings)
+        records._file.close()
+        records._file = kept
+        engine.train_step()
+    assert ds_caplog.text.count(f"ds_profutils: {tmp_path} is full (No space left on device): step and ZeRO-3 "
+                                "fetch records of rank 3 paused until space returns; training goes on") == 1
+    assert f"ds_profutils: {tmp_path} has space again" in ds_caplog.text
+    assert [r["global_step"] for r in read_records(tmp_path)] == [0, 3]
     assert recorder.closed and "step" not in vars(engine)
 
 

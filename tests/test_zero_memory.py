@@ -10,7 +10,7 @@ from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 from ds_profutils.config import MemorySnapshotConfig
 from ds_profutils.outputs import ProcessIdentity
 from ds_profutils.engine import snapshot
-from ds_profutils.engine.attaching import _StepSnapshots
+from ds_profutils.engine.snapshot import StepSnapshots
 from ds_profutils.engine.hooks import EngineHooks
 from ds_profutils.engine import memory
 from ds_profutils.engine.memory import StepMemory
@@ -163,7 +163,7 @@ def snapshotting(engine, tmp_path, history, **settings):
     settings = MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path), **settings)
     snapshots = snapshot.MemorySnapshots(settings, IDENTITY, history)
     hooks = EngineHooks(engine)
-    hooks.add(_StepSnapshots(engine, snapshots))
+    hooks.add(StepSnapshots(engine, snapshots))
     return hooks, snapshots
 
 
@@ -181,7 +181,7 @@ def test_an_out_of_memory_error_in_the_engine_writes_the_history_and_goes_on_unc
     engine.backward = backward
     hooks.remove()  # the hooks wrap what the engine holds when a listener watching errors is added
     hooks = EngineHooks(engine)
-    hooks.add(_StepSnapshots(engine, snapshots))
+    hooks.add(StepSnapshots(engine, snapshots))
     with pytest.raises(torch.OutOfMemoryError) as raised:
         engine.backward()
     assert raised.value is error and history.started == [500]

@@ -115,7 +115,7 @@ def _check(path: str, world_size: Optional[int]) -> Tuple[ProfUtilsConfig, Mappi
     raw, origin = raw_settings(path)
     misspelt = misspelt_sections(raw)
     try:
-        config = config_from_raw(raw, origin)
+        config = config_from_raw(raw, origin, strict=True)
     except ConfigError as exc:
         ranks = _rank_problems(raw, world_size) if world_size is not None and isinstance(raw, Mapping) else []
         raise ConfigError(misspelt + list(exc.problems) + ranks, origin) from None

@@ -2,12 +2,17 @@
 
 A launcher or a cluster script can change one setting for one run without editing the shared
 ds_config.json.  Values are parsed from an explicit table (``DS_PROFUTILS_NVTX_ENABLED=0`` means
-off), and a misspelt variable is an error, not silently ignored.  The section models are passed in
-by :mod:`.loading`, which decides when the environment is applied.
+off).  A variable naming no setting (a misspelling, or one leaked from another job's environment:
+module files, shell profiles and schedulers export variables between jobs) is an error for
+``ds-profutils check-config`` and, in a job, a warning naming the closest setting, then ignored: a stray
+variable must not stop a job whose config file is its own.  A bad value of a known setting stays an
+error everywhere.  The section models are passed in by :mod:`.loading`, which decides when the
+environment is applied.
 """
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import os
 import re
@@ -15,6 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, Ty
 
 from pydantic import BaseModel, ValidationError
 
+from ..outputs import process_identity
 from .errors import ConfigError, ConfigProblem, describe_error, key_path, not_allowed
 
 __all__ = [
@@ -119,14 +125,45 @@ def _split_variable(name: str, sections: Sections) -> Tuple[Optional[str], Optio
         f"{', '.join(s.upper() for s in sections)}")
 
 
-def read_environment(sections: Sections) -> Tuple[Dict[str, Dict[str, Tuple[str, Any]]], List[ConfigProblem]]:
-    """Parse every override: {section: {field: (variable, value)}}, and the problems found."""
+_warned_unknown: set = set()  # variables already warned about in this process
+
+
+def closest_variable(name: str, sections: Sections) -> str:
+    """The known variable nearest to ``name`` (there always is one: the warning names it)."""
+    rest = name[len(ENV_PREFIX):]
+    for section, model in sections.items():  # a known section: the nearest of its fields
+        if rest.startswith(section.upper() + "_"):
+            fields = [field.upper() for field in model.model_fields]
+            nearest = difflib.get_close_matches(rest[len(section) + 1:], fields, n=1, cutoff=0.0)[0]
+            return _variable(section, nearest)
+    known = [_variable(section, field) for section, model in sections.items() for field in model.model_fields]
+    return difflib.get_close_matches(name, known, n=1, cutoff=0.0)[0]
+
+
+def _warn_unknown(name: str, sections: Sections) -> None:
+    """Once per process, on rank 0: ``name`` sets nothing and is ignored."""
+    if name in _warned_unknown:
+        return
+    _warned_unknown.add(name)
+    if process_identity().rank == 0:
+        logging.getLogger("DeepSpeed").warning(
+            "ds_profutils: environment variable %s names no setting (closest: %s); it is ignored "
+            "(ds-profutils check-config rejects it)", name, closest_variable(name, sections))
+
+
+def read_environment(sections: Sections,
+                     strict: bool = False) -> Tuple[Dict[str, Dict[str, Tuple[str, Any]]], List[ConfigProblem]]:
+    """Parse every override: {section: {field: (variable, value)}}, and the problems found.  A variable
+    naming no setting is a problem when ``strict`` (check-config), else warned about once and ignored."""
     overrides: Dict[str, Dict[str, Tuple[str, Any]]] = {}
     problems: List[ConfigProblem] = []
     for name, text in sorted(environment_overrides().items()):
         section, field, problem = _split_variable(name, sections)
         if problem is not None:
-            problems.append(problem)
+            if strict:
+                problems.append(problem)
+            else:
+                _warn_unknown(name, sections)
             continue
         parse, expected = _env_reader(sections[section].model_fields[field].annotation)
         try:

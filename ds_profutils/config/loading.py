@@ -77,9 +77,10 @@ def load_config(source: ConfigSource = None) -> ProfUtilsConfig:
     return config_from_raw(raw, origin)
 
 
-def config_from_raw(raw: Any, origin: Optional[str] = None) -> ProfUtilsConfig:
-    """Our settings in a raw ds_config (``raw_settings``), environment applied; errors name ``origin``."""
-    overrides, problems = read_environment(SECTIONS)
+def config_from_raw(raw: Any, origin: Optional[str] = None, strict: bool = False) -> ProfUtilsConfig:
+    """Our settings in a raw ds_config (``raw_settings``), environment applied; errors name ``origin``.
+    ``strict`` (check-config): a ``DS_PROFUTILS_*`` variable naming no setting is an error, not a warning."""
+    overrides, problems = read_environment(SECTIONS, strict)
     config = None
     if not isinstance(raw, Mapping):
         problems.insert(0, ConfigProblem("(top level)", not_allowed(raw, "a JSON object")))

@@ -13,7 +13,8 @@ framework adapter adds (:meth:`Attachment.report_to`).  An engine it does not kn
 :class:`Attachment` is what it returns: ``close()`` takes everything off again.
 
 Step records come from either section.  ``"step_metrics"`` records any ZeRO stage (0-3) and adds FLOPs;
-``"partitioned_param_profiler"`` needs stage 3 and adds the fetch events.  With both on, one file is
+``"partitioned_param_profiler"`` needs stage 3 and adds the fetch events (alone below stage 3 it is
+refused; beside ``"step_metrics"`` it is switched off there, said once).  With both on, one file is
 written whose shared keys (``output_dir``, ``ranks``, ``log_interval``, ``memory``) are step_metrics':
 the section that asks for the records of every stage decides where and how often they are written
 (a differing value in the other section is said once, and by ``check-config``).
@@ -43,9 +44,12 @@ from .engine_driven import EngineDrivenProfiler
 from .engine_setup import apply_engine_settings
 from .hooks import EngineHooks, Listener
 from .live import LiveMetrics, LiveSink, monitor_sink
+from .live.clock import LiveStepClock
+from .live.gather import exchange_group
 from .memory import StepMemory
 from .pipeline import PipelineHooks, is_pipeline_engine
 from .recorder import StepRecorder
+from .records_file import config_hash
 from .throughput.accelerators import device_name, engine_compute_dtype, resolve_peak
 from .throughput.flops import FlopCounter
 
@@ -154,30 +158,6 @@ def continue_series(engine: Any, name: str) -> None:
     _engine_names.setdefault(engine, name)
 
 
-class _StepSnapshots(Listener):
-    """The memory snapshots as the engine's steps and errors reach them."""
-
-    def __init__(self, engine: Any, snapshots: snapshot.MemorySnapshots) -> None:
-        self.engine = engine
-        self.snapshots = snapshots
-        self.watches_errors = snapshots.settings.on_oom
-        self._steps_before: Optional[int] = None
-
-    def step_started(self) -> None:
-        self._steps_before = self.engine.global_steps
-
-    def step_ended(self) -> None:
-        if self._steps_before is not None and self.engine.global_steps != self._steps_before:
-            self.snapshots.step_ended(self._steps_before)  # global step N is done once the count passes it
-
-    def failed(self, exc: BaseException) -> None:
-        self.snapshots.failed(exc)
-
-    def stop_after_error(self, exc: Exception) -> None:
-        logger.error("memory_snapshot: stopped after an error (%s: %s); training goes on", type(exc).__name__, exc)
-        self.snapshots.close()
-
-
 class Attachment:
     """Everything ``attach`` put on one engine; ``close()`` (also at the end of a ``with`` block) takes it off.
 
@@ -278,6 +258,7 @@ def attach(engine: Any,
     fetch_settings = resolve_section(loaded.partitioned_param_profiler,
                                      dict(enabled=enabled, trace_ranges=trace_ranges, **given))
     metrics = resolve_section(loaded.step_metrics, given)
+    fetch_settings = _fetches_where_partitioned(engine, fetch_settings, metrics)
     settings = _record_settings(fetch_settings, metrics)
     snapshot_settings = resolve_section(loaded.memory_snapshot)
     profiler_settings = resolve_section(loaded.profiler)
@@ -311,8 +292,22 @@ def attach(engine: Any,
         attachment.add(profiling, profiling.close)
     if history is not None:
         snapshots = snapshot.MemorySnapshots(snapshot_settings, identity, history)
-        attachment.add(_StepSnapshots(engine, snapshots), snapshots.close)
+        attachment.add(snapshot.StepSnapshots(engine, snapshots), snapshots.close)
     return attachment
+
+
+def _fetches_where_partitioned(engine: Any, fetches: PartitionedParamProfilerConfig,
+                               metrics: Any) -> PartitionedParamProfilerConfig:
+    """Both record sections on below ZeRO-3: the step records stay, the fetch records (which need stage 3)
+    are off, said once; the fetch section alone is refused as before (there is nothing else to record)."""
+    if not (fetches.enabled and metrics.enabled):
+        return fetches
+    stage = engine.zero_optimization_stage()
+    if stage == 3:
+        return fetches
+    warning_once(f"ds_profutils: partitioned_param_profiler is on, but ZeRO stage {stage} does not partition "
+                 "parameters: fetch records need zero_optimization.stage 3; the step records of step_metrics go on")
+    return fetches.model_copy(update=dict(enabled=False))
 
 
 def _record_settings(fetches: PartitionedParamProfilerConfig, metrics: Any) -> PartitionedParamProfilerConfig:
@@ -332,6 +327,10 @@ def model_numel(engine: Any) -> int:
     return sum(getattr(param, "ds_numel", None) or param.numel() for param in engine.module.parameters())
 
 
+def _nothing() -> None:
+    pass
+
+
 def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, identity: ProcessIdentity,
                      config: ProfUtilsConfig, *, writes: bool, metrics: Any,
                      profiler_active: Optional[Callable[[], bool]]) -> None:
@@ -342,7 +341,10 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
     peak = resolve_peak(metrics.peak_tflops, device_name(accelerator), engine_compute_dtype(engine, dtype)) \
         if metrics else None
     # on every rank (each takes part in the interval's gather), into DeepSpeed's monitor where one is enabled
-    attachment.live = None if metrics is None else LiveMetrics(metrics, peak.tflops, [monitor_sink(engine)])
+    attachment.live = None if metrics is None else LiveMetrics(metrics, peak.tflops, [monitor_sink(engine)],
+                                                               # a pipeline's exchange spans its stages: the whole world
+                                                               group=None if is_pipeline_engine(engine) else
+                                                               exchange_group(engine))
     recorder = StepRecorder(engine, coordinator, settings,
                             name=name,
                             identity=identity,
@@ -355,13 +357,16 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
                             flops=FlopCounter() if metrics is not None and not is_pipeline_engine(engine) else None,
                             peak_tflops=peak.tflops if peak is not None else None,
                             model_numel=model_numel(engine),
+                            config_hash=config_hash(engine),
                             profiler_active=profiler_active,
                             step_listeners=[] if attachment.live is None else [attachment.live.step_finished])
     if writes:
         _started_files.add(path)
     attachment.recorder = recorder
     attachment.add(recorder, recorder.close)
-    if writes and identity.rank == settings.reporting_rank:
+    if attachment.live is not None:  # after the recorder: a step whose figures did not come counts empty
+        attachment.add(LiveStepClock(engine, attachment.live), _nothing)
+    if writes and identity.rank == settings.reporting_rank and not recorder.records_file.failed:
         pattern = fetch_records_file(settings.output_dir, "<r>", name)
         ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"
         what = "step records" if coordinator is None else "step and ZeRO-3 fetch records"

@@ -12,6 +12,11 @@ listener.  ``backward`` is a moment of its own because Accelerate (and so the tr
 calls ``engine.step()`` only at the gradient-accumulation boundary: the micro steps before it end
 when their backward returns.
 
+The module's hooks hold :class:`EngineHooks` only weakly, and :class:`EngineHooks` holds the engine
+weakly: a copy of the module (``copy.deepcopy``, pickling, ``torch.optim.swa_utils.AveragedModel``: EMA
+models, teacher copies) copies no engine, process group or listener, and gets hooks that do nothing (the
+copy's forwards are no steps of the engine), as without ``attach``.
+
 Removing them restores exactly what was there: an instance attribute another wrapper had put on the
 engine before is put back, none is left where there was none.  A wrapper put over ours after attach
 keeps calling ours, which then passes calls through untouched.
@@ -30,13 +35,14 @@ from __future__ import annotations
 
 import functools
 import signal
+import weakref
 from types import TracebackType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch.autograd.graph import register_multi_grad_hook
 
-__all__ = ["EngineHooks", "Listener", "grad_outputs", "on_backward_end", "raised_by_signal_handler", "running"]
+__all__ = ["EngineHooks", "Listener", "OptimizerStepListener", "grad_outputs", "on_backward_end", "raised_by_signal_handler", "running"]
 
 _ABSENT = object()
 
@@ -117,6 +123,31 @@ class Listener:
         """This listener raised ``exc``: stop listening (the hooks remove it afterwards)."""
 
 
+class OptimizerStepListener(Listener):
+    """A listener told of each optimizer step of ``engine`` (held weakly) that ends: a ``step()`` after which
+    the engine's global step count moved on (Accelerate calls it at every micro step; only the boundary's
+    counts).  Subclasses implement :meth:`optimizer_step_ended`."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = weakref.ref(engine)
+        self._steps_before: Optional[int] = None
+
+    def _global_steps(self) -> Optional[int]:
+        engine = self._engine()
+        return None if engine is None else engine.global_steps
+
+    def step_started(self) -> None:
+        self._steps_before = self._global_steps()
+
+    def step_ended(self) -> None:
+        before, self._steps_before = self._steps_before, None
+        if before is not None and self._global_steps() != before:
+            self.optimizer_step_ended(before)  # global step N is done once the count passes it
+
+    def optimizer_step_ended(self, global_step: int) -> None:
+        """Global step ``global_step`` is done."""
+
+
 def raised_by_signal_handler(exc: BaseException) -> bool:
     """Whether ``exc`` was raised inside a Python signal handler installed now (it ran between two
     bytecodes of whatever code it interrupted, so the traceback passes through it)."""
@@ -137,11 +168,33 @@ def raised_by_signal_handler(exc: BaseException) -> bool:
     return False
 
 
+class _ModuleHook:
+    """A hook on the engine's module that calls one method of its :class:`EngineHooks`, held weakly.  A copy
+    (deepcopy, pickle) is inert: it belongs to a copy of the module, whose forwards are not the engine's."""
+
+    __slots__ = ("_hooks", "_method")
+
+    def __init__(self, hooks: Optional["EngineHooks"], method: str) -> None:
+        self._hooks = None if hooks is None else weakref.ref(hooks)
+        self._method = method
+
+    def __call__(self, *args: Any) -> None:
+        hooks = None if self._hooks is None else self._hooks()
+        if hooks is not None:
+            getattr(hooks, self._method)(*args)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "_ModuleHook":
+        return _ModuleHook(None, self._method)
+
+    def __reduce__(self) -> Tuple[Any, Tuple[None, str]]:
+        return _ModuleHook, (None, self._method)
+
+
 class EngineHooks:
-    """The hooks on one engine and the listeners they tell, in the order they were added."""
+    """The hooks on one engine (held weakly) and the listeners they tell, in the order they were added."""
 
     def __init__(self, engine: Any) -> None:
-        self.engine = engine
+        self._engine = weakref.ref(engine)
         self.listeners: List[Listener] = []
         self._active = True
         self._engine_id = id(engine)
@@ -150,14 +203,19 @@ class EngineHooks:
         self._backward_watch: Optional[Any] = None  # the last train forward's outputs, watched for a backward
         module = engine.module
         self._handles = [
-            module.register_forward_pre_hook(self._forward_started, prepend=True, with_kwargs=True),
-            module.register_forward_hook(self._forward_ended),
+            module.register_forward_pre_hook(_ModuleHook(self, "_forward_started"), prepend=True, with_kwargs=True),
+            module.register_forward_hook(_ModuleHook(self, "_forward_ended")),
             # also when the forward raises: no later collective is this engine's by mistake
-            module.register_forward_hook(self._forward_left, always_call=True),
+            module.register_forward_hook(_ModuleHook(self, "_forward_left"), always_call=True),
         ]
         self._wrapped: List[tuple] = []  # (attribute, what the instance held before, our wrapper)
         self._wrap("backward", self._around_backward)
         self._wrap("step", self._around_step)
+
+    @property
+    def engine(self) -> Any:
+        """The engine (None once collected)."""
+        return self._engine()
 
     def add(self, listener: Listener) -> None:
         """Tell ``listener`` from now on (and watch errors if it does)."""
@@ -189,7 +247,7 @@ class EngineHooks:
             handle.remove()
         self._forget_backward_watch()
         engine = self.engine
-        for attribute, before, wrapper in reversed(self._wrapped):
+        for attribute, before, wrapper in reversed(self._wrapped if engine is not None else []):
             if vars(engine).get(attribute) is not wrapper:
                 continue  # wrapped again since: ours stays in the chain, passing calls through
             if before is _ABSENT:

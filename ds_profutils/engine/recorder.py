@@ -41,15 +41,16 @@ from .._device_clock import DeviceEvents, pairs_clock
 from .._signal_exit import close_at_exit
 from ..config import PartitionedParamProfilerConfig
 from ..diagnosis.settings import effective_values
-from ..logging import log_dist, logger, warning_once
+from ..logging import logger
 from ..nvtx import ranges_active
-from ..outputs import ProcessIdentity, fetch_records_file, last_record
+from ..outputs import ProcessIdentity, fetch_records_file
 from ..zero3 import CoordinatorFetches
 from ..zero3.fetches import fetch_wait_ms
 from . import collectives
 from .hooks import Listener
 from .live import StepFigures
 from .memory import StepMemory
+from .records_file import RecordsFile
 from .step import EngineCollectives, MicroSteps, StepRecord
 from .throughput.flops import FlopCounter
 from .throughput.totals import OptimizerStepTotals
@@ -72,7 +73,8 @@ class StepRecorder(Listener):
     rather than start it afresh.  ``coordinator``: the engine's ZeRO-3 parameter coordinator, whose
     fetches the records then hold; None records the steps and collectives of an engine without one.
     ``writes``: False on a rank outside ``ranks`` that measures for ``step_listeners`` only (no file).
-    ``flops``: counts each micro step's FLOPs (None: no ``flops`` fields).  ``profiler_active``: whether
+    ``flops``: counts each micro step's FLOPs (None: no ``flops`` fields).  ``config_hash``: the engine's
+    resolved config, hashed (with ``model_numel`` and the world size it tells another job's file apart).  ``profiler_active``: whether
     the engine-driven torch profiler records now (the step's record then says so).
     """
 
@@ -80,7 +82,8 @@ class StepRecorder(Listener):
                  identity: ProcessIdentity, dtype: torch.dtype, device_events: Optional[DeviceEvents],
                  memory: Optional[StepMemory], append: bool = False, writes: bool = True,
                  flops: Optional[FlopCounter] = None, peak_tflops: Optional[float] = None,
-                 model_numel: Optional[int] = None, profiler_active: Optional[Callable[[], bool]] = None,
+                 model_numel: Optional[int] = None, config_hash: Optional[str] = None,
+                 profiler_active: Optional[Callable[[], bool]] = None,
                  step_listeners: Sequence[Callable[[StepFigures], None]] = ()) -> None:
         self.name = name
         self.settings = settings
@@ -91,10 +94,11 @@ class StepRecorder(Listener):
         self.flops = flops
         self.step_listeners: List[Callable[[StepFigures], None]] = list(step_listeners)
         self._profiler_active = profiler_active
+        what = "step records" if coordinator is None else "step and ZeRO-3 fetch records"
+        self.records_file = RecordsFile(self.path, what, identity.rank)  # opened at the first forward (module doc)
         if writes:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.records_file.make_directory()
         self._append = append
-        self._file: Any = None  # opened at the first forward, when a resume can be told (module doc)
         self._closed = False
         self.segment = 0
         self._finished_step = -1  # the highest global step whose optimizer step this file has
@@ -106,7 +110,7 @@ class StepRecorder(Listener):
             "schema": RECORD_SCHEMA, "engine": name, "rank": identity.rank, "world_size": identity.world_size,
             "local_rank": identity.local_rank, "host": identity.host, "pid": identity.pid,
             "recording_ranks": settings.ranks, "dtype": str(dtype)[len("torch."):], "clock": "host",
-            "model_numel": model_numel, "peak_tflops": peak_tflops,
+            "model_numel": model_numel, "peak_tflops": peak_tflops, "engine_config_hash": config_hash,
             **(fetches.header if fetches is not None else {})
         }  # on the device clock, each record says its own clock
         self._first_fields = {"ds_config": effective_values(engine)}  # on the first record this process writes
@@ -137,17 +141,11 @@ class StepRecorder(Listener):
 
     def _open_file(self) -> None:
         """Open the records file at the first forward: append on a resume (module doc), else start it."""
-        engine = self._engine
-        resumed = engine.global_steps > 0
-        last = last_record(self.path) if self._append or resumed else None
+        last = self.records_file.start(self._append, self._engine.global_steps > 0, self._header)
         if last is not None:
             self.segment = int(last.get("segment") or 0) + (0 if self._append else 1)
             # in this process the run goes on (a repeat starts a segment); a new process started one already
             self._finished_step = int(last.get("global_step", -1)) if self._append else -1
-        elif not self._append and self.path.exists() and self.path.stat().st_size > 0:
-            log_dist(f"ds_profutils: {self.path} held records of an earlier run; this run starts at global step 0 "
-                     "and replaces them", ranks=[-1])
-        self._file = open(self.path, "ab" if self._append or resumed else "wb", buffering=0)  # one write() per record
 
     # ---- step boundaries (EngineHooks) ----------------------------------------------------------------
 
@@ -164,7 +162,7 @@ class StepRecorder(Listener):
             self.fetches.begin(recorded, self.settings.trace_ranges and ranges_active())
         if not recorded and not self.step_listeners:
             return
-        if recorded and self._file is None:
+        if recorded and not self.records_file.opened:
             self._open_file()
         if mode == "train" and global_step <= self._finished_step:
             self.segment += 1  # this file finished the step before: a run went back to an earlier checkpoint
@@ -342,11 +340,7 @@ class StepRecorder(Listener):
 
     def _write(self, line: bytes) -> None:
         self._first_fields = {}
-        try:
-            self._file.write(line)
-        except OSError as exc:
-            warning_once(f"ds_profutils: cannot write ZeRO-3 fetch records to {self.path} ({exc.strerror}); "
-                         "training goes on, those steps are not recorded")
+        self.records_file.write(line)
 
     def close(self) -> None:
         """Write what is finished, give the coordinator DeepSpeed's profiler back, close the file.
@@ -357,7 +351,7 @@ class StepRecorder(Listener):
         if self.closed:
             return
         try:
-            if self.writes and self._file is None:
+            if self.writes and not self.records_file.opened:
                 self._open_file()  # no forward came: the file says this run recorded nothing
             self._finish_open(closing=True)
             if self.device_events is not None:
@@ -370,8 +364,7 @@ class StepRecorder(Listener):
         """Close the file and give the coordinator back as DeepSpeed made it."""
         self._forget_at_exit()
         self._closed = True
-        if self._file is not None:
-            self._file.close()
+        self.records_file.close()
         if self.memory is not None:
             self.memory.close()
         self.collectives.step = None
@@ -386,7 +379,7 @@ class StepRecorder(Listener):
     def stop_after_error(self, exc: Exception) -> None:
         what = "ZeRO-3 fetch recorder" if self.fetches is not None else "step recorder"
         logger.error("ds_profutils: the %s of engine %r failed (%s: %s); it stops recording and training goes on; "
-                     "the steps recorded so far are in %s", what, self.name, type(exc).__name__, exc, self.path)
+                     "%s", what, self.name, type(exc).__name__, exc, self.records_file.on_disk())
         if self.closed:
             return
         try:

@@ -11,6 +11,7 @@ engine's forward, backward or step (``on_oom``); the error then goes on unchange
 
 The allocator history is one per process, whatever the number of engines.  Accelerators other than
 CUDA keep none: there the section does nothing, and the start says so in one line.
+:class:`StepSnapshots` is what the engine's hooks tell (its steps and errors).
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from typing import Any, Optional, Protocol
 from ..config import MemorySnapshotConfig
 from ..logging import logger, warning_once
 from ..outputs import ProcessIdentity, atomic_path, memory_snapshot_file
+from .hooks import OptimizerStepListener
 
-__all__ = ["AllocatorHistory", "MemorySnapshots", "cuda_allocator_history", "is_out_of_memory"]
+__all__ = ["AllocatorHistory", "MemorySnapshots", "StepSnapshots", "cuda_allocator_history", "is_out_of_memory"]
 
 
 class AllocatorHistory(Protocol):
@@ -123,3 +125,21 @@ class MemorySnapshots:
                 self._history.stop()
             except Exception as exc:
                 logger.error("memory_snapshot: stopping the allocator history failed (%s)", exc)
+
+
+class StepSnapshots(OptimizerStepListener):
+    """The memory snapshots as the engine's steps and errors reach them."""
+
+    def __init__(self, engine: Any, snapshots: MemorySnapshots) -> None:
+        super().__init__(engine)
+        self.snapshots = snapshots
+        self.watches_errors = snapshots.settings.on_oom
+
+    def optimizer_step_ended(self, global_step: int) -> None:
+        self.snapshots.step_ended(global_step)
+
+    def failed(self, exc: BaseException) -> None:
+        self.snapshots.failed(exc)
+
+    def stop_after_error(self, exc: Exception) -> None:
+        logger.error("memory_snapshot: stopped after an error (%s: %s); training goes on", type(exc).__name__, exc)

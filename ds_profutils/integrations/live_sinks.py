@@ -29,6 +29,7 @@ class TrainerSink:
     sets.  ``trainer.log`` is not used: it would print the figures through the progress bar, append them
     to ``state.log_history`` and run every callback, which is the Trainer's own logging disturbed.  The
     integrations name the points as they name the Trainer's (TensorBoard: ``train/ds_profutils/step_ms``).
+    DVCLive's callback is the exception: its ``on_log`` advances DVCLive's step (:func:`_to_dvclive`).
     """
 
     def __init__(self, trainer: Any) -> None:
@@ -48,7 +49,21 @@ class TrainerSink:
         state = copy.copy(self.trainer.state)  # not dataclasses.replace: __post_init__ re-reads callbacks
         state.global_step = global_step
         for callback in callbacks:
-            callback.on_log(self.trainer.args, state, TrainerControl(), logs=dict(logs))
+            if type(callback).__name__ == "DVCLiveCallback":
+                _to_dvclive(callback, logs)
+            else:
+                callback.on_log(self.trainer.args, state, TrainerControl(), logs=dict(logs))
+
+
+def _to_dvclive(callback: Any, logs: Dict[str, float]) -> None:
+    """DVCLive's Trainer callback advances DVCLive's step at every ``on_log``, so ours would move the Trainer's
+    own points along: the events go to its ``Live`` at its present step instead (named as the Trainer's
+    metrics are there, ``train/...``), once its own first ``on_log`` has started it."""
+    live = getattr(callback, "live", None)
+    if live is None:
+        return
+    for name, value in logs.items():
+        live.log_metric(f"train/{name}", value)
 
 
 class AccelerateSink:

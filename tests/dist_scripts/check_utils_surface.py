@@ -202,3 +202,5 @@ def main():
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
+        torch.distributed.destroy_process_group()

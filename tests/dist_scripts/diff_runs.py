@@ -89,3 +89,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
+        torch.distributed.destroy_process_group()

@@ -111,3 +111,5 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("LOCAL_RANK", "0")
     main()
+    if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
+        torch.distributed.destroy_process_group()

@@ -234,3 +234,5 @@ def attached_in_phases(records: Path) -> dict:
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
+        torch.distributed.destroy_process_group()

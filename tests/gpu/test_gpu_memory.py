@@ -8,7 +8,7 @@ import torch
 from ds_profutils.config import MemorySnapshotConfig
 from ds_profutils.outputs import ProcessIdentity
 from ds_profutils.engine import snapshot
-from ds_profutils.engine.attaching import _StepSnapshots
+from ds_profutils.engine.snapshot import StepSnapshots
 from ds_profutils.engine.hooks import EngineHooks
 from ds_profutils.engine.memory import StepMemory
 from test_zero_attach import Engine, read_records, recorder_for
@@ -64,7 +64,7 @@ def test_an_out_of_memory_error_writes_the_allocator_history(cuda_accelerator, t
     identity = ProcessIdentity(rank=0, world_size=1, local_rank=0, host="gpu", pid=1, source="test")
     snapshots = snapshot.MemorySnapshots(settings, identity, snapshot.cuda_allocator_history(cuda_accelerator))
     hooks = EngineHooks(engine)
-    hooks.add(_StepSnapshots(engine, snapshots))
+    hooks.add(StepSnapshots(engine, snapshots))
     total = torch.cuda.get_device_properties(0).total_memory
 
     def too_much(module, args):

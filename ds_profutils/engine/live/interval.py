@@ -18,7 +18,7 @@ from ..._straggler import STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, step_st
 from ...diagnosis.causes import CAUSE_CODES, Figures, decide_cause
 
 __all__ = ["EVENT_NAMES", "PIPELINE_EVENT_NAMES", "Event", "StepFigures", "interval_cause", "interval_events",
-           "pack_interval", "pipeline_events"]
+           "pack_interval", "packed_length", "pipeline_events"]
 
 Event = Tuple[str, float, int]
 """``(name, value, global_step)``: what DeepSpeed's ``MonitorMaster.write_events`` takes, and every sink."""
@@ -79,8 +79,14 @@ class StepFigures:
 # Positions of the per-rank totals after the two per-step columns (step_ms, collective_ms).
 _ITERATION, _GAP, _WALL, _FLOPS, _TOKENS, _WAIT, _STEP_SUM, _PEAK = range(8)
 _TOTALS = 8
-_STAGE, _COMPUTE, _BUBBLE = range(_TOTALS, _TOTALS + 3)  # after the totals, a pipeline's only: stage, median
-# compute and bubble sum (every rank of an engine is a stage or none is: the rows stay of one length)
+_PIPELINE_TOTALS = 3
+# after the totals, a pipeline stage's: stage, median compute and bubble sum (NaN in every other engine's rows)
+_STAGE, _COMPUTE, _BUBBLE = range(_TOTALS, _TOTALS + _PIPELINE_TOTALS)
+
+
+def packed_length(steps: int) -> int:
+    """How many floats :func:`pack_interval` gives for an interval of ``steps`` steps (an empty row's length)."""
+    return 2 * steps + _TOTALS + _PIPELINE_TOTALS
 
 
 def _known_sum(values: Sequence[Optional[float]]) -> float:
@@ -89,9 +95,9 @@ def _known_sum(values: Sequence[Optional[float]]) -> float:
 
 
 def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
-    """This rank's interval as ``2 * len(steps) + 8`` floats (3 more for a pipeline's stage): per step its step
-    and collective times (the straggler rule needs each step across ranks), then its medians and sums; NaN where
-    unknown."""
+    """This rank's interval as :func:`packed_length` floats: per step its step and collective times (the
+    straggler rule needs each step across ranks), then its medians and sums, then a pipeline stage's figures;
+    NaN where unknown (every row has one length, an empty row's included: the exchange gathers equal rows)."""
     iterations = [step.iteration_ms for step in steps if step.iteration_ms is not None]
     gaps = [step.gap_ms for step in steps if step.gap_ms is not None]
     peaks = [step.peak_allocated_bytes for step in steps if step.peak_allocated_bytes is not None]
@@ -112,9 +118,9 @@ def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
 
 
 def _pipeline_totals(steps: Sequence[StepFigures]) -> List[float]:
-    """A pipeline rank's stage, median compute and bubble sum over the interval (none where not a pipeline)."""
+    """A pipeline rank's stage, median compute and bubble sum over the interval (NaN where not a pipeline)."""
     if not steps or steps[-1].pipe_stage is None:
-        return []
+        return [_NAN] * _PIPELINE_TOTALS
     computes = [step.compute_ms for step in steps if step.compute_ms is not None]
     return [float(steps[-1].pipe_stage), median(computes) if computes else _NAN,
             sum(step.bubble_ms or 0.0 for step in steps)]

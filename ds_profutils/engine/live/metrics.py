@@ -1,18 +1,22 @@
 """LiveMetrics: the step figures of every rank, as events on rank 0 every ``monitor_interval`` steps.
 
-The recorder calls :meth:`LiveMetrics.step_finished` once per optimizer step on every rank.  The step
-path only appends the figures; every ``monitor_interval`` calls the interval is packed, exchanged by
-one small gather (:mod:`.gather`) and, on rank 0, turned into events (:mod:`.interval`) and written to
-the sinks.  Intervals are counted in calls, not by the global step's value, so all ranks end them at
-the same call whatever the step numbering (a resumed run included).
+The recorder calls :meth:`LiveMetrics.step_finished` once per optimizer step on every rank, and the
+engine's hooks tell :meth:`LiveMetrics.optimizer_step_ended` after it (:mod:`.clock`), so a step whose
+figures never came (the recorder failed on this rank) still counts, with empty figures: every rank keeps
+the same sequence of exchanges whatever fails on it.  The step path only appends the figures; every
+``monitor_interval`` calls the interval is packed, exchanged by one small all-gather (:mod:`.gather`),
+every rank takes the same decisions from the same rows (:mod:`.decisions`), and rank 0 turns them into
+events (:mod:`.interval`) and writes them to the sinks.  Intervals are counted in calls, not by the global
+step's value, so all ranks end them at the same call whatever the step numbering (a resumed run included).
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, List, Optional, Protocol, Sequence, Tuple, Union
 
-from ...logging import logger
+from ...logging import logger, warning_once
+from .decisions import STOP, decide, empty_row, known_rows, split_flags, with_flags
 from .gather import IntervalGather, Rows
-from .interval import Event, StepFigures, interval_events, pack_interval
+from .interval import Event, StepFigures, interval_events, pack_interval, packed_length
 from .sinks import ConsoleSink, LiveSink
 
 __all__ = ["LiveMetrics", "LiveSettings"]
@@ -30,14 +34,15 @@ class LiveMetrics:
     console line when ``settings.console``) every ``settings.monitor_interval`` optimizer steps.
 
     ``peak_tflops`` is the accelerator's dense peak per rank (None: no ``mfu`` event).  Build it on every
-    rank, since every rank takes part in the gather; ``sinks`` matter on rank 0 only.  ``device`` and
-    ``defer`` go to :class:`.gather.IntervalGather` (default: the process group's device, deferred
-    reading there).  On an accelerator the events of an interval are sent at a later interval's end
-    (never waiting for the device), labelled with their own interval's last global step.
+    rank of ``group`` (the engine's data-parallel group; None: the default group), since every rank takes
+    part in the exchange; ``sinks`` matter on the group's rank 0 only.  ``device`` and ``defer`` go to
+    :class:`.gather.IntervalGather` (default: the process group's device, deferred reading there).  On an
+    accelerator the events of an interval are sent at a later interval's end (never waiting for the
+    device), labelled with their own interval's last global step.
     """
 
     def __init__(self, settings: LiveSettings, peak_tflops: Optional[float], sinks: Sequence[LiveSink], *,
-                 device: Any = None, defer: Optional[bool] = None) -> None:
+                 device: Any = None, defer: Optional[bool] = None, group: Any = None) -> None:
         interval = settings.monitor_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"step_metrics.monitor_interval: expected an integer >= 1, got {interval!r}")
@@ -46,31 +51,93 @@ class LiveMetrics:
         self.sinks: List[LiveSink] = [sink for sink in sinks if sink is not None]
         if settings.console:
             self.sinks.append(ConsoleSink())
-        self._gather = IntervalGather(device, defer)
-        self._steps: List[StepFigures] = []
+        self._gather = IntervalGather(device, defer, group)
+        self._steps: List[Union[StepFigures, int]] = []  # an int: a step whose figures never came
+        self._fed = False  # figures came for the optimizer step in progress
+        self._flags = 0  # this rank's flags, sent with every row from now on
+        self._stop_at: Optional[int] = None  # the first exchange no rank launches (every rank decides it alike)
         self._failed: set = set()  # sinks whose error was shown (once each)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the live exchange has stopped (on every rank at the same interval)."""
+        return self._stop_at is not None and self._gather.launched >= self._stop_at
 
     def step_finished(self, figures: StepFigures) -> None:
         """One optimizer step ended on this rank (every rank, every step, at the same boundary)."""
-        self._steps.append(figures)
-        if len(self._steps) >= self.interval:
-            steps, self._steps = self._steps, []
-            self._send(self._gather.exchange(pack_interval(steps), (len(steps), steps[-1].global_step)))
+        self._fed = True
+        self._count(figures)
+
+    def optimizer_step_ended(self, global_step: int) -> None:
+        """The engine finished optimizer step ``global_step`` (told after the recorder on every rank): where
+        its figures never came, it counts with empty figures, so this rank's exchanges stay in step."""
+        if self._fed:
+            self._fed = False
+        else:
+            self._count(global_step)
 
     def close(self) -> None:
-        """Send what is still in flight (an accelerator's last interval); the unfinished interval's steps
-        are dropped, since a gather now could meet ranks that close elsewhere."""
+        """Send what is still in flight (an accelerator's last intervals); the unfinished interval's steps
+        are dropped, since an exchange now could meet ranks that close elsewhere."""
         self._send(self._gather.finish())
         self._steps = []
 
-    def _send(self, done: List[Tuple[Tuple[int, int], Optional[Rows]]]) -> None:
-        for (steps, global_step), rows in done:
-            if rows is None:  # not rank 0
-                continue
-            self._write(interval_events(rows, steps, global_step, self.peak_tflops))
+    def _count(self, step: Union[StepFigures, int]) -> None:
+        self._steps.append(step)
+        if len(self._steps) < self.interval:
+            return
+        steps, self._steps = self._steps, []
+        self._send(self._gather.due())
+        if self.stopped:
+            return
+        last = steps[-1]
+        label = (len(steps), last.global_step if isinstance(last, StepFigures) else last)
+        self._send(self._gather.exchange(self._row(steps), label))
+
+    def _row(self, steps: List[Union[StepFigures, int]]) -> List[float]:
+        """This rank's row: its packed interval (empty where a step has no figures) and its flags."""
+        figures = [step for step in steps if isinstance(step, StepFigures)]
+        values = empty_row(packed_length(len(steps)))
+        if len(figures) == len(steps):
+            try:
+                values = pack_interval(figures)
+            except Exception as exc:  # noqa: BLE001 - every rank stops together rather than wait for this one
+                self._flags |= STOP
+                logger.error(f"ds_profutils: live metrics failed on this rank ({type(exc).__name__}: {exc}); every "
+                             "rank stops sending live figures at the same interval, training goes on")
+        return with_flags(values, self._flags)
+
+    def _send(self, done: List[Tuple[int, Tuple[int, int], Rows]]) -> None:
+        for index, (steps, global_step), rows in done:
+            rows, flags = split_flags(rows)
+            if decide(flags).stop:  # deferred: the boundary every rank has read these rows by
+                effect = index + max(1, self._gather.lag)
+                self._stop_at = effect if self._stop_at is None else min(self._stop_at, effect)
+                warning_once("ds_profutils: live metrics stop on every rank (a rank's live figures failed); "
+                             "training and the step records go on")
+            if self._gather.rank == 0:
+                self._write(self._events(rows, steps, global_step))
+
+    def _events(self, rows: Rows, steps: int, global_step: int) -> List[Event]:
+        """The events from the rows that have figures; the straggler named by its global rank, and no
+        all-ranks sum (tokens/s) where a rank's row is empty."""
+        known = known_rows(rows)
+        if not known:
+            return []
+        events = interval_events([rows[index] for index in known], steps, global_step, self.peak_tflops)
+        ranks = self._gather.ranks
+        named = []
+        for name, value, step in events:
+            if name == "ds_profutils/straggler_rank" and value >= 0:
+                value = ranks[known[int(value)]]
+            if name != "ds_profutils/tokens_per_s" or len(known) == len(rows):
+                named.append((name, value, step))
+        return named
 
     def _write(self, events: List[Event]) -> None:
         """To every sink; a failing sink is shown once, loudly, and the job and the other sinks go on."""
+        if not events:
+            return
         for sink in self.sinks:
             try:
                 sink.write(events)

@@ -30,7 +30,9 @@ class DeepSpeedMonitorSink:
     ``Train/Samples/...`` series; Comet's writer calls the field ``engine_global_samples``), and W&B drops
     a point whose step is below one already logged.  An event's global step (the step as the records
     number it: ``engine.global_steps`` when it began) becomes the samples trained when it ended, counted
-    back from the engine's present ones, since a deferred interval is written after later steps.
+    back from the engine's present ones, since a deferred interval is written after later steps.  W&B
+    keeps no point below a step it has logged, and DeepSpeed logs its own at the present samples, so W&B's
+    monitor gets a deferred interval's events at the present samples (the others at their own).
     """
 
     def __init__(self, engine: Any) -> None:
@@ -40,7 +42,15 @@ class DeepSpeedMonitorSink:
         engine = self.engine
         later_steps = engine.global_steps - (events[0][2] + 1)
         samples = engine.global_samples - later_steps * engine.train_batch_size()
-        engine.monitor.write_events([(name, value, samples) for name, value, _ in events])
+        monitor = engine.monitor
+        wandb = getattr(monitor, "wandb_monitor", None)
+        if wandb is None or samples >= engine.global_samples:
+            monitor.write_events([(name, value, samples) for name, value, _ in events])
+            return
+        wandb.write_events([(name, value, engine.global_samples) for name, value, _ in events])
+        for other in (monitor.tb_monitor, monitor.csv_monitor, monitor.comet_monitor):
+            if other is not None:
+                other.write_events([(name, value, samples) for name, value, _ in events])
 
 
 def monitor_sink(engine: Any) -> Optional[DeepSpeedMonitorSink]:

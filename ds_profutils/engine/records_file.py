@@ -1,0 +1,148 @@
+"""One rank's records file, and the one behaviour for every way writing it can fail.
+
+An output directory that cannot be created (a path under a file, a read-only mount), a file that cannot
+be opened or written: on the rank concerned one line names the directory, the cause and what is already
+on disk, and recording stops on that rank; training goes on, the step's figures still reach the live
+metrics, the job's exit code is unchanged, no traceback.  A full disk (ENOSPC) pauses writing instead:
+the records of the steps meanwhile are lost, writing resumes with the first one that fits again.
+
+A resume into an output directory holding another job's records (a different ``model_numel``,
+``world_size`` or engine config hash in the file's last record) would append to them: that file is moved
+aside to ``<name>.prev-<n>.jsonl``, which the readers' name pattern skips, and the job says so once.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from ..logging import log_dist, logger
+from ..outputs import last_record
+
+__all__ = ["JOB_KEYS", "RecordsFile", "config_hash"]
+
+JOB_KEYS = ("model_numel", "world_size", "engine_config_hash")
+"""Header fields that tell one job from another (not the time: a resume starts later by design)."""
+
+
+def config_hash(engine: Any) -> Optional[str]:
+    """A short hash of the engine's resolved ds_config (DeepSpeed's parsed dict), None where it has none."""
+    resolved = getattr(getattr(engine, "_config", None), "_param_dict", None)
+    if not isinstance(resolved, dict):
+        return None
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class RecordsFile:
+    """The JSONL file at ``path`` (unbuffered: one ``write`` per record).  ``what`` names the records as
+    the job runs them ("step records", "step and ZeRO-3 fetch records") in its one line on failure."""
+
+    def __init__(self, path: Path, what: str, rank: int) -> None:
+        self.path = path
+        self.what = what
+        self.rank = rank
+        self.failed = False  # recording is off on this rank
+        self._file: Any = None
+        self._paused = False  # the disk was full at the last write
+
+    @property
+    def opened(self) -> bool:
+        """Whether an open was tried (the file is open, or failed to open)."""
+        return self._file is not None or self.failed
+
+    def make_directory(self) -> None:
+        """Create the output directory (at attach, so a later failure is not the first word about it)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._fail("cannot be created", exc)
+
+    def open(self, append: bool) -> None:
+        """Open for appending or start it afresh."""
+        if self.failed:
+            return
+        try:
+            self._file = open(self.path, "ab" if append else "wb", buffering=0)
+        except OSError as exc:
+            self._fail("cannot be written", exc)
+
+    def start(self, append: bool, resumed: bool, header: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+        """Open at a run's first forward: add to the file within this process (``append``) or on a resume
+        (``resumed``, another job's file moved aside first), else start it afresh, saying so where it held
+        records.  Returns the last record the run goes on from (None: it starts the file)."""
+        if self.failed:  # its directory could not be made: said once, recording is off here
+            return None
+        last = last_record(self.path) if append or resumed else None
+        if last is not None and not append and self.set_aside_other_job(last, header):
+            last = None
+        if last is None and not append and self.path.is_file() and self.path.stat().st_size > 0:
+            log_dist(f"ds_profutils: {self.path} held records of an earlier run; this run starts at global step 0 "
+                     "and replaces them", ranks=[-1])
+        self.open(append=append or resumed)
+        return last
+
+    def set_aside_other_job(self, last: Mapping[str, Any], header: Mapping[str, Any]) -> bool:
+        """Move the file aside when its ``last`` record is another job's than ``header`` says this one is (a
+        key either side lacks decides nothing); True when it was moved."""
+        differing = [f"{key} {last[key]} -> {header[key]}" for key in JOB_KEYS
+                     if last.get(key) is not None and header.get(key) is not None and last[key] != header[key]]
+        if not differing:
+            return False
+        number = 1
+        while (aside := self.path.with_name(f"{self.path.stem}.prev-{number}.jsonl")).exists():
+            number += 1
+        try:
+            self.path.rename(aside)
+        except OSError as exc:
+            self._fail("cannot be written", exc)
+            return True
+        logger.warning(f"ds_profutils: {self.path} held another job's records ({', '.join(differing)}); moved to "
+                       f"{aside.name} (reports skip it unless named), this run starts the file afresh")
+        return True
+
+    def write(self, line: bytes) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(line)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                if not self._paused:
+                    self._paused = True
+                    logger.warning(f"ds_profutils: {self.path.parent} is full ({exc.strerror}): {self.what} of rank "
+                                   f"{self.rank} paused until space returns; training goes on")
+                return
+            self._fail("cannot be written", exc)
+            return
+        if self._paused:
+            self._paused = False
+            logger.warning(f"ds_profutils: {self.path.parent} has space again: {self.what} of rank {self.rank} go on "
+                           "(the steps in between are not recorded)")
+
+    def close(self) -> None:
+        if self._file is not None:
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError:  # an unbuffered file has nothing left to flush; the records written are on disk
+                pass
+
+    def _fail(self, how: str, exc: OSError) -> None:
+        """The one line, then recording off on this rank."""
+        self.close()
+        self.failed = True
+        cause = exc.strerror or str(exc)
+        logger.error(f"ds_profutils: output_dir {self.path.parent} {how} ({cause}): {self.what} are off on rank "
+                     f"{self.rank}, training goes on; {self.on_disk()}")
+
+    def on_disk(self) -> str:
+        """What of the records is on disk, in words (a failure's line says it)."""
+        try:
+            size = self.path.stat().st_size if self.path.is_file() else 0
+        except OSError:
+            size = 0
+        if size:
+            return f"{self.path} keeps the {size:,} bytes of {self.what} written before"
+        return f"no {self.what} of rank {self.rank} are on disk"
