@@ -9,7 +9,7 @@ import pytest
 from ds_profutils._straggler import step_straggler
 from ds_profutils.engine.live import (EVENT_NAMES, ConsoleSink, LiveMetrics, StepFigures, console_line,
                                       monitor_sink)
-from ds_profutils.engine.live.interval import interval_events, pack_interval
+from ds_profutils.engine.live.interval import interval_events, pack_interval, packed_length
 
 GIB = 1 << 30
 
@@ -210,5 +210,7 @@ def test_a_bad_interval_names_the_key(interval):
 
 def test_packed_rows_mark_unknown_with_nan():
     row = pack_interval([figures(0, iteration_ms=None, gap_ms=None, flops=None, tokens=None, peak=None)])
-    assert len(row) == 2 + 8 and row[:2] == [100.0, 30.0]
-    assert [math.isnan(value) for value in row[2:]] == [True, True, False, True, True, False, False, True]
+    assert len(row) == packed_length(1) == 2 + 8 + 3 and row[:2] == [100.0, 30.0]
+    # the eight totals, then the three pipeline columns, NaN outside a pipeline
+    assert [math.isnan(value) for value in row[2:]] == [True, True, False, True, True, False, False, True,
+                                                        True, True, True]

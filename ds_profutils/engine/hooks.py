@@ -201,6 +201,13 @@ class EngineHooks:
         self._outside: Optional[int] = None  # the engine running when this one's forward started
         self._in_backward = False  # inside engine.backward(), which tells its own end
         self._backward_watch: Optional[Any] = None  # the last train forward's outputs, watched for a backward
+        self._handles: List[Any] = []
+        self._wrapped: List[tuple] = []  # (attribute, what the instance held before, our wrapper)
+        self._hook(engine)
+
+    def _hook(self, engine: Any) -> None:
+        """Put the hooks on: the module's forward hooks, and wrappers of ``backward`` and ``step`` (a pipeline's
+        hooks put others: :class:`..pipeline.PipelineHooks`)."""
         module = engine.module
         self._handles = [
             module.register_forward_pre_hook(_ModuleHook(self, "_forward_started"), prepend=True, with_kwargs=True),
@@ -208,7 +215,6 @@ class EngineHooks:
             # also when the forward raises: no later collective is this engine's by mistake
             module.register_forward_hook(_ModuleHook(self, "_forward_left"), always_call=True),
         ]
-        self._wrapped: List[tuple] = []  # (attribute, what the instance held before, our wrapper)
         self._wrap("backward", self._around_backward)
         self._wrap("step", self._around_step)
 

@@ -50,20 +50,14 @@ class PipelineHooks(EngineHooks):
     """:class:`..hooks.EngineHooks`' listeners, wrappers and removal, with the batch as the step (module doc)."""
 
     def __init__(self, engine: Any) -> None:
-        # EngineHooks.__init__ is not called: it hooks the module's forward (once per micro batch here) and wraps
-        # backward and step (which raise on a PipelineEngine).  These are the attributes its methods read.
-        self.engine = engine
-        self.listeners = []
-        self._active = True
-        self._engine_id = id(engine)
-        self._outside: Optional[int] = None
-        self._in_backward = False
-        self._backward_watch = None
-        self._handles = []
-        self._wrapped = []
         self._times: Optional[InstructionTimes] = None  # the batch in progress, where its record is measured
         self._training = False  # the batch in progress is a train batch (its forward and backward are counted)
         self.flops = StageFlops()
+        super().__init__(engine)
+
+    def _hook(self, engine: Any) -> None:
+        """Not the module's forward (once per micro batch here), nor backward and step (which raise on a
+        PipelineEngine): the batch calls and the instruction map."""
         self._wrap("train_batch", lambda call, *args, **kwargs: self._around_batch(True, call, *args, **kwargs))
         self._wrap("eval_batch", lambda call, *args, **kwargs: self._around_batch(False, call, *args, **kwargs))
         self._map_before = vars(engine).get(_MAP, _ABSENT)
@@ -84,11 +78,12 @@ class PipelineHooks(EngineHooks):
 
     def remove(self) -> None:
         super().remove()
-        if vars(self.engine).get(_MAP) is self._map:
+        engine = self.engine
+        if engine is not None and vars(engine).get(_MAP) is self._map:
             if self._map_before is _ABSENT:
-                delattr(self.engine, _MAP)
+                delattr(engine, _MAP)
             else:
-                setattr(self.engine, _MAP, self._map_before)
+                setattr(engine, _MAP, self._map_before)
         self._times = None
 
     def _around_batch(self, train: bool, batch: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
