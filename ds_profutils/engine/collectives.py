@@ -37,10 +37,11 @@ from time import perf_counter_ns
 from typing import Any, Callable, Dict, List, Optional
 
 from .._device_clock import DeviceEvents, Pair
+from .hangs.sequence import collective_ended, collective_started, tensor_bytes
 from .hooks import running
 from .step import EngineCollectives
 
-__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "attach_engine"]
+__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "attach_engine", "group_argument"]
 
 ASYNC_OP_POSITION: Dict[str, int] = {
     "all_reduce": 3,
@@ -62,6 +63,10 @@ ASYNC_OP_POSITION: Dict[str, int] = {
 """Collectives of DeepSpeed 0.19's ``TorchBackend`` that take ``async_op``, and its position (after self)."""
 ALWAYS_BLOCKING = ("inference_all_reduce", "broadcast_object_list", "all_gather_object", "monitored_barrier")
 """Collectives without ``async_op``: every call blocks."""
+GROUP_POSITION: Dict[str, int] = {**{op: position - 1 for op, position in ASYNC_OP_POSITION.items()},
+                                  "inference_all_reduce": 2, "broadcast_object_list": 2, "all_gather_object": 2,
+                                  "monitored_barrier": 0}
+"""Where each collective takes its ``group`` (after self): just before ``async_op`` in every one that has it."""
 _ABSENT = object()
 
 
@@ -131,11 +136,23 @@ class _Monitor:
                 setattr(backend, op, self._wrappers[op])
 
     def _timed(self, op: str, method: Callable[..., Any], async_position: Optional[int]) -> Callable[..., Any]:
+        group_position = GROUP_POSITION[op]
 
-        def timed(*args: Any, **kwargs: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            """Every call, recorded or not, takes its group's next sequence number (the hang watchdog's)."""
+            collective = collective_started(op, group_argument(args, kwargs, group_position), tensor_bytes(args))
+            try:
+                return timed(collective, *args, **kwargs)
+            finally:
+                collective_ended(collective)
+
+        def timed(collective: Any, *args: Any, **kwargs: Any) -> Any:
             recording = self._recording()
             if not recording:
                 return method(*args, **kwargs)
+            for engine in recording:
+                if engine.step is not None:
+                    engine.step.note_sequence(collective.ranks, collective.seq)
             is_async = _is_async(args, kwargs, async_position)
             events = self.device_events
             stream = self.current_stream() if events is not None else None
@@ -164,7 +181,7 @@ class _Monitor:
                     engine.step.add_collective(op, stream, False, host_ns, pair)
             return result
 
-        return timed
+        return counted
 
     def _device_end(self, work: Any) -> Any:
         """An end event for an async collective, recorded on our timing stream made to wait on ``work``'s
@@ -205,6 +222,13 @@ class _Monitor:
                 del attributes[op]
             else:
                 attributes[op] = self._before[op]
+
+
+def group_argument(args: tuple, kwargs: Dict[str, Any], position: int) -> Any:
+    """The ``group`` a collective was called with (None: the default group)."""
+    if "group" in kwargs:
+        return kwargs["group"]
+    return args[position] if len(args) > position else None
 
 
 def _is_async(args: tuple, kwargs: Dict[str, Any], position: Optional[int]) -> bool:
