@@ -11,6 +11,7 @@ from statistics import median
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
+from .hangs import hang_reports, read_hang_files
 from .memory import memory_report
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
@@ -178,7 +179,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
     """One engine's tables; its missing and incomplete files are appended to ``incomplete``."""
     by_rank = {records.rank: records for records in files}
     with_records = [records for records in files if records.complete_records]
-    world = max([records.world_size for records in files] + [max(by_rank) + 1])
+    world = max([records.world_size for records in files] + [max(by_rank, default=-1) + 1])
     # Ranks left out by the run's "ranks" setting are not missing; without it, every rank records.
     recording = next((records.recording_ranks for records in with_records if records.recording_ranks is not None),
                      range(world))
@@ -314,6 +315,17 @@ def _where_to_look(directory: Path) -> str:
             "run?")
 
 
+def _add_hangs(engines: Dict[str, Any], hangs: Mapping[str, Any], files: Mapping[int, Mapping[str, Any]]) -> None:
+    """Each engine's ``hang`` (None: no hang file names it); an engine named only by hang files (a hang before
+    its first record) gets an engine report without records."""
+    for name, hang in hangs.items():
+        if name not in engines:
+            engines[name] = _engine_report(name, [], {}, [])
+            engines[name]["world_size"] = max(content.get("world_size") or 0 for content in files.values())
+    for name, engine in engines.items():
+        engine["hang"] = hangs.get(name)
+
+
 def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     """Every number the report shows, as data (what ``--json`` prints)."""
     directory = Path(directory)
@@ -322,10 +334,12 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
         raise ReportError(problem)
     record_files = fetch_records_files(directory)
     traces_found = trace_files(directory)
-    if not record_files and not traces_found:
+    hang_content, hangs_unread = read_hang_files(directory)
+    hangs = hang_reports(hang_content)
+    if not record_files and not traces_found and not hangs:
         raise ReportError(f"{directory}: no ZeRO-3 fetch records (zero_fetch_*rank_*.jsonl) and no traces "
                           f"(trace_rank_*.json); {_where_to_look(directory)}")
-    incomplete: List[Dict[str, Any]] = []
+    incomplete: List[Dict[str, Any]] = list(hangs_unread)
     traces = _traces(traces_found, top_ops, incomplete)
     files = read_all(record_files)
     # Files a run with another world size left in a reused output_dir (ranks this run does not have).
@@ -343,7 +357,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     _trace_gaps({rank: path for rank, path in traces_found.items() if rank not in earlier}, traces, incomplete)
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
                    if summary["step_numbering"] == "global"}
-    if not traces and not any(f.complete_records for f in files):
+    if not traces and not hangs and not any(f.complete_records for f in files):
         unread = "; ".join(f"{entry['file']}: {entry['reason']}" for entry in incomplete if entry["file"])
         raise ReportError(f"{directory}: nothing readable ({unread})")
     names = sorted({f.engine for f in files}, key=lambda name: (name != MAIN_ENGINE, name))  # the main engine first
@@ -351,6 +365,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     engines = {name: _engine_report(name, [f for f in files if f.engine == name],
                                     trace_steps if name == joined else {}, incomplete)
                for name in names}
+    _add_hangs(engines, hangs, hang_content)
     hosts: Dict[str, set] = {}
     for records in files:
         for host in records.hosts:

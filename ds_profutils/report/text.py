@@ -9,6 +9,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, List, Mapping, Optional, Tuple
 
+from .hang_text import hang_lines
 from .steps import ARRIVAL_FIGURES, StepView
 from .tables import counted, percent, rank_ranges, table, wrap
 
@@ -343,6 +344,7 @@ def _traces(traces: Mapping[int, Mapping[str, Any]], limit: int) -> List[str]:
 def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int = 8) -> str:
     """The report as text: at most ``max_steps`` steps and ``max_ranks`` ranks per table."""
     lines = _header(report)
+    lines[1:1] = hang_lines(report)  # a hung job's culprit before everything else
     if report["engines"]:
         lines += ["", *wrap(f"Straggler rule: {report['straggler_rule']['text']}.")]
     for name, engine in report["engines"].items():

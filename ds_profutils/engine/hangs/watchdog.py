@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from ...logging import logger, warning_once
-from ...outputs import ProcessIdentity, process_identity
+from ...outputs import ProcessIdentity, hang_file, process_identity
 from ..hooks import Listener
 from .hang_file import hang_content, write_hang_file
 
@@ -171,6 +171,16 @@ class EngineWatch(Listener):
                 self._watchdog.stop()
 
 
+def _remove_earlier_file(output_dir: Path, identity: ProcessIdentity) -> None:
+    """An unresolved hang file of an earlier run in a reused output_dir would read as this run's hang."""
+    try:
+        hang_file(output_dir, identity.rank).unlink()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        warning_once(f"ds_profutils: cannot remove an earlier run's hang file in {output_dir} ({exc.strerror})")
+
+
 def watch_engine(engine: Any, name: str, output_dir: str, timeout_s: float) -> EngineWatch:
     """Watch ``engine`` (called ``name``) from now on with the process's watchdog, started if none runs; hang
     files go to ``output_dir``.  Add the returned listener to the engine's hooks; ``close()`` it at detach."""
@@ -183,6 +193,7 @@ def watch_engine(engine: Any, name: str, output_dir: str, timeout_s: float) -> E
         watch = EngineWatch(engine, name, Path(output_dir), timeout_s, watchdog)
         watchdog.watches.add(watch)
     if fresh:
+        _remove_earlier_file(Path(output_dir), watchdog.identity)
         watchdog.start()
     watchdog.beat()  # the timeout counts from the attach: a hang before the first step is found too
     return watch
