@@ -40,6 +40,7 @@ from .._device_clock import DeviceEvents, Pair
 from .hangs.sequence import collective_ended, collective_started, tensor_bytes
 from .hooks import running
 from .step import EngineCollectives
+from .torch_collectives import TorchCollectives
 
 __all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "attach_engine", "group_argument"]
 
@@ -134,6 +135,7 @@ class _Monitor:
                 self._before[op] = vars(backend).get(op, _ABSENT)
                 self._wrappers[op] = self._timed(op, method, ASYNC_OP_POSITION.get(op))
                 setattr(backend, op, self._wrappers[op])
+        self._torch = TorchCollectives(self.torch_call)  # the frameworks' own calls (Trainer, Accelerate)
 
     def _timed(self, op: str, method: Callable[..., Any], async_position: Optional[int]) -> Callable[..., Any]:
         group_position = GROUP_POSITION[op]
@@ -211,9 +213,23 @@ class _Monitor:
         now = running.engine_id
         return engines if now is None else [engine for engine in engines if engine.engine_id == now]
 
+    def torch_call(self, op: str, host_ns: int) -> None:
+        """A ``torch.distributed`` call of the program's (or a framework's) took ``host_ns``: inside an engine's
+        forward, backward or step it is that step's collective; between steps, a wait of every engine's gap."""
+        now = running.engine_id
+        stream = self.current_stream() if self.current_stream is not None else None
+        for engine in map(weakref.ref.__call__, self.engines):
+            if engine is None:
+                continue
+            if now is None:
+                engine.gap_collective_ns += host_ns
+            elif engine.engine_id == now and engine.step is not None:
+                engine.step.add_collective(op, stream, False, host_ns, None)
+
     def remove(self) -> None:
         """Give the backend back as it was: a wrapper put there before ours stays; ours, if wrapped since by
         someone else, stays in the chain (it times nothing once no engine is recorded)."""
+        self._torch.remove()
         attributes = vars(self.backend)
         for op, wrapper in self._wrappers.items():
             if attributes.get(op) is not wrapper:

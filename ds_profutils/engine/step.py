@@ -141,11 +141,18 @@ class StepRecord:
 class EngineCollectives:
     """One recorded engine's place in the collective wrappers (see the module doc)."""
 
-    __slots__ = ("engine_id", "step", "__weakref__")
+    __slots__ = ("engine_id", "step", "gap_collective_ns", "__weakref__")
 
     def __init__(self, engine: Any) -> None:
         self.engine_id = id(engine)  # what the hooks say is running; never the engine itself (kept alive)
         self.step: Optional[StepRecord] = None
+        self.gap_collective_ns = 0  # time inside torch.distributed calls between steps, since last taken
+
+    def take_gap_collective_ms(self) -> float:
+        """The time inside the frameworks' ``torch.distributed`` collectives between steps since the last call
+        (an optimizer step's end), in ms; the count starts again."""
+        gap_ns, self.gap_collective_ns = self.gap_collective_ns, 0
+        return gap_ns / _NS_PER_MS
 
 
 def rank_ranges(ranks: tuple) -> str:

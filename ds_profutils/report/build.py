@@ -11,11 +11,11 @@ from statistics import median
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
-from .hangs import hang_reports, read_hang_files
+from .hangs import add_hangs, hang_reports, read_hang_files
 from .memory import memory_report
 from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, read_all
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
-                    host_stragglers, is_straggler, reach, step_view, steps_to_name,
+                    host_stragglers, is_straggler, own_gap_ms, reach, step_view, steps_to_name,
                     straggler_rule, tflops)
 from .traces import TraceFormatError, summarize_trace
 
@@ -125,6 +125,8 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
             "busy_ms_median": _median_of(step - wait for step, wait in zip(records.step_ms, exposed)),
             "iteration_ms_median": _median_of(records.iteration_ms),
             "gap_ms_median": _median_of(records.gap_ms),
+            "gap_collective_ms_median": _median_of(records.gap_collective_ms),
+            "own_gap_ms_median": _median_of(own_gap_ms(records)),
             "tflops_median": achieved,
             "mfu_median": achieved / records.peak_tflops if achieved is not None and records.peak_tflops else None,
             **_mean_split(records),
@@ -141,18 +143,18 @@ def _rank_table(files: Sequence[FileRecords], view: StepView) -> Dict[int, Dict[
 
 
 def _late_by_gap(table: Mapping[int, Mapping[str, Any]], rank: int, view: StepView) -> bool:
-    """Whether a straggler's lateness is its time between steps: its gap (``gap_ms``) stands out from the other
-    ranks' by a step straggler's threshold while its busy time does not (a slow input pipeline, not slow
-    compute)."""
+    """Whether a straggler's lateness is its time between steps: its own gap (``gap_ms`` less
+    ``gap_collective_ms``) stands out from the other ranks' by a step straggler's threshold while its busy time
+    does not (a slow input pipeline, not slow compute)."""
     others = [row for other, row in table.items() if other != rank]
-    gaps = [row["gap_ms_median"] for row in others if row["gap_ms_median"] is not None]
+    gaps = [row["own_gap_ms_median"] for row in others if row["own_gap_ms_median"] is not None]
     busy = [row["busy_ms_median"] for row in others if row["busy_ms_median"] is not None]
     thresholds = [value for value in view.threshold_ms if value is not None]
     own = table[rank]
-    if not gaps or not busy or not thresholds or own["gap_ms_median"] is None or own["busy_ms_median"] is None:
+    if not gaps or not busy or not thresholds or own["own_gap_ms_median"] is None or own["busy_ms_median"] is None:
         return False
     threshold = median(thresholds)
-    return own["gap_ms_median"] - median(gaps) >= threshold and own["busy_ms_median"] - median(busy) < threshold
+    return own["own_gap_ms_median"] - median(gaps) >= threshold and own["busy_ms_median"] - median(busy) < threshold
 
 
 def _host_table(ranks_summary: Mapping[int, Mapping[str, Any]], view: StepView) -> Dict[str, Dict[str, Any]]:
@@ -315,17 +317,6 @@ def _where_to_look(directory: Path) -> str:
             "run?")
 
 
-def _add_hangs(engines: Dict[str, Any], hangs: Mapping[str, Any], files: Mapping[int, Mapping[str, Any]]) -> None:
-    """Each engine's ``hang`` (None: no hang file names it); an engine named only by hang files (a hang before
-    its first record) gets an engine report without records."""
-    for name, hang in hangs.items():
-        if name not in engines:
-            engines[name] = _engine_report(name, [], {}, [])
-            engines[name]["world_size"] = max(content.get("world_size") or 0 for content in files.values())
-    for name, engine in engines.items():
-        engine["hang"] = hangs.get(name)
-
-
 def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     """Every number the report shows, as data (what ``--json`` prints)."""
     directory = Path(directory)
@@ -365,7 +356,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     engines = {name: _engine_report(name, [f for f in files if f.engine == name],
                                     trace_steps if name == joined else {}, incomplete)
                for name in names}
-    _add_hangs(engines, hangs, hang_content)
+    add_hangs(engines, hangs, hang_content, lambda name: _engine_report(name, [], {}, []))
     hosts: Dict[str, set] = {}
     for records in files:
         for host in records.hosts:

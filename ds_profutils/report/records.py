@@ -15,7 +15,8 @@ of earlier segments (``superseded``), so no two runs' figures are ever added.  O
 restart pay the second pass; to decide it, the first keeps each segment's first and last step.
 
 Optional fields of later writers, read where present (null or absent: NaN here): ``iteration_ms`` and
-``gap_ms`` (on the record whose micro step ended with ``engine.step()``), ``flops`` (model FLOPs of the
+``gap_ms`` (on the record whose micro step ended with ``engine.step()``, with ``gap_collective_ms``, the part
+of the gap inside the frameworks' own ``torch.distributed`` collectives), ``flops`` (model FLOPs of the
 micro step, summed over the step), ``model_numel`` and ``peak_tflops`` (the latest given),
 ``profiler_active`` (the step ran in the torch profiler's active window), ``memory.disturbed`` (the
 step's peaks were reset between our boundaries: kept apart from the peaks that are trusted).
@@ -51,7 +52,8 @@ COUNT, NUMEL, BYTES, TIME, MIN, MAX = range(6)
 _INF, _NAN = math.inf, math.nan
 _NO_INSIDE = (_NAN, )  # a step's time inside collectives where the record lacks it (schema 2 or older)
 _NO_PEAKS = (_NAN, _NAN)  # a step's peak allocated and reserved bytes where the record has no memory figures
-_STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops")  # optional per-record figures, added up per step where present
+_STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops", "gap_collective_ms")  # optional per-record figures, added up
+# per step where present
 
 # What is counted per record, as one key: mode, host, clock, old format, comms logger on, memory source
 # (None: no memory figures), time inside collectives recorded.
@@ -89,6 +91,7 @@ class FileRecords:
     iteration_ms: array = field(default_factory=lambda: array("d"))  # NaN: not recorded (earlier writers)
     gap_ms: array = field(default_factory=lambda: array("d"))
     flops: array = field(default_factory=lambda: array("d"))  # model FLOPs of the step's train micro steps
+    gap_collective_ms: array = field(default_factory=lambda: array("d"))  # of gap_ms: inside torch.distributed calls
     disturbed: array = field(default_factory=lambda: array("b"))  # 1: a peak reset between our boundaries
     profiler_steps: set = field(default_factory=set)  # global steps recorded as in the profiler's active window
     model_numel: Optional[int] = None
@@ -283,7 +286,7 @@ class FileRecords:
         record lacks them, added where present), the peaks the larger, disturbed if any record was."""
         steps = self.global_steps
         summed = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms, self.collective_ms)
-        present = (self.iteration_ms, self.gap_ms, self.flops)
+        present = (self.iteration_ms, self.gap_ms, self.flops, self.gap_collective_ms)
         largest = (self.peak_allocated_bytes, self.peak_reserved_bytes)
         if steps and steps[-1] == step:  # another micro step of the same optimizer step
             index = len(steps) - 1

@@ -9,7 +9,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, List, Mapping, Optional, Tuple
 
-from .hang_text import hang_lines
+from .hangs import hang_lines
 from .steps import ARRIVAL_FIGURES, StepView
 from .tables import counted, percent, rank_ranges, table, wrap
 

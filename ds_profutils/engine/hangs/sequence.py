@@ -78,7 +78,10 @@ def group_ranks(group: Any) -> Tuple[int, ...]:
 def _progress_of(group: Any) -> GroupProgress:
     found = _by_group.get(group)
     if found is None:
-        ranks = group_ranks(group)
+        try:
+            ranks = group_ranks(group)
+        except Exception:  # noqa: BLE001 - a group torch cannot tell (no process group): counted, never raised
+            return _by_ranks.setdefault((), GroupProgress(()))
         found = _by_group[group] = _by_ranks.setdefault(ranks, GroupProgress(ranks))
     return found
 

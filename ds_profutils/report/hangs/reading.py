@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Tuple
 
-from ..outputs import HANG_SCHEMA, hang_files
+from ...outputs import HANG_SCHEMA, hang_files
 
-__all__ = ["FRAMES_SHOWN", "hang_reports", "read_hang_files"]
+__all__ = ["FRAMES_SHOWN", "add_hangs", "hang_reports", "read_hang_files"]
 
 FRAMES_SHOWN = 5
 """Frames of a culprit's stack the text shows (innermost first); ``--json`` has the whole stack."""
@@ -131,3 +131,15 @@ def hang_reports(files: Mapping[int, Mapping[str, Any]]) -> Dict[str, Dict[str, 
             "ranks": ranks,
         }
     return reports
+
+
+def add_hangs(engines: Dict[str, Any], hangs: Mapping[str, Any], files: Mapping[int, Mapping[str, Any]],
+              empty_engine: Callable[[str], Dict[str, Any]]) -> None:
+    """Give each engine report its ``hang`` (None: no hang file names it); an engine named only by hang files (a
+    hang before its first record) gets ``empty_engine(name)``, an engine report without records."""
+    for name in hangs:
+        if name not in engines:
+            engines[name] = empty_engine(name)
+            engines[name]["world_size"] = max(content.get("world_size") or 0 for content in files.values())
+    for name, engine in engines.items():
+        engine["hang"] = hangs.get(name)

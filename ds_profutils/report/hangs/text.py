@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping
 
-from .hangs import FRAMES_SHOWN
-from .tables import rank_ranges, wrap
+from .reading import FRAMES_SHOWN
+from ..tables import rank_ranges, wrap
 
 __all__ = ["hang_lines"]
 
