@@ -22,6 +22,8 @@ import weakref
 from pathlib import Path
 from typing import Any, List, Optional
 
+import torch
+
 from ...logging import logger, warning_once
 from ...outputs import ProcessIdentity, hang_file, process_identity
 from ..hooks import Listener
@@ -140,8 +142,6 @@ class EngineWatch(Listener):
         self.phase = "forward"
 
     def forward_ended(self, module: Any, output: Any) -> None:
-        import torch
-
         self.phase = "backward" if module.training and torch.is_grad_enabled() else BETWEEN_STEPS
 
     def backward_ended(self) -> None:
