@@ -66,7 +66,11 @@ class Watchdog:
         written_at = 0.0
         writes = 0
         while not self._stop.wait(POLL_SECONDS):
-            watches = list(self.watches)
+            try:
+                with _lock:  # attach and close change the set; the step path never takes this lock
+                    watches = list(self.watches)
+            except RuntimeError:  # an engine collected while copied (the set's own callback): look again
+                continue
             if not watches and self._ended():
                 break
             beat, now = self.beat_at, time.monotonic()
