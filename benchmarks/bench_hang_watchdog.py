@@ -64,15 +64,15 @@ def bench(turns: int, runs: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs, each of --turns turns (the protocol's three)")
     parser.add_argument("--turns", type=int, default=200, help="interleaved turns of the two modes per run")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    for hidden in ("--worker", "--local_rank"):  # the launched ranks' own arguments
+        parser.add_argument(hidden, type=Path if hidden == "--worker" else int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker is not None:
+    if args.worker is None:
+        bench(args.turns, args.runs)
+    else:
         worker(args.worker, args.turns, args.runs)
-        return
-    bench(args.turns, args.runs)
 
 
 if __name__ == "__main__":

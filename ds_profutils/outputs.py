@@ -171,12 +171,8 @@ def hang_file(output_dir: os.PathLike | str, rank: int) -> Path:
 
 def hang_files(directory: Path) -> Dict[int, Path]:
     """``{rank: path}`` of the hang files in ``directory``."""
-    found = {}
-    for path in directory.iterdir():
-        match = _HANG_PATTERN.fullmatch(path.name)
-        if match:
-            found[int(match.group(1))] = path
-    return dict(sorted(found.items()))
+    matches = ((_HANG_PATTERN.fullmatch(path.name), path) for path in directory.iterdir())
+    return dict(sorted((int(match.group(1)), path) for match, path in matches if match))
 
 
 def memory_snapshot_file(output_dir: os.PathLike | str, rank: int, global_step: Optional[int] = None) -> Path:
