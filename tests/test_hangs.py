@@ -104,3 +104,15 @@ def test_a_hang_before_the_first_step_is_found(tmp_path):
         time.sleep(TIMEOUT_S + 2 * POLL_SECONDS)
     hang = json.loads((tmp_path / "hang_rank_0.json").read_text())
     assert hang["engines"] == [{"name": "main", "global_step": 0, "phase": "between steps"}]
+
+
+def test_waiting_on_an_async_collectives_handle_is_being_inside_it_again():
+    collective = sequence.collective_started("all_gather_into_tensor", (0, 1, 2), 512)
+    sequence.collective_ended(collective)  # launched: the call returned
+    group = next(group for group in sequence.progress() if group.ranks == (0, 1, 2))
+    assert group.current is None and group.last is collective and not sequence.within_collective()
+    sequence.collective_resumed(collective)  # the program waits on its handle
+    assert group.current is collective and collective.ended is None and sequence.within_collective()
+    assert group.seq == collective.seq  # no new sequence number
+    sequence.collective_ended(collective)
+    assert group.current is None and not sequence.within_collective()

@@ -37,7 +37,7 @@ from time import perf_counter_ns
 from typing import Any, Callable, Dict, List, Optional
 
 from .._device_clock import DeviceEvents, Pair
-from .hangs.sequence import collective_ended, collective_started, tensor_bytes
+from .hangs.sequence import Collective, collective_ended, collective_resumed, collective_started, tensor_bytes
 from .hooks import running
 from .step import EngineCollectives
 from .torch_collectives import TorchCollectives
@@ -80,17 +80,22 @@ class _TimedWork:
     """
 
     def __init__(self, work: Any, op: str, stream: Any, start: Any, engines: List[EngineCollectives],
-                 events: Optional[DeviceEvents], pair: Optional[Pair]) -> None:
+                 events: Optional[DeviceEvents], pair: Optional[Pair], collective: Collective) -> None:
         self._work, self._op, self._stream, self._start = work, op, stream, start
         self._engines, self._events, self._pair = engines, events, pair
+        self._collective = collective  # its sequence marker: the rank is inside it again while it waits
         self._timed = False
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         if self._timed:
             return self._work.wait(*args, **kwargs)
         self._timed = True
+        collective_resumed(self._collective)
         began = perf_counter_ns()
-        result = self._work.wait(*args, **kwargs)
+        try:
+            result = self._work.wait(*args, **kwargs)
+        finally:
+            collective_ended(self._collective)
         host_ns = perf_counter_ns() - began
         events, start = self._events, self._start
         self._start = None
@@ -174,8 +179,9 @@ class _Monitor:
                     return result
                 end = self._device_end(result) if events is not None else None
                 if end is None:
-                    return _TimedWork(result, op, stream, start, recording, events, None)
-                return _TimedWork(result, op, stream, None, recording, events, events.pair(start, end, 0, anchor))
+                    return _TimedWork(result, op, stream, start, recording, events, None, collective)
+                return _TimedWork(result, op, stream, None, recording, events, events.pair(start, end, 0, anchor),
+                                  collective)
             host_ns = perf_counter_ns() - began
             pair = events.pair(start, events.mark(), host_ns, anchor) if events is not None else None
             for engine in recording:

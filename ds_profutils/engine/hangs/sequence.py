@@ -11,7 +11,10 @@ writes per collective.  The hang watchdog's thread reads :func:`progress` withou
 attributes the wrappers write whole, so it never waits for the step path, nor the step path for it.
 
 A group is known by its ranks (a tuple of global ranks): two process groups over the same ranks (DeepSpeed's
-data-parallel group and the world) share a counter, which every member advances alike.
+data-parallel group and the world) share a counter, which every member advances alike.  Pipeline p2p: call
+``collective_started("send", (a, b), nbytes)`` (or ``"recv"``) with the pair's ranks sorted, so both ends count on
+one key, and ``collective_ended`` after the call; an ``async_op`` handle's ``wait()`` goes between
+:func:`collective_resumed` and ``collective_ended``.
 """
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["Collective", "GroupProgress", "collective_ended", "collective_started", "group_ranks", "progress",
-           "tensor_bytes", "within_collective"]
+__all__ = ["Collective", "GroupProgress", "collective_ended", "collective_resumed", "collective_started",
+           "group_ranks", "progress", "tensor_bytes", "within_collective"]
 
 
 class Collective:
@@ -119,6 +122,16 @@ def collective_ended(collective: Collective) -> None:
     group_progress.last = collective
     if group_progress.current is collective:
         group_progress.current = None
+
+
+def collective_resumed(collective: Collective) -> None:
+    """This rank waits for ``collective`` again (an ``async_op`` collective's ``wait()``, launched earlier): it is
+    the one the rank is inside until the next :func:`collective_ended`; its sequence number stays."""
+    group_progress = _by_ranks.get(collective.ranks)
+    if group_progress is not None:
+        group_progress.current = collective
+    collective.ended = None
+    _thread.depth = getattr(_thread, "depth", 0) + 1
 
 
 def progress() -> List[GroupProgress]:
