@@ -2,22 +2,10 @@
 count through ``torch.distributed`` after loading a step's batches, so the ranks that loaded early wait there,
 inside their gap.  Those calls are timed (``gap_collective_ms``), the straggler test counts them as time inside
 collectives, and the late rank is named with its own gap (``gap_ms`` less ``gap_collective_ms``)."""
-import re
-
 from ds_profutils.report import build_report
-from launcher import DIST_SCRIPTS, run_deepspeed
+from launcher import DIST_SCRIPTS, ended_as_documented, run_deepspeed
 
 from report_testing import read_records_file
-
-TEARDOWN_ABORT = "terminate called without an active exception"
-
-
-def ended_as_documented(output, code, marker, ranks=2):
-    """Exit 0, or gloo's teardown abort after every rank printed its last line with no traceback before it."""
-    done = len(re.findall(marker, output)) == ranks
-    if code == 0:
-        return done
-    return done and TEARDOWN_ABORT in output and "Traceback" not in output.split(TEARDOWN_ABORT)[0]
 
 
 def test_a_trainer_rank_sleeping_in_its_collator_is_the_straggler_by_its_own_gap(tmp_path):

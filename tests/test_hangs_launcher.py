@@ -3,29 +3,16 @@ sleeping before the forward of global step 6 leaves hang files within 40 s; afte
 names rank 1 (with a frame of the job's script) and rank 0 waiting inside a collective, HANG first; the records
 of steps 0-5 are kept.  The same job without the sleep writes no hang file.  Both jobs run side by side."""
 import json
-import re
 import signal
 import subprocess
 import sys
 import time
 
-from launcher import DIST_SCRIPTS, REPO, LauncherJob
+from launcher import DIST_SCRIPTS, REPO, LauncherJob, ended_as_documented
 
 from report_testing import read_records_file
 
 SCRIPT = DIST_SCRIPTS / "hang_job.py"
-TEARDOWN_ABORT = "terminate called without an active exception"
-
-
-def ended_as_documented(job, code, ranks=2):
-    """Exit 0, or gloo's teardown abort after every rank printed its last line with no traceback before it."""
-    output = job.output
-    done = len(re.findall(r"hang_job done rank \d", output)) == ranks
-    if code == 0:
-        return done
-    return done and TEARDOWN_ABORT in output and "Traceback" not in output.split(TEARDOWN_ABORT)[0]
-
-
 def report(directory, *options):
     done = subprocess.run([sys.executable, "-m", "ds_profutils", "report", str(directory), *options],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -47,7 +34,7 @@ def test_a_hung_job_names_the_rank_that_never_arrived_and_a_healthy_one_writes_n
         hung.signal_group(signal.SIGTERM)
         hung.finish(timeout=120)
         healthy_code = healthy.finish(timeout=400)
-        assert ended_as_documented(healthy, healthy_code), healthy.output[-3000:]
+        assert ended_as_documented(healthy.output, healthy_code, r"hang_job done rank \d"), healthy.output[-3000:]
     assert found_after_s < 40
     hang = json.loads(report(hung_dir, "--json"))["engines"]["main"]["hang"]
     assert hang["culprits"] == [1] and hang["waiting"] == [0] and hang["global_step"] == 6
