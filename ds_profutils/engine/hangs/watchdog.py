@@ -1,7 +1,7 @@
 """The hang watchdog: one daemon thread per process that writes ``hang_rank_{r}.json`` when no optimizer step
 of any attached engine has ended for ``step_metrics.hang_timeout_s`` seconds.
 
-A hung job's ranks sit in a collective until the process-group timeout (DeepSpeed's default: 30 minutes)
+A hung job's ranks sit in a collective until the process-group timeout (DeepSpeed's default: 10 minutes)
 and then die naming nobody.  Each rank's watchdog writes, before that, where it is: its engines' global
 step and phase, the collective it is inside (with its sequence number on its group, :mod:`.sequence`) and
 every thread's stack (:mod:`.hang_file`); the report lines the ranks' files up and names the rank that
