@@ -27,6 +27,7 @@ from typing import Dict, Iterator, Optional, Tuple
 
 __all__ = [
     "ENGINE_NAME",
+    "HANG_SCHEMA",
     "LAUNCHER_VARIABLES",
     "MAIN_ENGINE",
     "ProcessIdentity",
@@ -36,6 +37,8 @@ __all__ = [
     "cycle_trace_file",
     "fetch_records_file",
     "fetch_records_files",
+    "hang_file",
+    "hang_files",
     "last_record",
     "memory_snapshot_file",
     "probe_writable",
@@ -66,6 +69,11 @@ _TRACE = "trace_rank_{rank}.json"
 _SUMMARY = "summary_rank_{rank}.txt"
 _FETCH_RECORDS = "zero_fetch_rank_{rank}.jsonl"
 _ENGINE_FETCH_RECORDS = "zero_fetch_{engine}_rank_{rank}.jsonl"
+_HANG = "hang_rank_{rank}.json"
+_HANG_PATTERN = re.compile(r"hang_rank_(\d+)\.json")
+HANG_SCHEMA = 1
+"""The format of ``hang_rank_{r}.json`` (docs/hangs.md), written by the engine's hang watchdog, read by the
+report: shared here so that neither imports the other."""
 _TRACE_PATTERN = re.compile(r"trace_rank_(\d+)\.json")
 _FETCH_RECORDS_PATTERN = re.compile(r"zero_fetch_(?:([A-Za-z0-9][A-Za-z0-9-]*)_)?rank_(\d+)\.jsonl")
 
@@ -154,6 +162,17 @@ def fetch_records_file(output_dir: os.PathLike | str, rank: int | str, engine: s
     """One engine's ZeRO-3 fetch records on one rank (or a placeholder such as ``"<r>"`` for messages)."""
     name = _FETCH_RECORDS if engine == MAIN_ENGINE else _ENGINE_FETCH_RECORDS
     return Path(output_dir) / name.format(engine=engine, rank=rank)
+
+
+def hang_file(output_dir: os.PathLike | str, rank: int) -> Path:
+    """What one rank writes when no optimizer step has ended for ``step_metrics.hang_timeout_s``."""
+    return Path(output_dir) / _HANG.format(rank=rank)
+
+
+def hang_files(directory: Path) -> Dict[int, Path]:
+    """``{rank: path}`` of the hang files in ``directory``."""
+    matches = ((_HANG_PATTERN.fullmatch(path.name), path) for path in directory.iterdir())
+    return dict(sorted((int(match.group(1)), path) for match, path in matches if match))
 
 
 def memory_snapshot_file(output_dir: os.PathLike | str, rank: int, global_step: Optional[int] = None) -> Path:

@@ -296,3 +296,15 @@ def run_ranks_as_nodes(script: os.PathLike | str, args: Sequence[str], workdir: 
         processes.append((subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, env=env, stdout=log,
                                            stderr=subprocess.STDOUT), log))
     _finish_nodes(processes, workdir, timeout, port)
+
+
+TEARDOWN_ABORT = "terminate called without an active exception"
+"""gloo's abort at interpreter teardown, with or without ds_profutils (README, CPU section)."""
+
+
+def ended_as_documented(output: str, code: int, last_line: str, ranks: int = 2) -> bool:
+    """Whether a job ended well: every rank printed the script's last line (``last_line``, a regex), and the exit
+    status is 0 or gloo's teardown abort with no traceback before it."""
+    if len(re.findall(last_line, output)) != ranks:
+        return False
+    return code == 0 or (TEARDOWN_ABORT in output and "Traceback" not in output.split(TEARDOWN_ABORT)[0])

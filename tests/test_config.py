@@ -541,7 +541,17 @@ def test_the_record_keys_mean_the_same_in_both_sections_that_switch_records_on()
     for key in RECORD_KEYS:
         theirs, ours = PartitionedParamProfilerConfig.model_fields[key], StepMetricsConfig.model_fields[key]
         assert (theirs.annotation, theirs.default, theirs.metadata) == (ours.annotation, ours.default, ours.metadata)
-    assert set(StepMetricsConfig.model_fields) - RECORD_KEYS == {"peak_tflops", "monitor_interval", "console"}
+    assert set(StepMetricsConfig.model_fields) - RECORD_KEYS == {"peak_tflops", "monitor_interval", "console",
+                                                                 "hang_timeout_s"}
+
+
+def test_hang_timeout_s_defaults_to_five_minutes_zero_is_off_and_the_environment_sets_it(monkeypatch):
+    assert load_config({"step_metrics": {}}).step_metrics.hang_timeout_s == 300
+    assert load_config({"step_metrics": {"hang_timeout_s": 0}}).step_metrics.hang_timeout_s == 0
+    with pytest.raises(ConfigError, match="hang_timeout_s: -1 is not allowed; expected an integer >= 0"):
+        load_config({"step_metrics": {"hang_timeout_s": -1}})
+    monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_HANG_TIMEOUT_S", "45")
+    assert load_config({"step_metrics": {"hang_timeout_s": 5}}).step_metrics.hang_timeout_s == 45
 
 
 @pytest.mark.parametrize("section", ["partitioned_param_profiler", "step_metrics"])
@@ -565,10 +575,11 @@ def test_shared_record_keys_are_checked_alike(section, values, line):
     ({"monitor_interval": 0}, "step_metrics.monitor_interval: 0 is not allowed; expected an integer >= 1"),
     ({"monitor_interval": 2.5}, "step_metrics.monitor_interval: 2.5 is not allowed; expected an integer"),
     ({"console": "on"}, 'step_metrics.console: "on" is not allowed; expected true or false'),
-    ({"trace_ranges": True}, "step_metrics.trace_ranges: unknown key; allowed keys: console, enabled, log_interval, "
-     "memory, monitor_interval, output_dir, peak_tflops, ranks"),
+    ({"trace_ranges": True}, "step_metrics.trace_ranges: unknown key; allowed keys: console, enabled, "
+     "hang_timeout_s, log_interval, memory, monitor_interval, output_dir, peak_tflops, ranks"),
     ({"monitor_intervall": 5}, "step_metrics.monitor_intervall: unknown key (did you mean monitor_interval?); "
-     "allowed keys: console, enabled, log_interval, memory, monitor_interval, output_dir, peak_tflops, ranks"),
+     "allowed keys: console, enabled, hang_timeout_s, log_interval, memory, monitor_interval, output_dir, peak_tflops, "
+     "ranks"),
     ("on", 'step_metrics: "on" is not allowed; expected an object'),
 ])
 def test_bad_step_metrics_values_name_key_value_and_what_is_allowed(values, line):
@@ -614,8 +625,8 @@ def test_unknown_step_metrics_variable_says_the_fields(monkeypatch):
     assert problem_lines(excinfo) == [
         "DS_PROFUTILS_STEP_METRICS_MONITOR: unknown variable "
         "(did you mean DS_PROFUTILS_STEP_METRICS_MONITOR_INTERVAL?); step_metrics settings are "
-        "DS_PROFUTILS_STEP_METRICS_<FIELD> with FIELD one of CONSOLE, ENABLED, LOG_INTERVAL, MEMORY, "
-        "MONITOR_INTERVAL, OUTPUT_DIR, PEAK_TFLOPS, RANKS"]
+        "DS_PROFUTILS_STEP_METRICS_<FIELD> with FIELD one of CONSOLE, ENABLED, HANG_TIMEOUT_S, LOG_INTERVAL, "
+        "MEMORY, MONITOR_INTERVAL, OUTPUT_DIR, PEAK_TFLOPS, RANKS"]
 
 
 def test_step_metrics_keyword_arguments_merge_in_the_order(monkeypatch):

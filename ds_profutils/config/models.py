@@ -181,6 +181,8 @@ class StepMetricsConfig(_StepRecordSection):
                                          "from the table of known accelerators, else no MFU")
     monitor_interval: int = Field(10, ge=1, description="send the live figures every this many optimizer steps")
     console: bool = Field(True, description="one line of the live figures on rank 0's console")
+    hang_timeout_s: int = Field(300, ge=0, description="write hang_rank_{r}.json when no optimizer step has ended "
+                                "for this many seconds (set it below the process-group timeout); 0: no watchdog")
 
 
 class MemorySnapshotConfig(Section):

@@ -39,7 +39,7 @@ from ..outputs import ENGINE_NAME, MAIN_ENGINE, ProcessIdentity, fetch_records_f
 from .._device_clock import process_device_events
 from ..zero3 import PartitionedParameterProfiler
 from ..zero3.fetches import PROFILER_ATTR
-from . import snapshot
+from . import hangs, snapshot
 from .engine_driven import EngineDrivenProfiler
 from .engine_setup import apply_engine_settings
 from .hooks import EngineHooks, Listener
@@ -288,6 +288,9 @@ def attach(engine: Any,
         _attach_recorder(attachment, coordinator, settings, identity, loaded, writes=records_here,
                          metrics=metrics if metrics.enabled else None,
                          profiler_active=profiling.recording if profiling is not None else None)
+    if metrics.enabled and metrics.hang_timeout_s:  # every rank, recording or not (docs/hangs.md)
+        watch = hangs.watch_engine(engine, engine_name, metrics.output_dir, metrics.hang_timeout_s)
+        attachment.add(watch, watch.close)
     if profiling is not None:
         attachment.add(profiling, profiling.close)
     if history is not None:

@@ -37,10 +37,12 @@ from time import perf_counter_ns
 from typing import Any, Callable, Dict, List, Optional
 
 from .._device_clock import DeviceEvents, Pair
+from .hangs.sequence import Collective, collective_ended, collective_resumed, collective_started, tensor_bytes
 from .hooks import running
 from .step import EngineCollectives
+from .torch_collectives import TorchCollectives
 
-__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "attach_engine"]
+__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "attach_engine", "group_argument"]
 
 ASYNC_OP_POSITION: Dict[str, int] = {
     "all_reduce": 3,
@@ -62,6 +64,10 @@ ASYNC_OP_POSITION: Dict[str, int] = {
 """Collectives of DeepSpeed 0.19's ``TorchBackend`` that take ``async_op``, and its position (after self)."""
 ALWAYS_BLOCKING = ("inference_all_reduce", "broadcast_object_list", "all_gather_object", "monitored_barrier")
 """Collectives without ``async_op``: every call blocks."""
+GROUP_POSITION: Dict[str, int] = {**{op: position - 1 for op, position in ASYNC_OP_POSITION.items()},
+                                  "inference_all_reduce": 2, "broadcast_object_list": 2, "all_gather_object": 2,
+                                  "monitored_barrier": 0}
+"""Where each collective takes its ``group`` (after self): just before ``async_op`` in every one that has it."""
 _ABSENT = object()
 
 
@@ -74,17 +80,22 @@ class _TimedWork:
     """
 
     def __init__(self, work: Any, op: str, stream: Any, start: Any, engines: List[EngineCollectives],
-                 events: Optional[DeviceEvents], pair: Optional[Pair]) -> None:
+                 events: Optional[DeviceEvents], pair: Optional[Pair], collective: Collective) -> None:
         self._work, self._op, self._stream, self._start = work, op, stream, start
         self._engines, self._events, self._pair = engines, events, pair
+        self._collective = collective  # its sequence marker: the rank is inside it again while it waits
         self._timed = False
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         if self._timed:
             return self._work.wait(*args, **kwargs)
         self._timed = True
+        collective_resumed(self._collective)
         began = perf_counter_ns()
-        result = self._work.wait(*args, **kwargs)
+        try:
+            result = self._work.wait(*args, **kwargs)
+        finally:
+            collective_ended(self._collective)
         host_ns = perf_counter_ns() - began
         events, start = self._events, self._start
         self._start = None
@@ -129,13 +140,26 @@ class _Monitor:
                 self._before[op] = vars(backend).get(op, _ABSENT)
                 self._wrappers[op] = self._timed(op, method, ASYNC_OP_POSITION.get(op))
                 setattr(backend, op, self._wrappers[op])
+        self._torch = TorchCollectives(self.torch_call)  # the frameworks' own calls (Trainer, Accelerate)
 
     def _timed(self, op: str, method: Callable[..., Any], async_position: Optional[int]) -> Callable[..., Any]:
+        group_position = GROUP_POSITION[op]
 
-        def timed(*args: Any, **kwargs: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            """Every call, recorded or not, takes its group's next sequence number (the hang watchdog's)."""
+            collective = collective_started(op, group_argument(args, kwargs, group_position), tensor_bytes(args))
+            try:
+                return timed(collective, *args, **kwargs)
+            finally:
+                collective_ended(collective)
+
+        def timed(collective: Any, *args: Any, **kwargs: Any) -> Any:
             recording = self._recording()
             if not recording:
                 return method(*args, **kwargs)
+            for engine in recording:
+                if engine.step is not None:
+                    engine.step.note_sequence(collective.ranks, collective.seq)
             is_async = _is_async(args, kwargs, async_position)
             events = self.device_events
             stream = self.current_stream() if events is not None else None
@@ -155,8 +179,9 @@ class _Monitor:
                     return result
                 end = self._device_end(result) if events is not None else None
                 if end is None:
-                    return _TimedWork(result, op, stream, start, recording, events, None)
-                return _TimedWork(result, op, stream, None, recording, events, events.pair(start, end, 0, anchor))
+                    return _TimedWork(result, op, stream, start, recording, events, None, collective)
+                return _TimedWork(result, op, stream, None, recording, events, events.pair(start, end, 0, anchor),
+                                  collective)
             host_ns = perf_counter_ns() - began
             pair = events.pair(start, events.mark(), host_ns, anchor) if events is not None else None
             for engine in recording:
@@ -164,7 +189,7 @@ class _Monitor:
                     engine.step.add_collective(op, stream, False, host_ns, pair)
             return result
 
-        return timed
+        return counted
 
     def _device_end(self, work: Any) -> Any:
         """An end event for an async collective, recorded on our timing stream made to wait on ``work``'s
@@ -194,9 +219,23 @@ class _Monitor:
         now = running.engine_id
         return engines if now is None else [engine for engine in engines if engine.engine_id == now]
 
+    def torch_call(self, op: str, host_ns: int) -> None:
+        """A ``torch.distributed`` call of the program's (or a framework's) took ``host_ns``: inside an engine's
+        forward, backward or step it is that step's collective; between steps, a wait of every engine's gap."""
+        now = running.engine_id
+        stream = self.current_stream() if self.current_stream is not None else None
+        for engine in map(weakref.ref.__call__, self.engines):
+            if engine is None:
+                continue
+            if now is None:
+                engine.gap_collective_ns += host_ns
+            elif engine.engine_id == now and engine.step is not None:
+                engine.step.add_collective(op, stream, False, host_ns, None)
+
     def remove(self) -> None:
         """Give the backend back as it was: a wrapper put there before ours stays; ours, if wrapped since by
         someone else, stays in the chain (it times nothing once no engine is recorded)."""
+        self._torch.remove()
         attributes = vars(self.backend)
         for op, wrapper in self._wrappers.items():
             if attributes.get(op) is not wrapper:
@@ -205,6 +244,13 @@ class _Monitor:
                 del attributes[op]
             else:
                 attributes[op] = self._before[op]
+
+
+def group_argument(args: tuple, kwargs: Dict[str, Any], position: int) -> Any:
+    """The ``group`` a collective was called with (None: the default group)."""
+    if "group" in kwargs:
+        return kwargs["group"]
+    return args[position] if len(args) > position else None
 
 
 def _is_async(args: tuple, kwargs: Dict[str, Any], position: Optional[int]) -> bool:

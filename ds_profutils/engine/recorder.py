@@ -246,11 +246,12 @@ class StepRecorder(Listener):
         figures to the listeners (host clock: final now, whatever the device clock says later)."""
         records, self._step_records = self._step_records, []
         iteration_ms, gap_ms, sums = self.totals.ended(end_ns)
+        gap_collective_ms = self.collectives.take_gap_collective_ms()  # the frameworks' waits in the gap
         self._finished_step = max(self._finished_step, global_step)
         if not records or records[-1].fields["global_step"] != global_step:
             return  # not measured (log_interval with nothing listening)
         last = records[-1].fields
-        last["iteration_ms"], last["gap_ms"] = iteration_ms, gap_ms
+        last["iteration_ms"], last["gap_ms"], last["gap_collective_ms"] = iteration_ms, gap_ms, gap_collective_ms
         if not self.step_listeners:
             return
         # an engine kind's own figures (a pipeline stage's, its FLOPs included) beside the common ones

@@ -58,6 +58,7 @@ class StepRecord:
         # further figures of an engine kind's own (a pipeline's instruction times): each has pairs() and
         # fields(step_ms), the record's fields made once its times are known
         self.parts: List[Any] = []
+        self.sequences: Dict[tuple, List[int]] = {}  # per group (its ranks): the step's first and last sequence number
 
     def complete(self, closing: bool) -> bool:
         """Whether this record holds a whole step: its ``step()`` returned, or its forward ended and no
@@ -87,6 +88,14 @@ class StepRecord:
             if pair is not None:
                 totals.blocking_pairs.append(pair)
 
+    def note_sequence(self, ranks: tuple, seq: int) -> None:
+        """A collective of this step had sequence number ``seq`` on the group of ``ranks`` (ranks line up by it)."""
+        span = self.sequences.get(ranks)
+        if span is None:
+            self.sequences[ranks] = [seq, seq]
+        else:
+            span[1] = seq
+
     def pairs(self) -> List[Pair]:
         """Every device interval the record waits for before it is written."""
         found = self.fetches.pairs() if self.fetches is not None else []
@@ -114,6 +123,7 @@ class StepRecord:
             "collectives": entries,
             "collective_ms": sum(entry["time_ms"] for entry in entries.values()) - self._overlap_ns() / _NS_PER_MS,
             "collective_wait_ms": sum(entry["exposed_ms"] for entry in entries.values()),
+            "collective_seq": {rank_ranges(ranks): span for ranks, span in self.sequences.items()},
         }
 
 
@@ -136,11 +146,34 @@ class StepRecord:
 class EngineCollectives:
     """One recorded engine's place in the collective wrappers (see the module doc)."""
 
-    __slots__ = ("engine_id", "step", "__weakref__")
+    __slots__ = ("engine_id", "step", "gap_collective_ns", "__weakref__")
 
     def __init__(self, engine: Any) -> None:
         self.engine_id = id(engine)  # what the hooks say is running; never the engine itself (kept alive)
         self.step: Optional[StepRecord] = None
+        self.gap_collective_ns = 0  # time inside torch.distributed calls between steps, since last taken
+
+    def take_gap_collective_ms(self) -> float:
+        """The time inside the frameworks' ``torch.distributed`` collectives between steps since the last call
+        (an optimizer step's end), in ms; the count starts again."""
+        gap_ns, self.gap_collective_ns = self.gap_collective_ns, 0
+        return gap_ns / _NS_PER_MS
+
+
+def rank_ranges(ranks: tuple) -> str:
+    """A group's ranks as a short key: ``"0-7"``, ``"0,2,4"``, ``"0-3,8-11"`` (a 1024-rank world stays short)."""
+    parts: List[str] = []
+    start = previous = None
+    for rank in ranks:
+        if previous is not None and rank == previous + 1:
+            previous = rank
+            continue
+        if start is not None:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = rank
+    if start is not None:
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+    return ",".join(parts)
 
 
 def _total_ms(pairs: List[Pair], host_ns: int) -> float:

@@ -13,12 +13,13 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from ..diagnosis.advice import advise
 from ..diagnosis.stragglers import rank_causes, rank_work, work_imbalance
 from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
+from .hangs import add_hangs, hang_reports, read_hang_files
 from .memory import memory_report
 from .pipeline import pipeline_report, staged_view
 from .records import (BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, beyond_world, found_unreadable, read_all,
                       world_of)
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
-                    host_stragglers, is_straggler, reach, step_view, steps_to_name,
+                    host_stragglers, is_straggler, own_gap_ms, reach, step_view, steps_to_name,
                     straggler_rule, tflops)
 from .traces import TraceFormatError, summarize_trace
 
@@ -130,6 +131,8 @@ def _rank_table(files: Sequence[FileRecords], view: StepView, device_clock: bool
             "iteration_ms_median": _median_of(records.iteration_ms),
             "gap_ms_median": _median_of(records.gap_ms),
             "tokens_median": _median_of(records.tokens),
+            "gap_collective_ms_median": _median_of(records.gap_collective_ms),
+            "own_gap_ms_median": _median_of(own_gap_ms(records)),
             "tflops_median": achieved,
             "mfu_median": achieved / records.peak_tflops if achieved is not None and records.peak_tflops else None,
             **_mean_split(records),
@@ -337,10 +340,12 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
         raise ReportError(problem)
     record_files = fetch_records_files(directory)
     traces_found = trace_files(directory)
-    if not record_files and not traces_found:
+    hang_content, hangs_unread = read_hang_files(directory)
+    hangs = hang_reports(hang_content)
+    if not record_files and not traces_found and not hangs:
         raise ReportError(f"{directory}: no step records (zero_fetch_*rank_*.jsonl) and no traces "
                           f"(trace_rank_*.json); {_where_to_look(directory)}")
-    incomplete: List[Dict[str, Any]] = []
+    incomplete: List[Dict[str, Any]] = list(hangs_unread)
     traces = _traces(traces_found, top_ops, incomplete)
     files = read_all(record_files)
     # Files a run with another world size left in a reused output_dir (ranks this run does not have).
@@ -358,7 +363,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     _trace_gaps({rank: path for rank, path in traces_found.items() if rank not in earlier}, traces, incomplete)
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
                    if summary["step_numbering"] == "global"}
-    if not traces and not any(f.complete_records for f in files):
+    if not traces and not hangs and not any(f.complete_records for f in files):
         unread = [f"{entry['file']}: {entry['reason']}" for entry in incomplete if entry["file"]][:3]
         if not unread:
             unread = [found_unreadable(files)]
@@ -368,6 +373,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     engines = {name: _engine_report(name, [f for f in files if f.engine == name],
                                     trace_steps if name == joined else {}, incomplete)
                for name in names}
+    add_hangs(engines, hangs, hang_content, lambda name: _engine_report(name, [], {}, []))
     hosts: Dict[str, set] = {}
     for records in files:
         for host in records.hosts:

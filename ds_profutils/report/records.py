@@ -15,7 +15,8 @@ of earlier segments (``superseded``), so no two runs' figures are ever added.  O
 restart pay the second pass; to decide it, the first keeps each segment's first and last step.
 
 Optional fields of later writers, read where present (null or absent: NaN here): ``iteration_ms`` and
-``gap_ms`` (on the record whose micro step ended with ``engine.step()``), ``flops``, ``tokens`` and
+``gap_ms`` (on the record whose micro step ended with ``engine.step()``, with ``gap_collective_ms``, the part
+of the gap inside the frameworks' own ``torch.distributed`` collectives), ``flops``, ``tokens`` and
 ``samples`` (of the micro step, summed over the step), ``ds_config`` (the engine's effective values, on a
 file's first record), ``prefetch.in_flight_waited``, ``model_numel`` and ``peak_tflops`` (the latest given),
 ``profiler_active`` (the step ran in the torch profiler's active window), ``memory.disturbed`` (the
@@ -54,7 +55,8 @@ _NO_INSIDE = (_NAN, )  # a step's time inside collectives where the record lacks
 _NO_PEAKS = (_NAN, _NAN)  # a step's peak allocated and reserved bytes where the record has no memory figures
 # optional per-record figures, added up per step where present (compute_ms, p2p_ms, bubble_ms: a pipeline stage's,
 # docs/pipeline.md)
-_STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops", "tokens", "samples", "compute_ms", "p2p_ms", "bubble_ms")
+_STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops", "tokens", "samples", "compute_ms", "p2p_ms", "bubble_ms",
+                "gap_collective_ms")
 
 # What is counted per record, as one key: mode, host, clock, old format, comms logger on, memory source
 # (None: no memory figures), time inside collectives recorded.
@@ -97,6 +99,7 @@ class FileRecords:
     compute_ms: array = field(default_factory=lambda: array("d"))  # a pipeline stage's forward and backward
     p2p_ms: array = field(default_factory=lambda: array("d"))  # its send and receive instructions
     bubble_ms: array = field(default_factory=lambda: array("d"))  # p2p_ms and the time outside instructions
+    gap_collective_ms: array = field(default_factory=lambda: array("d"))  # of gap_ms: inside torch.distributed calls
     pipe_stage: Optional[int] = None  # a PipelineEngine's stage of this rank (None: no pipeline)
     pipe_stages: Optional[int] = None
     micro_batches: Optional[int] = None  # of the latest pipeline train record
@@ -307,7 +310,7 @@ class FileRecords:
         steps = self.global_steps
         summed = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms, self.collective_ms)
         present = (self.iteration_ms, self.gap_ms, self.flops, self.tokens, self.samples, self.compute_ms, self.p2p_ms,
-                   self.bubble_ms)
+                   self.bubble_ms, self.gap_collective_ms)
         largest = (self.peak_allocated_bytes, self.peak_reserved_bytes)
         if steps and steps[-1] == step:  # another micro step of the same optimizer step
             index = len(steps) - 1

@@ -32,7 +32,7 @@ from ..diagnosis.stragglers import WORK_UNITS, work_unit
 from .chance import binomial_upper_tail
 from .records import FileRecords
 
-__all__ = ["ARRIVAL_FIGURES", "STRAGGLER_LEVEL", "STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_STEP_SHARE", "Matrix",
+__all__ = ["ARRIVAL_FIGURES", "arrival_ms", "own_gap_ms", "STRAGGLER_LEVEL", "STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_STEP_SHARE", "Matrix",
            "StepView", "chance_p_value", "host_stragglers", "is_straggler", "reach", "step_view", "steps_to_name", "tflops",
            "straggler_rule"]
 
@@ -119,7 +119,8 @@ class Matrix:
 @dataclass
 class StepView:
     """Per global step and rank: step time, fetch wait, other exposed (blocking collective) wait, exposed
-    wait, busy time (step time - exposed wait), time inside collectives, the trace's step time and the
+    wait, busy time (step time - exposed wait), time inside collectives (the step's, and the frameworks'
+    ``torch.distributed`` collectives between steps: :func:`arrival_ms`), the trace's step time and the
     peak allocated bytes; per step the straggler, found by ``arrival`` (a key of ``ARRIVAL_FIGURES``)."""
 
     global_steps: List[int]
@@ -133,7 +134,7 @@ class StepView:
     trace_step_ms: Matrix
     peak_allocated_bytes: Matrix
     iteration_ms: Matrix  # end of the previous optimizer step to the end of this one (NaN: not recorded)
-    gap_ms: Matrix  # its part outside forward, backward and step
+    gap_ms: Matrix  # its part outside forward, backward and step, less the frameworks' collectives there (own_gap_ms)
     tflops: Matrix  # the step's model FLOPs over its iteration, TFLOP/s
     work: Matrix  # the step's work in ``work_unit`` (diagnosis.stragglers.WORK_UNITS)
     work_unit: Optional[str] = None  # None: no work recorded on every rank
@@ -172,6 +173,23 @@ def tflops(records: FileRecords) -> array:
                        for flops, iteration in zip(records.flops, records.iteration_ms)))
 
 
+def arrival_ms(records: FileRecords) -> array:
+    """Per step, the time inside collectives the straggler test compares: in-step ``collective_ms`` plus
+    ``gap_collective_ms``, the frameworks' own ``torch.distributed`` collectives between steps (the Trainer's
+    token-count gather, where the ranks that loaded their batches early wait for the late one)."""
+    if not records.gap_collective_ms:
+        return records.collective_ms
+    return array("d", (inside + gap if gap == gap else inside
+                       for inside, gap in zip(records.collective_ms, records.gap_collective_ms)))
+
+
+def own_gap_ms(records: FileRecords) -> array:
+    """Per step, the gap less its time inside the frameworks' collectives: waiting there for a late peer is no
+    slow input pipeline of one's own (the late rank's own gap is what stands out)."""
+    return array("d", (gap - inside if inside == inside else gap
+                       for gap, inside in zip(records.gap_ms, records.gap_collective_ms)))
+
+
 def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[int, float]]) -> StepView:
     """The view over the train records of one engine's files (one per rank), with each rank's trace step
     times (``{rank: {global step: ms}}``) where a trace numbers its steps globally."""
@@ -191,11 +209,11 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
         exposed = array("d", map(float.__add__, records.fetch_wait_ms, records.collective_wait_ms))
         busy = array("d", map(float.__sub__, records.step_ms, exposed))
         for matrix, values in ((view.step_ms, records.step_ms), (view.fetch_wait_ms, records.fetch_wait_ms),
+                               (view.collective_ms, arrival_ms(records)),
                                (view.collective_wait_ms, records.collective_wait_ms),
                                (view.exposed_wait_ms, exposed), (view.busy_ms, busy),
-                               (view.collective_ms, records.collective_ms),
                                (view.peak_allocated_bytes, records.peak_allocated_bytes),
-                               (view.iteration_ms, records.iteration_ms), (view.gap_ms, records.gap_ms),
+                               (view.iteration_ms, records.iteration_ms), (view.gap_ms, own_gap_ms(records)),
                                (view.tflops, tflops(records)),
                                (view.work, array("d", (value * unit[2] for value in getattr(records, unit[0])))
                                 if unit else array("d", [math.nan]) * len(records.global_steps))):

@@ -11,6 +11,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from ..diagnosis.advice import advice_lines
 from ..diagnosis.causes import describe_cause
+from .hangs import hang_lines
 from .pipeline import pipeline_lines
 from .steps import ARRIVAL_FIGURES, StepView
 from .tables import counted, percent, rank_ranges, table, unread_files, wrap
@@ -356,6 +357,7 @@ def _traces(traces: Mapping[int, Mapping[str, Any]], limit: int) -> List[str]:
 def render_text(report: Mapping[str, Any], max_steps: int = 20, max_ranks: int = 8) -> str:
     """The report as text: at most ``max_steps`` steps and ``max_ranks`` ranks per table."""
     lines = _header(report)
+    lines[1:1] = hang_lines(report)  # a hung job's culprit before everything else
     if report["engines"]:
         lines += ["", *wrap(f"Straggler rule: {report['straggler_rule']['text']}.")]
     for name, engine in report["engines"].items():

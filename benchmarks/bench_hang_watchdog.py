@@ -1,0 +1,79 @@
+"""The hang watchdog's cost on a ZeRO-2 step: ``step_metrics`` with ``hang_timeout_s`` 300 against 0 (off).
+
+    python benchmarks/bench_hang_watchdog.py [--turns 200] [--runs 3]
+
+A ZeRO-2 training step (2 ranks under the deepspeed launcher, gloo on CPU, garbage collector on) with
+``step_metrics`` on, the watchdog on against off ("off" is step_metrics on without it: the watchdog's own cost),
+interleaved (``bench_engines.attach_turns``: each mode first and second in turn; attach, close and the garbage
+they leave untimed).  The step path pays a few attribute writes per phase and one timestamp per optimizer step;
+the thread wakes once a second.  Per rank and run: the median over the turns of the ratio of the second steps
+after attach; the target (<= 1.01x) is met when the median of the runs' worst-rank ratios meets it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_engines import attach_turns, mlp_engine  # benchmarks/ is the script's own folder
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = 1.01
+
+
+def worker(out: Path, turns: int, runs: int) -> None:
+    from ds_profutils import attach
+
+    engine, batch, rank, config = mlp_engine({"stage": 2}, step_metrics={
+        "enabled": True, "output_dir": str(out / "records"), "console": False, "hang_timeout_s": 300})
+    configs = {"off": {**config, "step_metrics": {**config["step_metrics"], "hang_timeout_s": 0}}, "on": config}
+    ratios = []
+    for _ in range(runs):
+        seconds, _ = attach_turns(engine, batch, turns,
+                                  {mode: lambda mode=mode: attach(engine, config=configs[mode]) for mode in configs})
+        ratios.append({"ratio": statistics.median(b / a for a, b in zip(seconds["off"], seconds["on"])),
+                       "off_ms": statistics.median(seconds["off"]) * 1e3, "on_ms": statistics.median(seconds["on"]) * 1e3})
+    (out / f"rank_{rank}.json").write_text(json.dumps(ratios))
+
+
+def bench(turns: int, runs: int) -> float:
+    sys.path.insert(0, str(REPO / "tests"))
+    from launcher import run_deepspeed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        run_deepspeed(Path(__file__), ["--worker", str(out), "--turns", str(turns), "--runs", str(runs)],
+                      timeout=1800)
+        results = {rank: json.loads((out / f"rank_{rank}.json").read_text()) for rank in (0, 1)}
+    print(f"ZeRO-2 training step, 2 ranks (gloo, CPU), {runs} runs of {turns} interleaved turns: step_metrics with "
+          "the hang watchdog against without it")
+    worst = []
+    for run in range(runs):
+        cells = [f"rank {rank}: off {result[run]['off_ms']:6.2f} ms on {result[run]['on_ms']:6.2f} ms "
+                 f"{result[run]['ratio']:5.3f}x" for rank, result in results.items()]
+        worst.append(max(result[run]["ratio"] for result in results.values()))
+        print(f"    run {run + 1}: " + ";  ".join(cells))
+    figure = statistics.median(worst)
+    print(f"    median of the runs' worst-rank ratios: {figure:5.3f}x (runs: "
+          f"{', '.join(f'{ratio:5.3f}x' for ratio in worst)}; target <= {TARGET}x)")
+    return figure
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs, each of --turns turns (the protocol's three)")
+    parser.add_argument("--turns", type=int, default=200, help="interleaved turns of the two modes per run")
+    for hidden in ("--worker", "--local_rank"):  # the launched ranks' own arguments
+        parser.add_argument(hidden, type=Path if hidden == "--worker" else int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is None:
+        bench(args.turns, args.runs)
+    else:
+        worker(args.worker, args.turns, args.runs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Per group, a sequence number for each collective and the collective each rank is inside now.
+
+A hung job's ranks can be lined up only where each rank says how far it got on each group: the n-th
+collective a rank issues on a group is the n-th of every other member (collectives on one group run in
+one order on all of its ranks), so a rank waiting inside collective n of a group while another member has
+issued only n-1 there names that member as the one that never arrived.  Our collective wrappers
+(``deepspeed.comm``'s backend in :mod:`..collectives`, the ``torch.distributed`` functions in
+:mod:`..torch_collectives`, and pipeline p2p) call :func:`collective_started` before the call and
+:func:`collective_ended` after it, always while an engine is attached: a dict lookup and a few attribute
+writes per collective.  The hang watchdog's thread reads :func:`progress` without a lock: it only reads
+attributes the wrappers write whole, so it never waits for the step path, nor the step path for it.
+
+A group is known by its ranks (a tuple of global ranks): two process groups over the same ranks (DeepSpeed's
+data-parallel group and the world) share a counter, which every member advances alike.  Pipeline p2p: call
+``collective_started("send", (a, b), nbytes)`` (or ``"recv"``) with the pair's ranks sorted, so both ends count on
+one key, and ``collective_ended`` after the call; an ``async_op`` handle's ``wait()`` goes between
+:func:`collective_resumed` and ``collective_ended``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = ["Collective", "GroupProgress", "collective_ended", "collective_resumed", "collective_started",
+           "group_ranks", "progress", "tensor_bytes", "within_collective"]
+
+
+class Collective:
+    """One collective a rank issued: its name, group (ranks), sequence number there, bytes, and when it started
+    and ended (wall-clock seconds, comparable across hosts roughly; ``ended`` None while inside it)."""
+
+    __slots__ = ("name", "ranks", "seq", "nbytes", "started", "ended")
+
+    def __init__(self, name: str, ranks: Tuple[int, ...], seq: int, nbytes: Optional[int]) -> None:
+        self.name, self.ranks, self.seq, self.nbytes = name, ranks, seq, nbytes
+        self.started = time.time()
+        self.ended: Optional[float] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"name": self.name, "group": list(self.ranks), "seq": self.seq, "bytes": self.nbytes,
+                "since": self.started, "ended": self.ended}
+
+
+class GroupProgress:
+    """How far this rank got on one group: ``seq`` collectives issued, the one inside now, the last ended."""
+
+    __slots__ = ("ranks", "seq", "current", "last")
+
+    def __init__(self, ranks: Tuple[int, ...]) -> None:
+        self.ranks = ranks
+        self.seq = 0
+        self.current: Optional[Collective] = None
+        self.last: Optional[Collective] = None
+
+
+_thread = threading.local()  # depth: our wrappers' calls this thread is inside now
+
+
+def within_collective() -> bool:
+    """Whether this thread is inside a collective one of our wrappers counts (a ``torch.distributed`` call made
+    there is that collective's own, e.g. ``deepspeed.comm``'s backend calling torch, and is not counted again)."""
+    return getattr(_thread, "depth", 0) > 0
+
+
+_by_ranks: Dict[Tuple[int, ...], GroupProgress] = {}
+_by_group: Dict[Any, GroupProgress] = {}  # the group objects seen (None: the default group), resolved once
+
+
+def group_ranks(group: Any) -> Tuple[int, ...]:
+    """The global ranks of ``group``: a process group, None (the default group) or a tuple of ranks already."""
+    if isinstance(group, tuple):
+        return group
+    import torch.distributed as dist
+
+    if group is None or group is dist.GroupMember.WORLD:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_process_group_ranks(group))
+
+
+def _progress_of(group: Any) -> GroupProgress:
+    found = _by_group.get(group)
+    if found is None:
+        try:
+            ranks = group_ranks(group)
+        except Exception:  # noqa: BLE001 - a group torch cannot tell (no process group): counted, never raised
+            return _by_ranks.setdefault((), GroupProgress(()))
+        found = _by_group[group] = _by_ranks.setdefault(ranks, GroupProgress(ranks))
+    return found
+
+
+def tensor_bytes(args: tuple) -> Optional[int]:
+    """The bytes of the largest tensor among a collective's first two arguments (its input and output), or None."""
+    largest = None
+    for value in args[:2]:
+        size = getattr(value, "nbytes", None)
+        if isinstance(size, int) and (largest is None or size > largest):
+            largest = size
+    return largest
+
+
+def collective_started(name: str, group: Any, nbytes: Optional[int]) -> Collective:
+    """A collective called ``name`` starts on ``group`` (a process group, None for the default, or a ranks tuple
+    such as a pipeline p2p pair): it takes the group's next sequence number and is the one this rank is inside
+    now.  Give it to :func:`collective_ended` once the call returns (raising or not)."""
+    group_progress = _progress_of(group)
+    group_progress.seq += 1
+    collective = Collective(name, group_progress.ranks, group_progress.seq, nbytes)
+    group_progress.current = collective
+    _thread.depth = getattr(_thread, "depth", 0) + 1
+    return collective
+
+
+def collective_ended(collective: Collective) -> None:
+    """``collective``'s call returned (on the thread that started it): it is the group's last ended, and this
+    rank is inside it no more."""
+    collective.ended = time.time()
+    _thread.depth = getattr(_thread, "depth", 1) - 1
+    group_progress = _by_ranks.get(collective.ranks)
+    if group_progress is None:
+        return
+    group_progress.last = collective
+    if group_progress.current is collective:
+        group_progress.current = None
+
+
+def collective_resumed(collective: Collective) -> None:
+    """This rank waits for ``collective`` again (an ``async_op`` collective's ``wait()``, launched earlier): it is
+    the one the rank is inside until the next :func:`collective_ended`; its sequence number stays."""
+    group_progress = _by_ranks.get(collective.ranks)
+    if group_progress is not None:
+        group_progress.current = collective
+    collective.ended = None
+    _thread.depth = getattr(_thread, "depth", 0) + 1
+
+
+def progress() -> List[GroupProgress]:
+    """Every group this process issued collectives on (read from another thread: a copy of the list)."""
+    for _ in range(3):
+        try:
+            return list(_by_ranks.values())
+        except RuntimeError:  # changed size while copied (a first collective on a new group): read again
+            continue
+    return []

@@ -1,0 +1,203 @@
+"""The hang watchdog: one daemon thread per process that writes ``hang_rank_{r}.json`` when no optimizer step
+of any attached engine has ended for ``step_metrics.hang_timeout_s`` seconds.
+
+A hung job's ranks sit in a collective until the process-group timeout (DeepSpeed's default: 10 minutes)
+and then die naming nobody.  Each rank's watchdog writes, before that, where it is: its engines' global
+step and phase, the collective it is inside (with its sequence number on its group, :mod:`.sequence`) and
+every thread's stack (:mod:`.hang_file`); the report lines the ranks' files up and names the rank that
+never arrived.
+
+The step path pays one timestamp per optimizer step (:meth:`Watchdog.beat`, from :class:`EngineWatch`, a
+listener of the engine's hooks) and a few attribute writes per phase change.  The thread wakes about once a
+second, reads those attributes and the collective wrappers' markers, and touches no device, no collective
+and no lock the step path takes; it writes the file again every timeout while stuck, and once more, saying
+``resolved`` and how long the step took, if the step ends after all.  It ends when the last watched engine
+is closed or collected.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, List, Optional
+
+import torch
+
+from ...logging import logger, warning_once
+from ...outputs import ProcessIdentity, hang_file, process_identity
+from ..hooks import Listener
+from .hang_file import hang_content, write_hang_file
+
+__all__ = ["POLL_SECONDS", "EngineWatch", "Watchdog", "watch_engine"]
+
+POLL_SECONDS = 1.0
+"""How often the thread looks: a hang is written at most this late after its timeout."""
+BETWEEN_STEPS = "between steps"
+
+
+class Watchdog:
+    """The process's one watchdog thread and the engines it watches (weakly: a dropped engine is not kept)."""
+
+    def __init__(self, identity: ProcessIdentity, training_thread: int) -> None:
+        self.identity = identity
+        self.training_thread = training_thread
+        self.watches: "weakref.WeakSet[EngineWatch]" = weakref.WeakSet()
+        self.beat_at = time.monotonic()  # the last optimizer step's end (or the start), written by the step path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ds_profutils-hang-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def beat(self) -> None:
+        """An optimizer step ended (the step path's one write)."""
+        self.beat_at = time.monotonic()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        stuck_since: Optional[float] = None  # the beat a hang file was written for (None: not stuck)
+        written_at = 0.0
+        writes = 0
+        while not self._stop.wait(POLL_SECONDS):
+            try:
+                with _lock:  # attach and close change the set; the step path never takes this lock
+                    watches = list(self.watches)
+            except RuntimeError:  # an engine collected while copied (the set's own callback): look again
+                continue
+            if not watches and self._ended():
+                break
+            beat, now = self.beat_at, time.monotonic()
+            try:
+                if stuck_since is not None and beat != stuck_since:
+                    self._write(watches, stuck_since, writes, resolved_after_s=beat - stuck_since)
+                    stuck_since, writes = None, 0
+                timeout = min(watch.timeout_s for watch in watches)
+                if now - beat >= timeout and (stuck_since is None or now - written_at >= timeout):
+                    writes += 1
+                    self._write(watches, beat, writes)
+                    stuck_since, written_at = beat, now
+            except Exception as exc:  # noqa: BLE001 - the watchdog never stops the job; it says so once
+                warning_once(f"ds_profutils: the hang watchdog could not write its file ({type(exc).__name__}: "
+                             f"{exc}); training goes on")
+        _forget(self)
+
+    def _ended(self) -> bool:
+        """Whether no engine is watched (the last closed or collected): then the thread ends, and no watch is
+        added to it any more (:func:`watch_engine` starts another)."""
+        with _lock:
+            if self.watches:
+                return False
+            self._stop.set()
+            return True
+
+    def _write(self, watches: List["EngineWatch"], beat: float, writes: int,
+               resolved_after_s: Optional[float] = None) -> None:
+        since = time.time() - (time.monotonic() - beat)
+        engines = [{"name": watch.name, "global_step": watch.global_step, "phase": watch.phase} for watch in watches]
+        content = hang_content(self.identity, engines, timeout_s=min(watch.timeout_s for watch in watches),
+                               since=since, training_thread=self.training_thread,
+                               cuda_device=next((w.cuda_device for w in watches if w.cuda_device is not None), None),
+                               writes=writes, resolved_after_s=resolved_after_s)
+        for output_dir in sorted({watch.output_dir for watch in watches}):
+            path = write_hang_file(output_dir, self.identity, content)
+        if resolved_after_s is None:
+            logger.warning("ds_profutils: no optimizer step has ended for %.0f s on rank %d; where it is: %s",
+                           content["stuck_s"], self.identity.rank, path)
+        else:
+            logger.warning("ds_profutils: the step ended after all, %.0f s after the one before (%s says resolved)",
+                           resolved_after_s, path)
+
+
+_lock = threading.Lock()  # taken at attach and close, and by the thread as it ends; never on the step path
+_watchdog: Optional[Watchdog] = None
+
+
+def _forget(watchdog: Watchdog) -> None:
+    global _watchdog
+    with _lock:
+        if _watchdog is watchdog:
+            _watchdog = None
+
+
+class EngineWatch(Listener):
+    """One engine's global step and phase as its hooks see them, and the heartbeat at its optimizer step's end."""
+
+    def __init__(self, engine: Any, name: str, output_dir: Path, timeout_s: float, watchdog: Watchdog) -> None:
+        self.engine = engine
+        self.name = name
+        self.output_dir = output_dir
+        self.timeout_s = timeout_s
+        self.global_step = engine.global_steps
+        self.phase = BETWEEN_STEPS
+        device = getattr(engine, "device", None)
+        self.cuda_device: Optional[int] = device.index if getattr(device, "type", None) == "cuda" else None
+        self._watchdog = watchdog
+        self._steps_before = 0
+
+    def forward_started(self, module: Any, args: Any, kwargs: Any) -> None:
+        self.global_step = self.engine.global_steps
+        self.phase = "forward"
+
+    def forward_ended(self, module: Any, output: Any) -> None:
+        self.phase = "backward" if module.training and torch.is_grad_enabled() else BETWEEN_STEPS
+
+    def backward_ended(self) -> None:
+        self.phase = BETWEEN_STEPS
+
+    def step_started(self) -> None:
+        self._steps_before = self.engine.global_steps
+        self.phase = "step"
+
+    def step_ended(self) -> None:
+        self.phase = BETWEEN_STEPS
+        steps = self.engine.global_steps
+        if steps != self._steps_before:
+            self.global_step = steps
+            self._watchdog.beat()
+
+    def stop_after_error(self, exc: Exception) -> None:
+        logger.error("ds_profutils: the hang watch of engine %r stopped after an error (%s: %s); training goes on",
+                     self.name, type(exc).__name__, exc)
+        self.close()
+
+    def close(self) -> None:
+        """Watch this engine no more; the thread ends with the last engine."""
+        with _lock:
+            self._watchdog.watches.discard(self)
+            if not self._watchdog.watches:
+                self._watchdog.stop()
+
+
+def _remove_earlier_file(output_dir: Path, identity: ProcessIdentity) -> None:
+    """An unresolved hang file of an earlier run in a reused output_dir would read as this run's hang."""
+    try:
+        hang_file(output_dir, identity.rank).unlink()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        warning_once(f"ds_profutils: cannot remove an earlier run's hang file in {output_dir} ({exc.strerror})")
+
+
+def watch_engine(engine: Any, name: str, output_dir: str, timeout_s: float) -> EngineWatch:
+    """Watch ``engine`` (called ``name``) from now on with the process's watchdog, started if none runs; hang
+    files go to ``output_dir``.  Add the returned listener to the engine's hooks; ``close()`` it at detach."""
+    global _watchdog
+    with _lock:
+        watchdog = _watchdog
+        fresh = watchdog is None or not watchdog.alive or watchdog._stop.is_set()
+        if fresh:
+            watchdog = _watchdog = Watchdog(process_identity(), threading.get_ident())
+        watch = EngineWatch(engine, name, Path(output_dir), timeout_s, watchdog)
+        watchdog.watches.add(watch)
+    if fresh:
+        _remove_earlier_file(Path(output_dir), watchdog.identity)
+        watchdog.start()
+    watchdog.beat()  # the timeout counts from the attach: a hang before the first step is found too
+    return watch

@@ -1,0 +1,85 @@
+"""Collectives the frameworks issue through ``torch.distributed`` directly, timed while an engine is attached.
+
+Not every wait of a DeepSpeed job passes through ``deepspeed.comm``: the transformers Trainer all-gathers
+``num_items_in_batch`` after loading a step's batches, Accelerate's ``gather`` and ``reduce`` call
+``torch.distributed`` themselves.  The ranks that loaded their batches early wait there, between steps, for
+the one that loads late: without these calls the wait reads as a slow input pipeline on every rank and no rank
+arrives last.  So for the life of the collective wrappers (:mod:`.collectives`) the ``torch.distributed``
+functions below are wrapped in the module (callers look them up there at call time) and each call:
+
+* takes its group's next sequence number (:mod:`.hangs.sequence`), as every collective of ours does;
+* is handed, with its host time, to the ``on_call`` given at install: inside an engine's forward, backward or
+  step it is that step's collective, between steps it adds to the engines' ``gap_collective_ms``.
+
+Calls made inside one of our wrappers (``deepspeed.comm``'s backend calls ``torch.distributed`` itself: the
+thread-local depth of :func:`.hangs.sequence.within_collective`) are that collective's own and pass through
+untouched; calls from ds_profutils' own code (the live figures' exchange) are counted for the sequence numbers
+but not timed: they are not the job's waits.
+"""
+from __future__ import annotations
+
+import sys
+from time import perf_counter_ns
+from typing import Any, Callable, Dict
+
+from .hangs.sequence import collective_ended, collective_started, tensor_bytes, within_collective
+
+__all__ = ["GROUP_POSITION", "TorchCollectives"]
+
+GROUP_POSITION: Dict[str, int] = {
+    "all_reduce": 2, "all_gather": 2, "all_gather_into_tensor": 2, "reduce_scatter": 3, "reduce_scatter_tensor": 3,
+    "broadcast": 2, "reduce": 3, "gather": 3, "scatter": 3, "all_to_all": 2, "all_to_all_single": 4, "barrier": 0,
+    "all_gather_object": 2, "gather_object": 3, "broadcast_object_list": 2, "scatter_object_list": 3,
+    "monitored_barrier": 0,
+}
+"""The ``torch.distributed`` collectives wrapped (torch 2.x), and where each takes its ``group`` positionally."""
+OURS = "ds_profutils."
+"""Calls from modules of this package are ours (the live exchange), not the job's."""
+
+
+class TorchCollectives:
+    """The wrappers on ``torch.distributed``'s collectives; ``on_call(op, host_ns)`` gets each timed call."""
+
+    def __init__(self, on_call: Callable[[str, int], None]) -> None:
+        import torch.distributed as dist
+
+        self._module = dist
+        self._on_call = on_call
+        self._before: Dict[str, Any] = {}
+        self._wrappers: Dict[str, Callable[..., Any]] = {}
+        for op, position in GROUP_POSITION.items():
+            original = getattr(dist, op, None)
+            if original is not None:
+                self._before[op] = original
+                self._wrappers[op] = self._wrap(op, original, position)
+                setattr(dist, op, self._wrappers[op])
+
+    def _wrap(self, op: str, original: Callable[..., Any], position: int) -> Callable[..., Any]:
+        name = f"torch.distributed.{op}"
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if within_collective():
+                return original(*args, **kwargs)
+            group = kwargs["group"] if "group" in kwargs else args[position] if len(args) > position else None
+            collective = collective_started(op, group, tensor_bytes(args))
+            ours = sys._getframe(1).f_globals.get("__name__", "").startswith(OURS)
+            began = perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                host_ns = perf_counter_ns() - began
+                collective_ended(collective)
+                if not ours:
+                    self._on_call(name, host_ns)
+
+        counted.__wrapped__ = original  # type: ignore[attr-defined]
+        counted.__name__ = counted.__qualname__ = op
+        counted.__doc__ = original.__doc__
+        return counted
+
+    def remove(self) -> None:
+        """Put the functions back; one wrapped again by someone else since keeps ours in its chain."""
+        for op, wrapper in self._wrappers.items():
+            if getattr(self._module, op, None) is wrapper:
+                setattr(self._module, op, self._before[op])
+        self._wrappers = {}

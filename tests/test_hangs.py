@@ -1,0 +1,118 @@
+"""The hang watchdog in one process, on the stand-in engine: its file when no optimizer step ends for the
+timeout (engine, step, phase, the collective inside now, every thread's stack, memory), again each timeout, the
+file saying ``resolved`` when the step ends after all, and the thread's end at close and when the engine goes.
+The launcher job that hangs for real is in test_hangs_launcher.py."""
+import gc
+import json
+import threading
+import time
+
+from ds_profutils.engine import Attachment
+from ds_profutils.engine.hangs import sequence, watch_engine
+from ds_profutils.engine.hangs.watchdog import POLL_SECONDS
+
+from test_zero_attach import Engine
+
+TIMEOUT_S = 1
+
+
+def watched(engine, tmp_path, name="main"):
+    attachment = Attachment(engine, name, None)
+    watch = watch_engine(engine, name, str(tmp_path), TIMEOUT_S)
+    attachment.add(watch, watch.close)
+    return attachment
+
+
+def watchdog_threads():
+    return [thread for thread in threading.enumerate() if thread.name == "ds_profutils-hang-watchdog"]
+
+
+def wait_for(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def stuck_inside_an_all_reduce(seconds):
+    """The training thread inside a collective of group (0, 1) (what a wrapper marks) for ``seconds``."""
+    collective = sequence.collective_started("all_reduce", (0, 1), 4096)
+    try:
+        time.sleep(seconds)
+    finally:
+        sequence.collective_ended(collective)
+    return collective.seq
+
+
+def test_a_rank_stuck_past_the_timeout_writes_where_it_is_and_resolved_when_the_step_ends(tmp_path):
+    engine = Engine()
+    path = tmp_path / "hang_rank_0.json"
+    with watched(engine, tmp_path):
+        for _ in range(3):
+            engine.train_step()
+        engine.module.train()
+        engine.forward()  # then stuck in the backward, inside a collective, for three timeouts
+        seq = stuck_inside_an_all_reduce(3 * TIMEOUT_S + 2 * POLL_SECONDS)
+        hang = json.loads(path.read_text())
+        engine.backward()
+        engine.step()
+        assert wait_for(lambda: json.loads(path.read_text())["resolved"], 4 * POLL_SECONDS)
+        resolved = json.loads(path.read_text())
+    assert not hang["resolved"] and hang["writes"] >= 2 and hang["stuck_s"] >= 2 * TIMEOUT_S
+    assert hang["engines"] == [{"name": "main", "global_step": 3, "phase": "backward"}]
+    inside = hang["collective"]
+    assert (inside["name"], inside["group"], inside["seq"], inside["bytes"]) == ("all_reduce", [0, 1], seq, 4096)
+    assert inside["waiting_s"] >= TIMEOUT_S and inside["ended"] is None
+    assert {"group": [0, 1], "seq": seq, "ended_seq": seq - 1} in hang["groups"]
+    training = [thread for thread in hang["threads"] if thread["training"]]
+    assert len(training) == 1
+    functions = [frame["function"] for frame in training[0]["stack"]]
+    assert functions.index("stuck_inside_an_all_reduce") < functions.index(
+        "test_a_rank_stuck_past_the_timeout_writes_where_it_is_and_resolved_when_the_step_ends")  # innermost first
+    assert training[0]["stack"][0]["file"].endswith("test_hangs.py")
+    assert hang["memory"]["rss_bytes"] > 0 and hang["pid"] > 0 and hang["host"]
+    assert resolved["resolved"] and resolved["resolved_after_s"] >= 3 * TIMEOUT_S
+    assert resolved["collective"] is None and resolved["last_collective"]["seq"] == seq
+    assert not list(tmp_path.glob(".hang_rank_0.json.*"))  # the temporary files were renamed
+
+
+def test_steps_that_end_in_time_write_nothing_and_close_ends_the_thread(tmp_path):
+    engine = Engine()
+    attachment = watched(engine, tmp_path)
+    assert len(watchdog_threads()) == 1
+    for _ in range(int(3 * TIMEOUT_S / 0.2)):
+        engine.train_step()
+        time.sleep(0.2)
+    attachment.close()
+    assert not list(tmp_path.iterdir())
+    assert wait_for(lambda: not watchdog_threads(), 3 * POLL_SECONDS)
+
+
+def test_the_thread_ends_when_the_engine_is_collected_and_one_thread_watches_several(tmp_path):
+    first, second = Engine(), Engine()
+    watched(first, tmp_path)
+    watched(second, tmp_path, name="critic")
+    assert len(watchdog_threads()) == 1
+    del first, second
+    gc.collect()
+    assert wait_for(lambda: not watchdog_threads(), 3 * POLL_SECONDS)
+
+
+def test_a_hang_before_the_first_step_is_found(tmp_path):
+    engine = Engine()
+    with watched(engine, tmp_path):
+        time.sleep(TIMEOUT_S + 2 * POLL_SECONDS)
+    hang = json.loads((tmp_path / "hang_rank_0.json").read_text())
+    assert hang["engines"] == [{"name": "main", "global_step": 0, "phase": "between steps"}]
+
+
+def test_waiting_on_an_async_collectives_handle_is_being_inside_it_again():
+    collective = sequence.collective_started("all_gather_into_tensor", (0, 1, 2), 512)
+    sequence.collective_ended(collective)  # launched: the call returned
+    group = next(group for group in sequence.progress() if group.ranks == (0, 1, 2))
+    assert group.current is None and group.last is collective and not sequence.within_collective()
+    sequence.collective_resumed(collective)  # the program waits on its handle
+    assert group.current is collective and collective.ended is None and sequence.within_collective()
+    assert group.seq == collective.seq  # no new sequence number
+    sequence.collective_ended(collective)
+    assert group.current is None and not sequence.within_collective()

@@ -1,0 +1,103 @@
+"""The report's HANG section from the ranks' hang files: culprits (not in the collective the others wait in, or
+at a lower sequence number there, or without a file), waiting ranks, the step and phase, each rank's state and
+stack; read without any step records; a resolved file is no hang."""
+import json
+
+from ds_profutils.report import build_report, render_text
+
+from test_zero_attach import Engine
+from test_step_records import attach_recorder
+
+
+def stack(*functions):
+    return [{"file": f"/job/train.py", "line": 10 + index, "function": name} for index, name in enumerate(functions)]
+
+
+def hang_file(directory, rank, *, inside=None, groups=(), step=6, phase="forward", resolved=False, world=2):
+    """A hang file as the watchdog writes it (docs/hangs.md): ``inside`` = (name, group, seq) or None."""
+    collective = None if inside is None else {"name": inside[0], "group": list(inside[1]), "seq": inside[2],
+                                               "bytes": 4096, "since": 1000.0, "ended": None, "waiting_s": 31.5}
+    content = {
+        "schema": 1, "rank": rank, "world_size": world, "host": "node-a", "pid": 100 + rank, "time": 1031.5,
+        "timeout_s": 5, "since": 1000.0, "stuck_s": 31.5, "writes": 6, "resolved": resolved,
+        "resolved_after_s": 40.0 if resolved else None,
+        "engines": [{"name": "main", "global_step": step, "phase": phase}],
+        "collective": collective, "last_collective": None,
+        "groups": [{"group": list(group), "seq": seq, "ended_seq": seq - (inside is not None)}
+                   for group, seq in groups],
+        "threads": [{"name": "watchdog", "ident": 2, "training": False, "stack": stack("wait")},
+                    {"name": "MainThread", "ident": 1, "training": True,
+                     "stack": stack("sleep_before_forward", "main", "<module>")}],
+        "memory": {"rss_bytes": 1 << 30},
+    }
+    (directory / f"hang_rank_{rank}.json").write_text(json.dumps(content))
+
+
+def test_the_rank_outside_the_collective_the_others_wait_in_is_the_culprit_even_without_records(tmp_path):
+    world = (0, 1, 2, 3)
+    for rank in (0, 2, 3):
+        hang_file(tmp_path, rank, inside=("all_reduce", world, 57), groups=[(world, 57)], phase="backward", world=4)
+    hang_file(tmp_path, 1, groups=[(world, 56)], world=4)
+    report = build_report(tmp_path)
+    hang = report["engines"]["main"]["hang"]
+    assert hang["culprits"] == [1] and hang["waiting"] == [0, 2, 3] and hang["missing"] == []
+    assert hang["global_step"] == 6 and hang["phase"] == "forward"
+    assert hang["ranks"][1]["state"] == "outside_collectives" and hang["ranks"][1]["collective"] is None
+    assert hang["ranks"][1]["stack"][0] == "/job/train.py:10 sleep_before_forward"
+    waiting = hang["ranks"][0]
+    assert (waiting["state"], waiting["collective"], waiting["seq"], waiting["waiting_s"]) == (
+        "in_collective", "all_reduce", 57, 31.5)
+    lines = render_text(report).splitlines()
+    assert lines[1] == "HANG: engine main at global step 6, forward: no optimizer step for 32 s (timeout 5 s)"
+    assert lines[2] == "  never arrived: rank 1"
+    assert "/job/train.py:10 sleep_before_forward" in lines[4]
+    assert any(line.startswith("  waiting: rank 0 inside all_reduce (group 0-3, seq 57) for 32 s, backward;") for line in lines)
+
+
+def test_a_rank_at_a_lower_sequence_number_or_without_a_file_never_arrived(tmp_path):
+    world = (0, 1, 2)
+    hang_file(tmp_path, 0, inside=("all_reduce", world, 9), groups=[(world, 9)], world=3)
+    hang_file(tmp_path, 1, inside=("all_reduce", world, 8), groups=[(world, 8)], world=3)  # one behind
+    hang = build_report(tmp_path)["engines"]["main"]["hang"]
+    assert hang["culprits"] == [1] and hang["missing"] == [2] and hang["waiting"] == [0]
+
+
+def test_a_culprit_waiting_in_a_collective_of_another_group_is_named(tmp_path):
+    world, pair = (0, 1), (1, 3)
+    hang_file(tmp_path, 0, inside=("broadcast", world, 4), groups=[(world, 4)])
+    hang_file(tmp_path, 1, inside=("recv", pair, 2), groups=[(world, 3), (pair, 2)])
+    hang_file(tmp_path, 3, inside=("send", pair, 2), groups=[(pair, 2)])
+    hang = build_report(tmp_path)["engines"]["main"]["hang"]
+    assert hang["culprits"] == [1] and hang["waiting"] == [0, 3]
+
+
+def test_nobody_inside_a_collective_names_nobody_and_shows_the_stacks(tmp_path):
+    hang_file(tmp_path, 0, groups=[((0, 1), 3)])
+    hang_file(tmp_path, 1, groups=[((0, 1), 3)])
+    report = build_report(tmp_path)
+    assert report["engines"]["main"]["hang"]["culprits"] == []
+    text = render_text(report)
+    assert "no rank waits inside a collective" in text and text.count("sleep_before_forward") == 2
+
+
+def test_a_resolved_hang_is_a_slow_step_not_a_hang(tmp_path):
+    engine = Engine(stage=2)
+    with attach_recorder(engine, tmp_path):
+        engine.train_step()
+    hang_file(tmp_path, 3, groups=[((0, 1), 3)], resolved=True)
+    report = build_report(tmp_path)
+    assert report["engines"]["main"]["hang"] is None
+    assert "HANG" not in render_text(report)
+
+
+def test_records_and_hang_files_together(tmp_path):
+    engine = Engine(stage=2)
+    with attach_recorder(engine, tmp_path):
+        for _ in range(2):
+            engine.train_step()
+    hang_file(tmp_path, 3, inside=("all_reduce", (0, 3), 5), groups=[((0, 3), 5)], step=2, world=4)
+    report = build_report(tmp_path)
+    engine_report = report["engines"]["main"]
+    assert engine_report["steps"].global_steps == [0, 1]
+    assert engine_report["hang"]["missing"] == [0] and engine_report["hang"]["waiting"] == [3]
+    assert render_text(report).splitlines()[1].startswith("HANG")
