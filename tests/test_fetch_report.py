@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-import ds_profutils.report.records as records_module
+import ds_profutils.report.run_files as run_files_module
 import ds_profutils.report.traces as trace_summary
 from ds_profutils.cli import main
 from ds_profutils.report import ReportError, build_report, render_text, report_json
@@ -320,6 +320,6 @@ def test_large_runs_read_ranks_in_parallel_with_the_same_result(tmp_path, monkey
     for rank in range(3):
         write_records(tmp_path, rank, [record(rank, step, fetch_ms=1.0 + rank, world_size=3) for step in range(20)])
     sequential = report_json(build_report(tmp_path))
-    monkeypatch.setattr(records_module, "_PARALLEL_BYTES", 0)
-    monkeypatch.setattr(records_module.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(run_files_module, "_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(run_files_module.os, "cpu_count", lambda: 2)
     assert report_json(build_report(tmp_path)) == sequential

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 from statistics import median
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..diagnosis.advice import advise
 from ..diagnosis.stragglers import rank_causes, rank_work, work_imbalance
@@ -16,14 +16,15 @@ from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
 from .hangs import add_hangs, hang_reports, read_hang_files
 from .memory import memory_report
 from .pipeline import pipeline_report, staged_view
-from .records import (BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords, beyond_world, found_unreadable, read_all,
-                      world_of)
+from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords
+from .run_files import (beyond_world, directory_problem, earlier_run, ending_early, found_unreadable,
+                        newest_world_size, read_all, trace_gaps, where_to_look, world_of)
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
-                    host_stragglers, is_straggler, own_gap_ms, reach, step_view, steps_to_name,
+                    host_stragglers, is_straggler, own_gap_ms, reach, steps_to_name,
                     straggler_rule, tflops)
 from .traces import TraceFormatError, summarize_trace
 
-__all__ = ["ReportError", "build_report", "directory_problem", "earlier_run", "newest_world_size"]
+__all__ = ["ReportError", "build_report"]
 
 TORN = "ends in a torn line (the job stopped mid-write?); the complete records before it are read"
 
@@ -193,7 +194,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         if records.torn:
             incomplete.append({"kind": "records", "engine": name, "rank": records.rank,
                                "file": Path(records.path).name, "reason": TORN})
-    incomplete += _ending_early("records", {records.rank: (Path(records.path), list(records.global_steps))
+    incomplete += ending_early("records", {records.rank: (Path(records.path), list(records.global_steps))
                                             for records in with_records}, name)
     view = staged_view(with_records, trace_steps)  # the straggler test within each pipeline stage
     clocks = _sum_counts(records.clocks for records in files)
@@ -266,70 +267,12 @@ def _traces(found: Mapping[int, Path], top_ops: int, incomplete: List[Dict[str, 
     return traces
 
 
-def directory_problem(directory: Path) -> Optional[str]:
-    """Why ``directory`` cannot be a run's output_dir (None: it can): absent, or a file."""
-    if directory.is_dir():
-        return None
-    if directory.exists():
-        return f"{directory} is a file, not a directory: name the run's output_dir"
-    return f"{directory}: no such directory"
-
-
-def newest_world_size(files: Iterable[Tuple[Path, Optional[float], Optional[int]]]) -> Optional[int]:
-    """The world size of the newest of ``(path, wall-clock seconds inside it, world size)``: this run's (an
-    output_dir is often reused).  The time inside the file, not its mtime, which a copy changes."""
-    newest = max(((written if written else path.stat().st_mtime, size) for path, written, size in files if size),
-                 default=None)
-    return None if newest is None else newest[1]
-
-
-def earlier_run(world_size: Optional[int], world: Optional[int]) -> Optional[str]:
-    """Why a file written with ``world_size`` ranks is left out of a run of ``world``; None if it is this run's
-    (or does not say)."""
-    if world_size in (None, 0, world):
-        return None
-    return f"left out: an earlier run's file (world size {world_size}; this run's is {world})"
-
-
-def _ending_early(kind: str, steps: Mapping[int, Tuple[Path, Sequence[int]]],
-                  engine: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Ranks whose files stop before the others' (a rank killed first, a write given up at the deadline)."""
-    last = {rank: (path, max(numbers)) for rank, (path, numbers) in steps.items() if numbers}
-    end = max((step for _, step in last.values()), default=None)
-    return [{"kind": kind, "engine": engine, "rank": rank, "file": path.name,
-             "reason": f"ends at step {step}; the other ranks' go on to step {end}"}
-            for rank, (path, step) in sorted(last.items()) if step < end]
-
-
-def _trace_gaps(found: Mapping[int, Path], traces: Mapping[int, Any], incomplete: List[Dict[str, Any]]) -> None:
-    """Traces missing (the profiler's "ranks" setting, as the traces record it, says which ranks should
-    have one) or ending before the others'."""
-    expected = set()
-    for summary in traces.values():
-        if "profiled_ranks" in summary and summary["world_size"]:
-            expected |= set(summary["profiled_ranks"] or range(summary["world_size"]))
-    for rank in sorted(expected - set(found)):
-        incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": None, "reason": "no file"})
-    incomplete += _ending_early("trace", {rank: (found[rank], [step["step"] for step in summary["steps"]])
-                                          for rank, summary in traces.items()})
-
-
 def _joined_engine(engines: Sequence[str]) -> Optional[str]:
     """The engine whose steps a trace's ``ProfilerStep#N`` numbers: ``step_profiler(engine)`` is given one
     engine, the main one in any usual script; with a single engine, that one."""
     if MAIN_ENGINE in engines:
         return MAIN_ENGINE
     return engines[0] if len(engines) == 1 else None
-
-
-def _where_to_look(directory: Path) -> str:
-    """A hint for a directory with nothing to report: its subdirectories that hold outputs, if any."""
-    runs = sorted(sub.name for sub in directory.iterdir()
-                  if sub.is_dir() and (fetch_records_files(sub) or trace_files(sub)))
-    if runs:
-        return f"its subdirectories {', '.join(runs)} hold runs: name one of them"
-    return ("is \"step_metrics\" (or, on ZeRO-3, \"partitioned_param_profiler\") enabled with this output_dir, and "
-            "did ds_profutils.attach(engine) run?")
 
 
 def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
@@ -344,7 +287,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     hangs = hang_reports(hang_content)
     if not record_files and not traces_found and not hangs:
         raise ReportError(f"{directory}: no step records (zero_fetch_*rank_*.jsonl) and no traces "
-                          f"(trace_rank_*.json); {_where_to_look(directory)}")
+                          f"(trace_rank_*.json); {where_to_look(directory)}")
     incomplete: List[Dict[str, Any]] = list(hangs_unread)
     traces = _traces(traces_found, top_ops, incomplete)
     files = read_all(record_files)
@@ -360,7 +303,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     for rank in earlier:
         incomplete.append({"kind": "trace", "engine": None, "rank": rank, "file": traces_found[rank].name,
                            "reason": earlier_run(traces.pop(rank)["world_size"], world)})
-    _trace_gaps({rank: path for rank, path in traces_found.items() if rank not in earlier}, traces, incomplete)
+    trace_gaps({rank: path for rank, path in traces_found.items() if rank not in earlier}, traces, incomplete)
     trace_steps = {rank: {step["step"]: step["ms"] for step in summary["steps"]} for rank, summary in traces.items()
                    if summary["step_numbering"] == "global"}
     if not traces and not hangs and not any(f.complete_records for f in files):

@@ -30,22 +30,17 @@ wait from their events, no collective wait) and counted as such.
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 from array import array
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import orjson
 
-__all__ = ["BYTES", "COUNT", "FETCH_WAIT_EVENTS", "MAX", "MIN", "NUMEL", "TIME", "FileRecords", "beyond_world",
-           "found_unreadable", "read_all", "read_records", "world_of"]
+__all__ = ["BYTES", "COUNT", "FETCH_WAIT_EVENTS", "MAX", "MIN", "NUMEL", "TIME", "FileRecords", "read_records"]
 
 FETCH_WAIT_EVENTS = ("forward_fetch_wait", "backward_fetch_wait")
 _PROBLEMS_SHOWN = 5  # per file; the rest are counted
-_PARALLEL_BYTES = 64 * 2**20  # below this, starting processes costs more than it saves
 
 # Event totals, one list per mode and event: count, numel, bytes (None once a record lacks them),
 # time_ms, min_ms, max_ms (inf and -inf until an event is timed).
@@ -375,48 +370,3 @@ def read_records(path: Path, engine: str, rank: int, known_spans: Optional[List[
     return records
 
 
-def _read_one(job: Tuple[Path, str, int]) -> FileRecords:
-    return read_records(*job)
-
-
-def read_all(files: Mapping[str, Mapping[int, Path]]) -> List[FileRecords]:
-    """Every file of ``{engine: {rank: path}}``, in parallel processes when there is enough to read."""
-    jobs = [(path, engine, rank) for engine, ranks in files.items() for rank, path in ranks.items()]
-    workers = min(len(jobs), os.cpu_count() or 1)
-    if (workers < 2 or "fork" not in multiprocessing.get_all_start_methods()
-            or sum(path.stat().st_size for path, _, _ in jobs) < _PARALLEL_BYTES):
-        return [_read_one(job) for job in jobs]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        return list(pool.map(_read_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
-
-
-
-def world_of(files: Sequence[FileRecords]) -> int:
-    """The run's world size: the largest recorded in a file with complete records (or its highest such rank + 1).
-    Files without a record (a leftover, an empty file of a rank beyond the world) do not widen it; with no
-    complete record anywhere, the highest rank + 1."""
-    complete = [records for records in files if records.complete_records]
-    if not complete:
-        return max((records.rank for records in files), default=-1) + 1
-    return max([records.world_size for records in complete] + [max(records.rank for records in complete) + 1])
-
-
-def beyond_world(records: FileRecords, world: int) -> Optional[str]:
-    """Why a file without a complete record of a rank outside the world is left out (None: it is not such a file)."""
-    if records.complete_records or records.rank < world:
-        return None
-    try:
-        empty = Path(records.path).stat().st_size == 0
-    except OSError:
-        empty = False
-    return f"{'empty' if empty else 'no complete record'}, rank beyond world_size {world}: ignored"
-
-
-def found_unreadable(files: Sequence[FileRecords], shown: int = 3) -> str:
-    """What a directory with nothing readable holds: how many record files, none with a complete record, the first
-    few named (``nothing readable`` names what it found, never ``()``)."""
-    if not files:
-        return "no record files"
-    names = [Path(records.path).name for records in sorted(files, key=lambda records: records.rank)]
-    more = f", ... {len(names) - shown:,} more" if len(names) > shown else ""
-    return f"{len(files):,} record file{'' if len(files) == 1 else 's'} without a complete record ({', '.join(names[:shown])}{more})"

@@ -10,7 +10,7 @@ import os
 import sys
 
 from ..outputs import atomic_path, trace_files
-from ..report.build import directory_problem, earlier_run, newest_world_size
+from ..report.run_files import directory_problem, earlier_run, newest_world_size
 from .merge import align, scan_trace, write_timeline
 
 __all__ = ["run"]
