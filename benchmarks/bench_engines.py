@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MICRO_BATCH, WIDTH, LAYERS = 8, 128, 12
 
@@ -37,20 +37,26 @@ Seconds = Dict[str, List[float]]
 
 
 def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Callable[[], Any]],
-                 before_close: Callable[[Any], None] = lambda attachment: None) -> Tuple[Seconds, Seconds]:
+                 before_close: Callable[[Any], None] = lambda attachment: None,
+                 cpu_seconds: Optional[Seconds] = None) -> Tuple[Seconds, Seconds]:
     """Time ``engine``'s training step in each mode of ``attach_for`` (mode -> the call that attaches for it,
     returning the attachment or None), ``turns`` times, the modes interleaved so a neighbour's load hits
     them alike (each mode first, second, ... in turn).  Per mode and turn: attach, collect the garbage
     (attach and close are a job's once, not its steps', so neither is timed), time two steps, call
     ``before_close`` with the attachment, close it.  The objects existing after the warm-up steps are frozen
-    (``gc.freeze``), so those collections scan only what came after them.  Returns (the second steps' seconds, the first steps'
-    seconds) per mode: the first step pays what a job pays once per attach (a recorder's first record, a
-    new shape's FLOP count), the second is the per-step cost."""
+    (``gc.freeze``), so those collections scan only what came after them.  Returns (the second steps' seconds,
+    the first steps' seconds) per mode: the first step pays what a job pays once per attach (a recorder's first
+    record, a new shape's FLOP count), the second is the per-step cost.  ``cpu_seconds``, when given, gets the
+    second steps' CPU seconds of this thread per mode: what a loaded machine's waits for a CPU do not stretch
+    (on 2 cores shared with other jobs a step's wall time is mostly waiting, where added CPU work is not)."""
+    cpu: Seconds = cpu_seconds if cpu_seconds is not None else {}
+    last_cpu = [0.0]
 
     def step() -> float:
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         engine.backward(engine(batch).pow(2).mean())
         engine.step()
+        last_cpu[0] = time.thread_time() - began_cpu
         return time.perf_counter() - began
 
     for _ in range(5):
@@ -68,6 +74,7 @@ def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Call
             gc.collect()
             first_steps[mode].append(step())
             seconds[mode].append(step())
+            cpu.setdefault(mode, []).append(last_cpu[0])
             if attachment is not None:
                 before_close(attachment)
                 attachment.close()

@@ -6,7 +6,8 @@ A ZeRO-2 training step (2 ranks under the deepspeed launcher, gloo on CPU, garba
 ``step_metrics`` on (``attach`` before two steps, ``close`` after them) against off, interleaved: each
 turn runs off, on, and on with ``memory: false`` (on CPU the memory figures are RSS reads at each phase
 boundary), each mode first, second and third in turn.  The garbage ``attach`` and ``close`` leave is collected untimed.
-Figures per rank, medians over the turns of the ratio of adjacent steps:
+Figures per rank, medians over the turns of the ratio of adjacent steps (wall time, the target's; and the
+training thread's CPU time, which a loaded machine does not stretch the way it stretches waiting):
 
 * the second step after ``attach`` (target <= 1.02x): the per-step cost, FLOPs looked up by shape;
 * the first step after ``attach``: it pays the FLOP count of the new input shape (every operator of that
@@ -36,12 +37,13 @@ def worker(out: Path, turns: int) -> None:
         "enabled": True, "output_dir": str(out / "records"), "console": False})
     configs = {"off": {**config, "step_metrics": {"enabled": False}}, "on": config,
                "on, no memory": {**config, "step_metrics": {**config["step_metrics"], "memory": False}}}
-    attempts = []
+    attempts, cpu_seconds = [], {}
     seconds, first_steps = attach_turns(
         engine, batch, turns, {mode: lambda mode=mode: attach(engine, config=configs[mode]) for mode in configs},
-        before_close=lambda attachment: attempts.append(attachment.recorder.flops.counting_attempts))
-    (out / f"rank_{rank}.json").write_text(
-        json.dumps({"seconds": seconds, "first_steps": first_steps, "counting_attempts": sorted(set(attempts))}))
+        before_close=lambda attachment: attempts.append(attachment.recorder.flops.counting_attempts),
+        cpu_seconds=cpu_seconds)
+    (out / f"rank_{rank}.json").write_text(json.dumps({"seconds": seconds, "first_steps": first_steps, "cpu": cpu_seconds,
+                                                       "counting_attempts": sorted(set(attempts))}))
     import torch.distributed
 
     torch.distributed.destroy_process_group()  # the documented shutdown, last
@@ -79,11 +81,16 @@ def bench(turns: int, runs: int) -> float:
             ratio = statistics.median(b / a for a, b in zip(seconds["off"], seconds["on"]))
             bare = statistics.median(b / a for a, b in zip(seconds["off"], seconds["on, no memory"]))
             first = statistics.median(b / a for a, b in zip(first_steps["off"], first_steps["on"]))
+            cpu = result["cpu"]
+            cpu_ratio = statistics.median(b / a for a, b in zip(cpu["off"], cpu["on"]))
+            cpu_added_us = (statistics.median(cpu["on"]) - statistics.median(cpu["off"])) * 1e6
             worst = max(worst, ratio)
             print(f"    rank {rank}: off {statistics.median(seconds['off']) * 1e3:7.2f} ms   on "
                   f"{statistics.median(seconds['on']) * 1e3:7.2f} ms   on/off {ratio:5.3f}x   without memory "
                   f"figures {bare:5.3f}x   first step after attach (counts the shape's FLOPs) {first:5.3f}x; "
                   f"FLOP counting attempts per attach {result['counting_attempts']}")
+            print(f"            CPU time of the training thread: off {statistics.median(cpu['off']) * 1e3:6.2f} ms, "
+                  f"on/off {cpu_ratio:5.3f}x ({cpu_added_us:+.0f} us a step)")
         print(f"    worst rank, step_metrics on against off: {worst:5.3f}x")
         figures.append(worst)
     verdict = statistics.median(figures)

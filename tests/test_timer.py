@@ -87,6 +87,12 @@ def test_elapsed_and_mean_equal_deepspeeds_for_the_same_sequence(monkeypatch):
     # Pairs, a read while running (which cuts the interval in two), reads with and without reset.
     script = [("pairs", 7), ("elapsed", False), ("pairs", 20), ("start", ), ("elapsed", False), ("stop", ),
               ("mean", ), ("elapsed", True), ("pairs", 30), ("mean", ), ("reset", ), ("pairs", 3), ("mean", )]
+    run_script(ours, theirs, script)
+
+
+def run_script(ours, theirs, script, attributes=False):
+    """Play ``script`` on timer "fwd" of both groups; what each read returns (and, with ``attributes``, what a
+    user reads off the timers after each step) is DeepSpeed's."""
     for step in script:
         results = []
         for group in (ours, theirs):
@@ -101,6 +107,8 @@ def test_elapsed_and_mean_equal_deepspeeds_for_the_same_sequence(monkeypatch):
                 getattr(t, step[0])()
         if results:
             assert results[0] == pytest.approx(float(results[1]), rel=1e-9), step
+        if attributes:
+            assert_reads_as(ours("fwd"), theirs("fwd"), step)
 
 
 @pytest.mark.parametrize("count", [0, 1, 4, 5, 14, 15, 16, 64, 65, 257, 325, 4095, 4096])
@@ -443,24 +451,10 @@ def test_reads_after_the_durations_were_folded_equal_deepspeeds(monkeypatch):
     monkeypatch.setattr(host_timer, "_EPOCH_OFFSET_NS", 0)
     rng = random.Random(2)
     ours, theirs = both_timers(monkeypatch, [rng.randrange(1_000, 900_000) for _ in range(stats.FOLD_EVERY + 520)])
-    script = [("pairs", stats.FOLD_EVERY + 500), ("read", False), ("pairs", 7), ("read", False), ("mean", ),
-              ("read", True), ("pairs", 5), ("read", False), ("start", ), ("read", True), ("stop", ), ("mean", ),
-              ("read", True)]
-    for step in script:
-        results = []
-        for group in (ours, theirs):
-            t = group("fwd")
-            if step[0] == "pairs":
-                run_pairs([group], "fwd", step[1])
-            elif step[0] == "read":
-                results.append(t.elapsed(reset=step[1]))
-            elif step[0] == "mean":
-                results.append(t.mean())
-            else:
-                getattr(t, step[0])()
-        if results:
-            assert results[0] == pytest.approx(float(results[1]), rel=1e-9), step
-        assert_reads_as(ours("fwd"), theirs("fwd"), step)
+    script = [("pairs", stats.FOLD_EVERY + 500), ("elapsed", False), ("pairs", 7), ("elapsed", False), ("mean", ),
+              ("elapsed", True), ("pairs", 5), ("elapsed", False), ("start", ), ("elapsed", True), ("stop", ),
+              ("mean", ), ("elapsed", True)]
+    run_script(ours, theirs, script, attributes=True)
 
 
 class FakeEvent:
