@@ -38,7 +38,8 @@ Seconds = Dict[str, List[float]]
 
 def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Callable[[], Any]],
                  before_close: Callable[[Any], None] = lambda attachment: None,
-                 cpu_seconds: Optional[Seconds] = None) -> Tuple[Seconds, Seconds]:
+                 cpu_seconds: Optional[Seconds] = None, steady: Optional[Dict[str, Seconds]] = None,
+                 warm_steps: int = 8, block_steps: int = 10) -> Tuple[Seconds, Seconds]:
     """Time ``engine``'s training step in each mode of ``attach_for`` (mode -> the call that attaches for it,
     returning the attachment or None), ``turns`` times, the modes interleaved so a neighbour's load hits
     them alike (each mode first, second, ... in turn).  Per mode and turn: attach, collect the garbage
@@ -48,7 +49,11 @@ def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Call
     the first steps' seconds) per mode: the first step pays what a job pays once per attach (a recorder's first
     record, a new shape's FLOP count), the second is the per-step cost.  ``cpu_seconds``, when given, gets the
     second steps' CPU seconds of this thread per mode: what a loaded machine's waits for a CPU do not stretch
-    (on 2 cores shared with other jobs a step's wall time is mostly waiting, where added CPU work is not)."""
+    (on 2 cores shared with other jobs a step's wall time is mostly waiting, where added CPU work is not).
+    ``steady``, when given, gets under "wall" and "cpu" per mode the mean seconds of a step in a block of
+    ``block_steps`` steps timed as one after ``warm_steps`` more untimed ones: a job's steps long after its one
+    attach (the second step after attach still pays part of the attach's warm-up), with whatever the records
+    do once per interval of ``block_steps`` (the live gather) spread over the steps."""
     cpu: Seconds = cpu_seconds if cpu_seconds is not None else {}
     last_cpu = [0.0]
 
@@ -75,6 +80,14 @@ def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Call
             first_steps[mode].append(step())
             seconds[mode].append(step())
             cpu.setdefault(mode, []).append(last_cpu[0])
+            if steady is not None:
+                for _ in range(warm_steps):
+                    step()
+                began, began_cpu = time.perf_counter(), time.thread_time()
+                for _ in range(block_steps):
+                    step()
+                steady.setdefault("wall", {}).setdefault(mode, []).append((time.perf_counter() - began) / block_steps)
+                steady.setdefault("cpu", {}).setdefault(mode, []).append((time.thread_time() - began_cpu) / block_steps)
             if attachment is not None:
                 before_close(attachment)
                 attachment.close()
