@@ -44,8 +44,9 @@ def worker(out: Path, turns: int) -> None:
         engine, batch, turns, {mode: lambda mode=mode: attach(engine, config=configs[mode]) for mode in configs},
         before_close=lambda attachment: attempts.append(attachment.recorder.flops.counting_attempts),
         cpu_seconds=cpu_seconds, steady=steady)
-    (out / f"rank_{rank}.json").write_text(json.dumps({"seconds": seconds, "first_steps": first_steps, "cpu": cpu_seconds, "steady": steady,
-                                                       "counting_attempts": sorted(set(attempts))}))
+    figures = {"seconds": seconds, "first_steps": first_steps, "cpu": cpu_seconds, "steady": steady,
+               "counting_attempts": sorted(set(attempts))}
+    (out / f"rank_{rank}.json").write_text(json.dumps(figures))
     import torch.distributed
 
     torch.distributed.destroy_process_group()  # the documented shutdown, last

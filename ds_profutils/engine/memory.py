@@ -14,7 +14,7 @@ peaks each read RSS afresh through a new ``psutil.Process``), and its peak stati
 A step has four boundaries, not five: the optimizer step's start is the backward's end reading (in the
 engine's use ``engine.step()`` follows ``engine.backward()`` at once; what a loop allocates or frees
 between the two calls is seen at the step's end only).  Each read is a syscall of several us on a
-loaded machine, and the read the step's phase would add says nothing the backward's end did not.
+loaded machine, and a read at the step's start would tell little the backward's end does not.
 
 The peak statistics are the accelerator's, shared with whoever else reads them: while memory figures
 are on, ``max_memory_allocated()`` read by other code gives the peak since the last phase boundary
