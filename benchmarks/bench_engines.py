@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MICRO_BATCH, WIDTH, LAYERS = 8, 128, 12
 
@@ -37,23 +37,38 @@ Seconds = Dict[str, List[float]]
 
 
 def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Callable[[], Any]],
-                 before_close: Callable[[Any], None] = lambda attachment: None) -> Tuple[Seconds, Seconds]:
+                 before_close: Callable[[Any], None] = lambda attachment: None,
+                 cpu_seconds: Optional[Seconds] = None, steady: Optional[Dict[str, Seconds]] = None,
+                 warm_steps: int = 8, block_steps: int = 10) -> Tuple[Seconds, Seconds]:
     """Time ``engine``'s training step in each mode of ``attach_for`` (mode -> the call that attaches for it,
     returning the attachment or None), ``turns`` times, the modes interleaved so a neighbour's load hits
     them alike (each mode first, second, ... in turn).  Per mode and turn: attach, collect the garbage
     (attach and close are a job's once, not its steps', so neither is timed), time two steps, call
-    ``before_close`` with the attachment, close it.  Returns (the second steps' seconds, the first steps'
-    seconds) per mode: the first step pays what a job pays once per attach (a recorder's first record, a
-    new shape's FLOP count), the second is the per-step cost."""
+    ``before_close`` with the attachment, close it.  The objects existing after the warm-up steps are frozen
+    (``gc.freeze``), so those collections scan only what came after them.  Returns (the second steps' seconds,
+    the first steps' seconds) per mode: the first step pays what a job pays once per attach (a recorder's first
+    record, a new shape's FLOP count), the second is the per-step cost.  ``cpu_seconds``, when given, gets the
+    second steps' CPU seconds of this thread per mode: what a loaded machine's waits for a CPU do not stretch
+    (on 2 cores shared with other jobs a step's wall time is mostly waiting, where added CPU work is not).
+    ``steady``, when given, gets under "wall" and "cpu" per mode the mean seconds of a step in a block of
+    ``block_steps`` steps timed as one after ``warm_steps`` more untimed ones: a job's steps long after its one
+    attach (the second step after attach still pays part of the attach's warm-up), with whatever the records
+    do once per interval of ``block_steps`` (the live gather) spread over the steps."""
+    cpu: Seconds = cpu_seconds if cpu_seconds is not None else {}
+    last_cpu = [0.0]
 
     def step() -> float:
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         engine.backward(engine(batch).pow(2).mean())
         engine.step()
+        last_cpu[0] = time.thread_time() - began_cpu
         return time.perf_counter() - began
 
     for _ in range(5):
         step()
+    # The heap built so far (torch, DeepSpeed, the engine) is left out of every later collection: the untimed
+    # gc.collect() of each turn then takes ~1 ms instead of ~0.5 s here.  The collector stays on in the steps.
+    gc.freeze()
     modes = list(attach_for)
     seconds: Seconds = {mode: [] for mode in modes}
     first_steps: Seconds = {mode: [] for mode in modes}
@@ -64,6 +79,15 @@ def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Call
             gc.collect()
             first_steps[mode].append(step())
             seconds[mode].append(step())
+            cpu.setdefault(mode, []).append(last_cpu[0])
+            if steady is not None:
+                for _ in range(warm_steps):
+                    step()
+                began, began_cpu = time.perf_counter(), time.thread_time()
+                for _ in range(block_steps):
+                    step()
+                steady.setdefault("wall", {}).setdefault(mode, []).append((time.perf_counter() - began) / block_steps)
+                steady.setdefault("cpu", {}).setdefault(mode, []).append((time.thread_time() - began_cpu) / block_steps)
             if attachment is not None:
                 before_close(attachment)
                 attachment.close()

@@ -1,38 +1,44 @@
-"""Cost of ``timers(name).start()/stop()`` as DeepSpeed's engine calls it, ours against DeepSpeed's,
-and memory over a long run without reads.
+"""A training step's use of the timers with ``wall_clock_breakdown``, ours against DeepSpeed's, and memory
+over a long run without reads.
 
-Run: ``python benchmarks/bench_timer.py`` (CPU is fine: both use host timers there).
+Run: ``python benchmarks/bench_timer.py [--runs 3] [--turns 401]`` (CPU is fine: both use host timers there).
 
-What is measured is what a training step pays with ``wall_clock_breakdown`` on: the engine's ten
-timers (micro and global, for forward, backward, backward inner, allreduce and step), each looked up
-by name through the group for every call (``self.timers(name).start()``, as ``_start_timers`` and
-``_stop_timers`` do), micro and global started together and stopped together, with the garbage
-collector on (``timeit`` turns it off; a training job does not).  No timer is reset or read: the
-engine's ``log()`` does that at most once a step, and between two logs durations only pile up.
+What is measured is everything DeepSpeed 0.19's engine does with its timer group in one step when
+``wall_clock_breakdown`` is on (``runtime/engine.py``), in its order:
 
-Two cases, ours and DeepSpeed's interleaved (the order flips each repeat, so load that drifts over the
-run hits both alike):
+* its ten timers (micro and global, for forward, backward, backward inner, allreduce and step) started
+  and stopped through ``_start_timers``/``_stop_timers``: each looked up by name (``self.timers(name)``),
+  micro and global together, backward's pair open around the inner and allreduce pairs, ``stop(record=...)``;
+* ``_update_wall_clock_timers``: ``elapsed(reset=False)`` of all ten;
+* ``self.timers.log(names=micro_timers, memory_breakdown=...)`` and ``self.timers.log(global_timers)``:
+  each reads its five timers with reset and prints its line through ``print_dist`` (the rank asked of
+  ``deepspeed.comm``, the line formatted and printed).
 
-* engine: a new timer group each repeat of ``--steps`` steps (short, so that on a shared machine most
-  repeats run undisturbed).  This is the engine's case: DeepSpeed 0.19's engine has real timers only
-  with ``wall_clock_breakdown`` (or the flops profiler, for the global ones) and then its ``log()``
-  reads and resets them every step, as ZeRO's optimizers do theirs, so no timer holds more than a few
-  durations;
-* long run (no target, shown for what it costs): one group per side for the whole run, never read,
-  each repeat ``FOLD_EVERY`` steps, so every repeat of ours pays exactly one fold of its pending
-  durations per timer (past the first ``SAMPLE_SIZE``, into the reservoir, whose turnover costs most
-  just after it fills and falls as 1/n), and DeepSpeed's lists keep growing.
+The world is one gloo rank (``deepspeed.init_distributed``), so each log pays the rank lookup an engine's
+log pays; the printed lines go to ``os.devnull`` (stdout redirected: what the engine prints, written and
+thrown away; a terminal or a file costs both sides the same more).  The garbage collector is on
+(``timeit`` turns it off; a training job does not); each turn makes a fresh timer group per side and
+times ``--steps`` steps on it (short, so that on a shared machine most turns run undisturbed), in the
+thread's CPU time (a turn waiting for a CPU says nothing about either timer).  Ours and DeepSpeed's
+alternate, the order flipping each turn.
 
-The verdict is the median of the per-repeat ratios ours/DeepSpeed's in the engine's case (DESIGN.md:
-at most 0.9x with the garbage collector on, with memory that does not grow with the steps).  Each repeat is timed in the thread's CPU time.  What other processes still add (caches,
-interrupts) pulls that median towards 1; the ratio of the two sides' lower deciles, less sensitive to
-it, is printed beside it.
+DESIGN.md's protocol: a run's figure is the median of the per-turn ratios ours/DeepSpeed's over
+``--turns`` (>= 200) turns; the target (<= 0.9x) is met when the median of ``--runs`` (3) runs' figures
+meets it; every run's figure is printed.  The ratio of the two sides' lower deciles, less sensitive to
+other processes, is printed beside each.
+
+The long run (no target, shown for what it costs) times the start/stop part alone on one group per side
+never read, each turn ``FOLD_EVERY`` steps (every turn of ours pays one fold of its pending durations per
+timer into the bounded sample; DeepSpeed's lists keep growing); the memory figure is traced over
+``--memory-steps`` steps without reads.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
+import socket
 import statistics
 import time
 import tracemalloc
@@ -47,57 +53,87 @@ GROUPS: Dict[str, Callable[[], Any]] = {
     "deepspeed": deepspeed_timer.SynchronizedWallClockTimer,
     "ds_profutils": OurTimers,
 }
-# (micro, global) per phase, in the order DeepSpeed's EngineTimers lists them.
-PHASES = [
-    (deepspeed_timer.FORWARD_MICRO_TIMER, deepspeed_timer.FORWARD_GLOBAL_TIMER),
-    (deepspeed_timer.BACKWARD_MICRO_TIMER, deepspeed_timer.BACKWARD_GLOBAL_TIMER),
-    (deepspeed_timer.BACKWARD_INNER_MICRO_TIMER, deepspeed_timer.BACKWARD_INNER_GLOBAL_TIMER),
-    (deepspeed_timer.BACKWARD_REDUCE_MICRO_TIMER, deepspeed_timer.BACKWARD_REDUCE_GLOBAL_TIMER),
-    (deepspeed_timer.STEP_MICRO_TIMER, deepspeed_timer.STEP_GLOBAL_TIMER),
+# (micro, global) per phase: the lists of DeepSpeed's EngineTimers with wall_clock_breakdown.
+FORWARD, BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, STEP = PHASES = [
+    [deepspeed_timer.FORWARD_MICRO_TIMER, deepspeed_timer.FORWARD_GLOBAL_TIMER],
+    [deepspeed_timer.BACKWARD_MICRO_TIMER, deepspeed_timer.BACKWARD_GLOBAL_TIMER],
+    [deepspeed_timer.BACKWARD_INNER_MICRO_TIMER, deepspeed_timer.BACKWARD_INNER_GLOBAL_TIMER],
+    [deepspeed_timer.BACKWARD_REDUCE_MICRO_TIMER, deepspeed_timer.BACKWARD_REDUCE_GLOBAL_TIMER],
+    [deepspeed_timer.STEP_MICRO_TIMER, deepspeed_timer.STEP_GLOBAL_TIMER],
 ]
-PAIRS_PER_STEP = 2 * len(PHASES)
+MICRO_TIMERS = [micro for micro, _ in PHASES]
+GLOBAL_TIMERS = [whole for _, whole in PHASES]
+ACTIVE_TIMERS = MICRO_TIMERS + GLOBAL_TIMERS  # EngineTimers.active_timers()
+TIMERS_PER_STEP = len(ACTIVE_TIMERS)
 TARGET_RATIO = 0.9
 
 
-def engine_steps(timers: Any, steps: int) -> int:
-    """CPU nanoseconds of this thread for ``steps`` steps of the engine's timer calls on ``timers``.
+def _start_timers(timers: Any, names: List[str]) -> None:
+    for name in names:
+        timers(name).start()
 
-    CPU time rather than wall time: on a shared machine a repeat may wait for a CPU for longer than it
-    runs, and that wait says nothing about either timer."""
+
+def _stop_timers(timers: Any, names: List[str]) -> None:
+    for name in names:
+        timers(name).stop(record=False)
+
+
+def timed_regions(timers: Any) -> None:
+    """The starts and stops of one step: forward(), backward() (inner and allreduce inside it), step()."""
+    _start_timers(timers, FORWARD)
+    _stop_timers(timers, FORWARD)
+    _start_timers(timers, BACKWARD)
+    _start_timers(timers, BACKWARD_INNER)
+    _stop_timers(timers, BACKWARD_INNER)
+    _start_timers(timers, BACKWARD_REDUCE)
+    _stop_timers(timers, BACKWARD_REDUCE)
+    _stop_timers(timers, BACKWARD)
+    _start_timers(timers, STEP)
+    _stop_timers(timers, STEP)
+
+
+def engine_step(timers: Any) -> None:
+    """What the engine does with its timers in one step (gradient accumulation boundary, no monitor)."""
+    timed_regions(timers)
+    cache = {}  # _update_wall_clock_timers
+    for name in ACTIVE_TIMERS:
+        cache[name] = timers(name).elapsed(reset=False)
+    timers.log(names=MICRO_TIMERS, memory_breakdown=False)
+    timers.log(GLOBAL_TIMERS)
+
+
+def cpu_ns(step: Callable[[Any], None], timers: Any, steps: int) -> int:
+    """CPU nanoseconds of this thread for ``steps`` calls of ``step(timers)``."""
     began = time.thread_time_ns()
     for _ in range(steps):
-        for micro, whole in PHASES:
-            timers(micro).start()
-            timers(whole).start()
-            timers(micro).stop()
-            timers(whole).stop()
+        step(timers)
     return time.thread_time_ns() - began
 
 
-def per_pair_ns(steps: int, repeats: int, fresh: bool) -> Dict[str, List[float]]:
-    """ns per start+stop pair for each group, per repeat, interleaved."""
+def interleaved(step: Callable[[Any], None], steps: int, turns: int, fresh: bool) -> Dict[str, List[float]]:
+    """ns per step for each group, per turn, the two sides alternating (order flipped each turn)."""
     gc.enable()
     kept = {name: make() for name, make in GROUPS.items()}
     samples: Dict[str, List[float]] = {name: [] for name in GROUPS}
     names = list(GROUPS)
-    for repeat in range(repeats):
-        for name in (names if repeat % 2 == 0 else names[::-1]):
+    for turn in range(turns):
+        for name in (names if turn % 2 == 0 else names[::-1]):
             timers = GROUPS[name]() if fresh else kept[name]
-            samples[name].append(engine_steps(timers, steps) / (steps * PAIRS_PER_STEP))
+            samples[name].append(cpu_ns(step, timers, steps) / steps)
     return samples
 
 
 def memory_growth(make: Callable[[], Any], steps: int) -> Dict[str, int]:
-    """Bytes traced after half of ``steps`` engine steps and after all, no timer read in between (ours holds
-    a full sample of ``SAMPLE_SIZE`` durations per timer from then on: the default ``steps`` passes it)."""
+    """Bytes traced after half of ``steps`` steps of starts and stops and after all, no timer read in between
+    (ours holds a full sample of ``SAMPLE_SIZE`` durations per timer from then on: the default passes it)."""
     timers = make()
-    engine_steps(timers, 1)  # the timers exist before the count starts
+    timed_regions(timers)  # the timers exist before the count starts
     checkpoints = {steps // 2: "after_half", steps: "after_all"}
     result = {}
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     for done in range(1, steps + 1):
-        engine_steps(timers, 1)
+        timed_regions(timers)
         if done in checkpoints:
             result[checkpoints[done]] = tracemalloc.get_traced_memory()[0] - base
     result["peak"] = tracemalloc.get_traced_memory()[1] - base
@@ -105,43 +141,68 @@ def memory_growth(make: Callable[[], Any], steps: int) -> Dict[str, int]:
     return result
 
 
+def one_rank_world() -> None:
+    """A world of one gloo rank, as an engine's, so that each ``log()`` pays the rank lookup."""
+    import deepspeed
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+
+
+def report_case(label: str, samples: Dict[str, List[float]]) -> float:
+    """Print one case's figures; returns the median of the per-turn ratios ours/DeepSpeed's."""
+    for name, values in samples.items():
+        print(f"{label}  {name:<16}{min(values):>9.0f}{_decile(values):>9.0f}{statistics.median(values):>11.0f}")
+        label = " " * len(label)
+    paired = statistics.median(o / d for o, d in zip(samples["ds_profutils"], samples["deepspeed"]))
+    deciles = _decile(samples["ds_profutils"]) / _decile(samples["deepspeed"])
+    print(f"{label}  ours/deepspeed: {paired:.3f} median of per-turn ratios; {deciles:.3f} ratio of the lower deciles")
+    return paired
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40, help="engine steps per repeat, engine case (10 pairs each)")
-    parser.add_argument("--repeats", type=int, default=401, help="repeats of the engine case")
-    parser.add_argument("--long-repeats", type=int, default=21, help="repeats of the long-run case")
+    parser.add_argument("--runs", type=int, default=3, help="runs of the engine case (the verdict: their median)")
+    parser.add_argument("--turns", type=int, default=401, help="interleaved turns per run (>= 200)")
+    parser.add_argument("--steps", type=int, default=20, help="engine steps per turn, on a fresh timer group")
+    parser.add_argument("--long-turns", type=int, default=21, help="turns of the long-run case")
     parser.add_argument("--memory-steps", type=int, default=20_000)
     args = parser.parse_args()
+    one_rank_world()
+    import torch.distributed
 
-    print(f"timers(name).start()/stop() as the engine calls them: {PAIRS_PER_STEP} timers by name per step, "
-          f"gc on, no resets; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'case':<10}{'repeats x steps':>16}  {'timer':<16}{'min ns':>8}{'q10 ns':>8}{'median ns':>11}"
-          "   per start+stop pair")
-    for case, fresh, repeats, steps in (("engine", True, args.repeats, args.steps),
-                                        ("long run", False, args.long_repeats, FOLD_EVERY)):
-        samples = per_pair_ns(steps, repeats, fresh)
-        label = f"{case:<10}{f'{repeats} x {steps}':>16}"
-        for name, values in samples.items():
-            print(f"{label}  {name:<16}{min(values):>8.0f}{_decile(values):>8.0f}{statistics.median(values):>11.0f}")
-            label = " " * 26
-        paired = statistics.median(o / d for o, d in zip(samples["ds_profutils"], samples["deepspeed"]))
-        deciles = _decile(samples["ds_profutils"]) / _decile(samples["deepspeed"])
-        verdict = "no target"
-        if fresh:
-            verdict = f"target <= {TARGET_RATIO}: " + ("ok" if paired <= TARGET_RATIO else "OVER TARGET")
-        print(f"{label}  ours/deepspeed: {paired:.2f} median of per-repeat ratios ({verdict}); "
-              f"{deciles:.2f} ratio of the lower deciles")
+    print(f"a step's timer use as DeepSpeed's engine makes it with wall_clock_breakdown: {TIMERS_PER_STEP} timers "
+          f"started and stopped by name, read (elapsed(reset=False)) and logged with reset (two log() lines, "
+          f"to os.devnull), gc on; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'case':<26}  {'timer':<16}{'min ns':>9}{'q10 ns':>9}{'median ns':>11}   per step")
+    ratios = []
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+        cases = [(f"engine, run {run + 1}", engine_step, True, args.turns, args.steps) for run in range(args.runs)]
+        cases.append(("long run, start/stop only", timed_regions, False, args.long_turns, FOLD_EVERY))
+        measured = [(label, interleaved(step, steps, turns, fresh)) for label, step, fresh, turns, steps in cases]
+    for label, samples in measured:
+        ratios.append(report_case(f"{label:<26}", samples))
+    verdict = statistics.median(ratios[:args.runs])
+    print(f"engine: {args.runs} runs of {args.turns} turns x {args.steps} steps: "
+          f"{' / '.join(f'{ratio:.3f}' for ratio in ratios[:args.runs])}; median {verdict:.3f}x "
+          f"(target <= {TARGET_RATIO}x: {'ok' if verdict <= TARGET_RATIO else 'OVER TARGET'}); "
+          f"load average now {os.getloadavg()[0]:.1f}")
 
     print()
-    print(f"memory traced by tracemalloc over {args.memory_steps} engine steps ({PAIRS_PER_STEP} timers), no reads")
+    print(f"memory traced by tracemalloc over {args.memory_steps} steps of starts and stops ({TIMERS_PER_STEP} "
+          f"timers), no reads")
     print(f"{'timer':<14}{'after 50%':>14}{'after 100%':>14}{'peak':>14}")
     for name, make in GROUPS.items():
         grown = memory_growth(make, args.memory_steps)
         print(f"{name:<14}{grown['after_half']:>12,} B{grown['after_all']:>12,} B{grown['peak']:>12,} B")
+    torch.distributed.destroy_process_group()
 
 
 def _decile(values: List[float]) -> float:
-    """The lower decile: what a repeat costs when other processes leave it mostly alone."""
+    """The lower decile: what a turn costs when other processes leave it mostly alone."""
     return statistics.quantiles(values, n=10)[0]
 
 

@@ -132,7 +132,10 @@ class DurationStats:
 
     @property
     def total(self) -> float:
-        """Their exact sum."""
+        """Their exact sum: the pending durations' alone while nothing was folded in since the last reset
+        (a timer the engine reads and resets every step), which leaves them pending."""
+        if not self._count:
+            return sum(self.pending)
         return self.figures()[0]
 
     @property

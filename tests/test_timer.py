@@ -87,6 +87,12 @@ def test_elapsed_and_mean_equal_deepspeeds_for_the_same_sequence(monkeypatch):
     # Pairs, a read while running (which cuts the interval in two), reads with and without reset.
     script = [("pairs", 7), ("elapsed", False), ("pairs", 20), ("start", ), ("elapsed", False), ("stop", ),
               ("mean", ), ("elapsed", True), ("pairs", 30), ("mean", ), ("reset", ), ("pairs", 3), ("mean", )]
+    run_script(ours, theirs, script)
+
+
+def run_script(ours, theirs, script, attributes=False):
+    """Play ``script`` on timer "fwd" of both groups; what each read returns (and, with ``attributes``, what a
+    user reads off the timers after each step) is DeepSpeed's."""
     for step in script:
         results = []
         for group in (ours, theirs):
@@ -101,6 +107,8 @@ def test_elapsed_and_mean_equal_deepspeeds_for_the_same_sequence(monkeypatch):
                 getattr(t, step[0])()
         if results:
             assert results[0] == pytest.approx(float(results[1]), rel=1e-9), step
+        if attributes:
+            assert_reads_as(ours("fwd"), theirs("fwd"), step)
 
 
 @pytest.mark.parametrize("count", [0, 1, 4, 5, 14, 15, 16, 64, 65, 257, 325, 4095, 4096])
@@ -394,6 +402,61 @@ def test_trim_mean_matches_deepspeeds_and_keeps_input_order():
 # --- accelerator events -------------------------------------------------------------------------
 
 
+ENGINE_MICRO = [ds_timer.FORWARD_MICRO_TIMER, ds_timer.BACKWARD_MICRO_TIMER, ds_timer.BACKWARD_INNER_MICRO_TIMER,
+                ds_timer.BACKWARD_REDUCE_MICRO_TIMER, ds_timer.STEP_MICRO_TIMER]
+ENGINE_GLOBAL = [ds_timer.FORWARD_GLOBAL_TIMER, ds_timer.BACKWARD_GLOBAL_TIMER, ds_timer.BACKWARD_INNER_GLOBAL_TIMER,
+                 ds_timer.BACKWARD_REDUCE_GLOBAL_TIMER, ds_timer.STEP_GLOBAL_TIMER]
+
+
+def engine_timer_step(group):
+    """DeepSpeed 0.19's engine with wall_clock_breakdown, one step: its ten timers started and stopped
+    (backward's pair open around inner and allreduce), all read without reset, then both logs (with reset).
+    Returns the values read."""
+    pairs = [[micro, whole] for micro, whole in zip(ENGINE_MICRO, ENGINE_GLOBAL)]
+    forward, backward, inner, reduce, step = pairs
+    for names, action in ((forward, "start"), (forward, "stop"), (backward, "start"), (inner, "start"),
+                          (inner, "stop"), (reduce, "start"), (reduce, "stop"), (backward, "stop"),
+                          (step, "start"), (step, "stop")):
+        for name in names:
+            getattr(group(name), action)()
+    read = [group(name).elapsed(reset=False) for name in ENGINE_MICRO + ENGINE_GLOBAL]
+    group.log(names=ENGINE_MICRO, memory_breakdown=False)
+    group.log(ENGINE_GLOBAL)
+    return read
+
+
+def test_the_engines_timer_use_step_after_step_reads_and_logs_as_deepspeeds(monkeypatch, capsys,
+                                                                          deepspeed_logger_at_warning):
+    # Each timer read twice a step, reset by the log every step: the read of a few pending durations.
+    monkeypatch.setattr(host_timer, "_EPOCH_OFFSET_NS", 0)
+    rng = random.Random(1)
+    steps = 6
+    # Stamps 10 us apart at least, so every figure is whole hundredths of a ms: no rounding of a half in log().
+    ScriptedClock([10_000 * rng.randrange(1, 900) for _ in range(10 * steps)], gap_ns=10_000).install(monkeypatch)
+    ours, theirs = SynchronizedWallClockTimer(), ds_timer.SynchronizedWallClockTimer()
+    for step in range(steps):
+        read, lines = [], []
+        for group in (ours, theirs):
+            read.append(engine_timer_step(group))
+            lines.append(capsys.readouterr().out)
+        assert read[0] == pytest.approx(read[1], rel=1e-9), step
+        assert lines[0] == lines[1] and lines[0].count("\n") == 2, step
+        for name in ENGINE_MICRO + ENGINE_GLOBAL:
+            assert_reads_as(ours(name), theirs(name), (step, name))
+            assert ours(name).elapsed(reset=False) == 0.0 and ours(name).mean() == theirs(name).mean() == 0
+
+
+def test_reads_after_the_durations_were_folded_equal_deepspeeds(monkeypatch):
+    # More durations than are held pending (FOLD_EVERY): reads sum the statistics, then start afresh.
+    monkeypatch.setattr(host_timer, "_EPOCH_OFFSET_NS", 0)
+    rng = random.Random(2)
+    ours, theirs = both_timers(monkeypatch, [rng.randrange(1_000, 900_000) for _ in range(stats.FOLD_EVERY + 520)])
+    script = [("pairs", stats.FOLD_EVERY + 500), ("elapsed", False), ("pairs", 7), ("elapsed", False), ("mean", ),
+              ("elapsed", True), ("pairs", 5), ("elapsed", False), ("start", ), ("elapsed", True), ("stop", ),
+              ("mean", ), ("elapsed", True)]
+    run_script(ours, theirs, script, attributes=True)
+
+
 class FakeEvent:
     """Records what the timer asks of an event; times and completion are scripted by the accelerator."""
 
@@ -532,6 +595,20 @@ def test_device_timer_attributes_read_as_deepspeeds(device):
     assert t.event_timers == pytest.approx([0.002])  # resolved when read; DeepSpeed's holds the event pair
     t.elapsed(reset=False)
     assert t.elapsed_records == pytest.approx([2.0])
+
+
+def test_device_timers_read_with_reset_step_after_step_and_while_running(device):
+    group = SynchronizedWallClockTimer()
+    for _ in range(3):
+        # Each event recorded 2 ms after the one before: a pair spans the events recorded inside it.
+        assert engine_timer_step(group) == pytest.approx([4.0, 20.0, 4.0, 4.0, 4.0] * 2)
+        assert all(group(name)._pairs == [] for name in ENGINE_MICRO + ENGINE_GLOBAL)
+    t = group("fwd")
+    t.start()
+    assert t.elapsed(reset=True) == pytest.approx(2.0)  # the running interval cut, counted, then reset
+    assert t.started_ and t.start_event is device.recorded[-1]  # timing goes on from a new start event
+    t.stop()
+    assert t.elapsed(reset=False) == pytest.approx(2.0) and t.elapsed_records == pytest.approx([2.0])
 
 
 def test_a_timer_keeps_the_clock_it_was_made_with(device):

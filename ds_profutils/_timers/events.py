@@ -84,6 +84,12 @@ class _EventTimer(_Timer):
             del pairs[:done]
         self._durations.fold()
 
+    def elapsed(self, reset: bool = True) -> float:
+        """As the host timer's, the event pairs recorded so far resolved first."""
+        if self._start is None:  # (a running timer's read stops it first, then comes back here)
+            self._fold()
+        return super().elapsed(reset)
+
     def reset(self) -> None:
         """Forget all measurements and any interval in progress."""
         super().reset()

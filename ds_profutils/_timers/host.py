@@ -170,18 +170,30 @@ class _Timer:
 
         A running interval is cut at this point and counted, and timing continues from here, as in
         DeepSpeed (so reading a running timer adds one more duration to ``mean()``).
+
+        The engine reads each of its timers twice a step (``elapsed(reset=False)``, then ``log()``'s
+        ``elapsed(reset=True)``), so a read holding a few durations is a sum of the pending ones, left
+        pending: nothing is folded into the statistics (and freed again at the reset) for a read.
         """
-        running = self._start is not None
-        if running:
-            self.stop()
-        self._fold()
-        total_ms = self._durations.total / NS_PER_MS
-        if reset:
-            self.reset()
+        if self._start is not None:
+            return self._elapsed_running(reset)
+        pending = self._pending
+        if pending:
+            self._last_ns = pending[-1]  # start_time's (_keep_last), before the total may fold them away
+        durations = self._durations
+        total_ms = durations.total / NS_PER_MS
+        if reset:  # reset() of a timer not running, its last duration kept (written out: ten a step)
+            self._read_count = None
+            durations.reset()
         else:
-            self._read_count = self._durations.count
-        if running:
-            self.start()
+            self._read_count = durations.count
+        return total_ms
+
+    def _elapsed_running(self, reset: bool) -> float:
+        """``elapsed()`` of a running timer: its interval cut here and counted, a new one started."""
+        self.stop()
+        total_ms = self.elapsed(reset)
+        self.start()
         return total_ms
 
     def mean(self) -> float:
