@@ -259,3 +259,44 @@ def test_operators_without_a_formula_are_named_once_with_an_analytic_attention_t
     assert second["flops"] == first["flops"] and "flops_uncounted_ops" not in second  # once per signature
     said = [record.getMessage() for record in ds_caplog.records if "without a formula" in record.getMessage()]
     assert len(said) == 1 and "analytic attention term" in said[0]
+
+
+def test_a_formula_that_raises_is_an_uncounted_operator_never_the_users_error(tmp_path, monkeypatch):
+    """A FLOP formula runs inside the user's forward and backward: its error must not reach the step."""
+    from torch.utils.flop_counter import flop_registry
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("a shape the formula does not know")
+
+    monkeypatch.setitem(flop_registry, torch.ops.aten.addmm, broken)  # every Linear's forward
+    engine = TorchEngine(Blocks())
+    with attached(engine, tmp_path):
+        train_step(engine, torch.randn(8, 32))
+    assert modes_on_thread() == []
+    record = read_records(tmp_path)[0]
+    assert "aten::addmm" in record["flops_uncounted_ops"] and record["flops"] > 0  # the backward's mm is counted
+
+
+def test_a_copy_of_the_module_run_inside_a_counted_forward_leaves_the_count_alone(tmp_path):
+    """A teacher or EMA copy of the module run inside the engine's forward: the copy's hooks are inert copies,
+    so its forward's end does not end the engine's counting forward (which counts everything inside it)."""
+    import copy
+
+    engine = TorchEngine(Blocks())
+    x = torch.randn(8, 32)
+    with attached(engine, tmp_path):
+        train_step(engine, x)  # the counter's hooks are on the module now
+        twin = copy.deepcopy(engine.module)
+        original = engine.module.forward
+
+        def forward_with_twin(inputs):
+            with torch.no_grad():
+                twin(inputs)
+            return original(inputs)
+
+        engine.module.forward = forward_with_twin
+        y = torch.randn(4, 32)  # a new shape: counted
+        train_step(engine, y)
+        assert modes_on_thread() == []
+    flops = [record["flops"] for record in read_records(tmp_path)]
+    assert flops[-1] == reference(lambda: engine.module(y).pow(2).mean().backward())

@@ -159,3 +159,48 @@ def test_a_resume_into_another_jobs_records_moves_them_aside_once(tmp_path, ds_c
         assert fetch_records_files(tmp_path) == {"main": {3: path}}  # the readers' pattern skips it
     else:
         assert path.read_text().startswith(earlier_text) and steps == [(9, 0), (5, 1)]
+
+
+def test_an_error_making_rank_0s_events_never_skips_its_next_exchange(monkeypatch, ds_caplog):
+    """Rank 0 alone makes the events: an error there must leave its exchanges in step with the other ranks'."""
+    live = LiveMetrics(SimpleNamespace(monitor_interval=1, console=False), None, [Kept()])
+
+    def broken(*_args):
+        raise ZeroDivisionError("a figure of ours")
+
+    monkeypatch.setattr(live, "_events", broken)
+    for global_step in range(3):
+        live.step_finished(step(global_step))
+    assert live._gather.launched == 3 and not live.stopped
+    assert "live events of an interval could not be made" in ds_caplog.text
+
+
+def test_a_failed_recorder_keeps_the_collective_wrappers_until_close(tmp_path):
+    """The hang watchdog lines ranks up by the sequence numbers the collective wrappers keep: a recorder that
+    failed on one rank must not take them off that rank only; close() does."""
+    from test_flops_windows import Blocks, TorchEngine, attached
+
+    attachment = attached(TorchEngine(Blocks()), tmp_path)
+    recorder = attachment.recorder
+    recorder.stop_after_error(RuntimeError("a write of ours"))
+    assert recorder.closed and recorder._detach_collectives.alive
+    attachment.close()
+    assert not recorder._detach_collectives.alive
+
+
+def test_a_memory_snapshot_stopped_after_an_error_ends_the_allocator_history():
+    from ds_profutils.engine.snapshot import StepSnapshots
+
+    class Snapshots:
+        settings = SimpleNamespace(on_oom=True)
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    class Engine:
+        global_steps = 0
+
+    snapshots, engine = Snapshots(), Engine()
+    StepSnapshots(engine, snapshots).stop_after_error(RuntimeError("a dump of ours"))
+    assert snapshots.closed

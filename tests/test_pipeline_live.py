@@ -47,3 +47,22 @@ def test_no_pipeline_events_for_other_engines() -> None:
     steps = interval(None, 0.0)
     assert len(pack_interval(steps)) == packed_length(len(steps))  # the pipeline columns NaN
     assert set(events_of(steps, steps)) <= set(EVENT_NAMES)
+
+
+def waiting(stage: int, waited_ms: float, steps: int = 4) -> List[StepFigures]:
+    """A stage's rank that waited ``waited_ms`` in collectives each step (the slower stage's neighbour waits)."""
+    return [StepFigures(global_step=step, step_ms=100.0, iteration_ms=101.0, gap_ms=1.0, flops=None, tokens=None,
+                        samples=4, exposed_wait_ms=waited_ms, collective_ms=waited_ms, peak_allocated_bytes=None,
+                        pipe_stage=stage, compute_ms=60.0 - waited_ms, bubble_ms=waited_ms) for step in range(steps)]
+
+
+def test_the_live_straggler_is_never_named_across_stages() -> None:
+    """Stage 0 waits 40 ms a step for stage 1 (which waits 5): a slower stage, no straggler, as in the report."""
+    events = events_of(waiting(0, 40.0), waiting(1, 5.0))
+    assert events["ds_profutils/straggler_rank"] == -1 and events["ds_profutils/straggler_cause"] == 0
+
+
+def test_the_live_straggler_within_a_stage_is_named_by_its_row() -> None:
+    """Stage 1's two data-parallel ranks: the one that waited least (row 3) held its peer back."""
+    events = events_of(waiting(0, 40.0), waiting(0, 40.0), waiting(1, 45.0), waiting(1, 5.0))
+    assert events["ds_profutils/straggler_rank"] == 3

@@ -129,3 +129,20 @@ def test_no_stage_diff_for_other_engines(tmp_path: Path) -> None:
         for rank in range(2):
             write_records(tmp_path / run, rank, [schema3(record(rank, step)) for step in range(12)])
     assert build_diff(tmp_path / "base", tmp_path / "new")["engines"]["main"]["stages"] is None
+
+
+def test_causes_and_work_imbalance_within_each_stage_only(tmp_path: Path) -> None:
+    """The last stage's ranks do 3x the FLOPs (its layers, the loss): against them, stage 0's straggler (rank 1)
+    would do less work at a higher cost per unit, "compute".  Within its stage it does the same work at the same
+    pace as its peer: no compute cause, and no work imbalance."""
+    inside = {0: 30.0, 1: 2.2, 2: 1.0, 3: 1.3}
+    for rank, stage in enumerate([0, 0, 1, 1]):
+        rows = [dict(schema3(record(rank, step, busy_ms=60.0, fetch_ms=0.0, collective_ms=inside[rank], world_size=4),
+                             inside_ms=inside[rank]), pipe_stage=stage, pipe_stages=2, micro_batches=8, compute_ms=30.0,
+                     p2p_ms=20.0, bubble_ms=21.0, flops=(3 if stage else 1) * 10**9, iteration_ms=90.0, gap_ms=2.0)
+                for step in range(16)]
+        write_records(tmp_path, rank, rows)
+    engine = build_report(tmp_path)["engines"]["main"]
+    assert engine["straggler_ranks"] == [1]
+    assert engine["ranks_summary"][1]["cause"] not in ("compute", "more_work")
+    assert engine["work_imbalance"] == pytest.approx(1.0)

@@ -166,3 +166,17 @@ def test_json_carries_the_new_figures(tmp_path, capsys):
     assert engine["superseded_records"] == 0 and engine["segments"] == 1
     assert engine["ranks_summary"]["0"]["iteration_ms_median"] == 28.0
     assert engine["steps"]["iteration_ms"] == [[28.0, 28.0, 28.0]] and len(engine["steps"]["tflops"][0]) == 3
+
+
+def test_the_step_views_gap_is_the_recorded_gap_and_the_own_gap_is_apart(tmp_path):
+    """The frameworks' collectives between steps (gap_collective_ms) are part of the gap: the view's (and so the
+    diff's) gap is the recorded one; the rank's own gap, which the causes read, is kept beside it."""
+    for rank in range(2):
+        rows = []
+        for step in range(4):
+            rows += iteration_record(rank, step, gap_ms=100.0)
+            rows[-1]["gap_collective_ms"] = 80.0 if rank == 0 else 1.0
+        write_records(tmp_path, rank, rows)
+    view = build_report(tmp_path)["engines"]["main"]["steps"]
+    assert list(view.gap_ms.rank_row(0)) == [100.0] * 4
+    assert list(view.own_gap_ms.rank_row(0)) == [20.0] * 4 and list(view.own_gap_ms.rank_row(1)) == [99.0] * 4

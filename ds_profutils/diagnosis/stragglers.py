@@ -30,11 +30,12 @@ class _Rows(Protocol):
 class _View(Protocol):
     ranks: List[int]
     busy_ms: _Rows
-    gap_ms: _Rows
+    own_gap_ms: _Rows
     work: _Rows
     exposed_wait_ms: _Rows
     straggler: List[Optional[int]]
     threshold_ms: List[Optional[float]]
+    stage_of: Mapping[int, int]  # a pipeline's ranks: their stage (empty: one group)
 
 
 def work_unit(recorded: Mapping[str, bool]) -> Optional[Tuple[str, str, float]]:
@@ -58,10 +59,16 @@ def rank_work(view: _View) -> Dict[int, Dict[str, Optional[float]]]:
     return table
 
 
-def work_imbalance(work: Mapping[int, Mapping[str, Optional[float]]]) -> Optional[float]:
-    """The most work per step over the least, across ranks (None: fewer than two ranks with work)."""
-    medians = [row["work_median"] for row in work.values() if row["work_median"]]
-    return max(medians) / min(medians) if len(medians) > 1 else None
+def work_imbalance(work: Mapping[int, Mapping[str, Optional[float]]],
+                   stage_of: Mapping[int, int]) -> Optional[float]:
+    """The most work per step over the least, across ranks, within each pipeline stage (``stage_of``; empty: one
+    group), the largest of the stages' (None: no group with two ranks with work)."""
+    groups: Dict[Optional[int], List[float]] = {}
+    for rank, row in work.items():
+        if row["work_median"]:
+            groups.setdefault(stage_of.get(rank), []).append(row["work_median"])
+    ratios = [max(medians) / min(medians) for medians in groups.values() if len(medians) > 1]
+    return max(ratios) if ratios else None
 
 
 def _none(value: float) -> Optional[float]:
@@ -69,16 +76,24 @@ def _none(value: float) -> Optional[float]:
 
 
 def _step_figures(view: _View, step_index: int) -> List[Figures]:
-    columns = (view.busy_ms, view.gap_ms, view.work, view.exposed_wait_ms)
+    columns = (view.busy_ms, view.own_gap_ms, view.work, view.exposed_wait_ms)
     values = [column.step_column(step_index) for column in columns]
     return [Figures(*(_none(column[index]) for column in values)) for index in range(len(view.ranks))]
 
 
+def _peers(view: _View, at: int) -> List[int]:
+    """The indices of the ranks a rank is compared with: the others of its pipeline stage (stages do different
+    work), every other rank without stages."""
+    stage = view.stage_of.get(view.ranks[at])
+    return [index for index, rank in enumerate(view.ranks) if index != at and view.stage_of.get(rank) == stage]
+
+
 def rank_causes(view: _View, named: Sequence[int], device_clock: bool = False) -> Dict[int, Dict[str, Any]]:
-    """Per rank: ``cause`` and ``cause_figures`` (a named straggler's, from its medians over the run; None for a
-    rank not named) and ``cause_steps``, the cause of each step it was the step straggler of, counted."""
+    """Per rank: ``cause`` and ``cause_figures`` (a named straggler's, from its medians over the run, against the
+    ranks it is compared with; None for a rank not named) and ``cause_steps``, the cause of each step it was the
+    step straggler of, counted."""
     medians = [Figures(*(_median(column.rank_row(index))
-                         for column in (view.busy_ms, view.gap_ms, view.work, view.exposed_wait_ms)))
+                         for column in (view.busy_ms, view.own_gap_ms, view.work, view.exposed_wait_ms)))
                for index in range(len(view.ranks))]
     thresholds = [value for value in view.threshold_ms if value is not None]
     threshold = median(thresholds) if thresholds else None
@@ -87,14 +102,14 @@ def rank_causes(view: _View, named: Sequence[int], device_clock: bool = False) -
         if late is None:
             continue
         figures, at = _step_figures(view, step_index), view.ranks.index(late)
-        cause, _ = decide_cause(figures[at], figures[:at] + figures[at + 1:], view.threshold_ms[step_index],
+        cause, _ = decide_cause(figures[at], [figures[peer] for peer in _peers(view, at)], view.threshold_ms[step_index],
                                 device_clock)
         steps[late][cause] += 1
     table = {}
     for index, rank in enumerate(view.ranks):
         cause = figures = None
         if rank in named and threshold is not None:
-            cause, figures = decide_cause(medians[index], medians[:index] + medians[index + 1:], threshold,
+            cause, figures = decide_cause(medians[index], [medians[peer] for peer in _peers(view, index)], threshold,
                                           device_clock)
         table[rank] = {"cause": cause, "cause_figures": figures, "cause_steps": dict(steps[rank])}
     return table

@@ -258,8 +258,10 @@ class StepRecorder(Listener):
         own = {key: value for record in records for part in record.parts
                for key, value in part.live(record.fields, sums.step_ms).items()}
         flops = own.pop("flops", sums.flops)
-        figures = StepFigures(global_step, sums.step_ms, iteration_ms, gap_ms, flops, sums.tokens, sums.samples,
-                              sums.exposed_wait_ms, sums.collective_ms, sums.peak_allocated_bytes, **own)
+        own_gap_ms = None if gap_ms is None else max(gap_ms - gap_collective_ms, 0.0)  # arrival and gap as the report's
+        figures = StepFigures(global_step, sums.step_ms, iteration_ms, own_gap_ms, flops, sums.tokens, sums.samples,
+                              sums.exposed_wait_ms, sums.collective_ms + gap_collective_ms, sums.peak_allocated_bytes,
+                              **own)
         for listener in self.step_listeners:
             listener(figures)
 
@@ -349,7 +351,8 @@ class StepRecorder(Listener):
         An eval forward that ended is written; a train step whose ``step()`` did not return is not.
         Device times are awaited for at most ``SETTLE_SECONDS``; later ones are written as host times.
         """
-        if self.closed:
+        if self.closed:  # stopped after an error: the collective wrappers (sequence numbers) stayed until now
+            self._detach_collectives()
             return
         try:
             if self.writes and not self.records_file.opened:
@@ -361,7 +364,7 @@ class StepRecorder(Listener):
         finally:
             self._detach()
 
-    def _detach(self) -> None:
+    def _detach(self, collectives_too: bool = True) -> None:
         """Close the file and give the coordinator back as DeepSpeed made it."""
         self._forget_at_exit()
         self._closed = True
@@ -369,7 +372,8 @@ class StepRecorder(Listener):
         if self.memory is not None:
             self.memory.close()
         self.collectives.step = None
-        self._detach_collectives()
+        if collectives_too:
+            self._detach_collectives()
         if self.fetches is not None:
             self.fetches.remove()
         if self.flops is not None:
@@ -387,7 +391,7 @@ class StepRecorder(Listener):
             self._write_ready(settled=True)  # what finished, on host times where device times are not known
         except Exception:  # the same failure again: the records before it are on disk
             pass
-        self._detach()
+        self._detach(collectives_too=False)  # the hang watchdog still lines ranks up by their sequence numbers
 
 
 def _comms_logger_on() -> bool:

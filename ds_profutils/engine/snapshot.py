@@ -143,3 +143,4 @@ class StepSnapshots(OptimizerStepListener):
 
     def stop_after_error(self, exc: Exception) -> None:
         logger.error("memory_snapshot: stopped after an error (%s: %s); training goes on", type(exc).__name__, exc)
+        self.snapshots.close()  # the allocator's history (a stack per allocation) must not run on unread

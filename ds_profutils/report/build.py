@@ -220,7 +220,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
                            "host_level": STRAGGLER_LEVEL / len(hosts_summary) if hosts_summary else None},
         "straggler_ranks": [rank for rank in view.ranks if is_straggler(view, rank)],
         "work_unit": view.work_unit,
-        "work_imbalance": work_imbalance(ranks_summary),
+        "work_imbalance": work_imbalance(ranks_summary, view.stage_of),
         "ranks_summary": ranks_summary,
         "straggler_hosts": [host for host, row in hosts_summary.items() if row["straggler"]],
         "hosts_summary": hosts_summary,

@@ -134,10 +134,12 @@ class StepView:
     trace_step_ms: Matrix
     peak_allocated_bytes: Matrix
     iteration_ms: Matrix  # end of the previous optimizer step to the end of this one (NaN: not recorded)
-    gap_ms: Matrix  # its part outside forward, backward and step, less the frameworks' collectives there (own_gap_ms)
+    gap_ms: Matrix  # its part outside forward, backward and step
+    own_gap_ms: Matrix  # the gap less the frameworks' collectives in it (own_gap_ms): the rank's own time there
     tflops: Matrix  # the step's model FLOPs over its iteration, TFLOP/s
     work: Matrix  # the step's work in ``work_unit`` (diagnosis.stragglers.WORK_UNITS)
     work_unit: Optional[str] = None  # None: no work recorded on every rank
+    stage_of: Dict[int, int] = field(default_factory=dict)  # a pipeline's ranks: their stage (causes within it)
     arrival: str = "collective_ms"
     straggler: List[Optional[int]] = field(default_factory=list)
     spread_ms: List[Optional[float]] = field(default_factory=list)
@@ -153,7 +155,7 @@ class StepView:
                 "collective_wait_ms": self.collective_wait_ms, "exposed_wait_ms": self.exposed_wait_ms,
                 "busy_ms": self.busy_ms, "collective_ms": self.collective_ms, "trace_step_ms": self.trace_step_ms,
                 "peak_allocated_bytes": self.peak_allocated_bytes, "iteration_ms": self.iteration_ms,
-                "gap_ms": self.gap_ms, "tflops": self.tflops, "work": self.work}
+                "gap_ms": self.gap_ms, "own_gap_ms": self.own_gap_ms, "tflops": self.tflops, "work": self.work}
 
 
 def _fill(matrix: Matrix, rank_index: int, positions: Optional[Sequence[int]], values: array) -> None:
@@ -202,7 +204,7 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
     arrival = "exposed_wait_ms" if any(f.without_collective_ms for f in files) else "collective_ms"
     unit = work_unit({name: bool(files) and all(any(v == v for v in getattr(f, name)) for f in files)
                       for name, _, _ in WORK_UNITS})
-    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(12)), arrival=arrival,
+    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(13)), arrival=arrival,
                     work_unit=unit and unit[1])
     for rank_index, records in enumerate(files):
         positions = None if records.global_steps == everything else [index[s] for s in records.global_steps]
@@ -213,7 +215,8 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
                                (view.collective_wait_ms, records.collective_wait_ms),
                                (view.exposed_wait_ms, exposed), (view.busy_ms, busy),
                                (view.peak_allocated_bytes, records.peak_allocated_bytes),
-                               (view.iteration_ms, records.iteration_ms), (view.gap_ms, own_gap_ms(records)),
+                               (view.iteration_ms, records.iteration_ms), (view.gap_ms, records.gap_ms),
+                               (view.own_gap_ms, own_gap_ms(records)),
                                (view.tflops, tflops(records)),
                                (view.work, array("d", (value * unit[2] for value in getattr(records, unit[0])))
                                 if unit else array("d", [math.nan]) * len(records.global_steps))):

@@ -29,7 +29,8 @@ EVENT_NAMES: Dict[str, str] = {
     "ds_profutils/iteration_ms": "median over the interval's steps of each rank's iteration time (end of the "
                                  "previous optimizer step to the end of this one), the largest over ranks",
     "ds_profutils/gap_ms": "median over the interval's steps of each rank's time outside forward, backward and "
-                           "step (data loading, callbacks, logging), the largest over ranks",
+                           "step (data loading, callbacks, logging), less its time waiting in the frameworks' own "
+                           "torch.distributed collectives there (the records' gap_collective_ms), the largest over ranks",
     "ds_profutils/tflops": "model TFLOP/s per rank: each rank's FLOPs of the interval over its wall time (the "
                            "sum of its iteration times), averaged over the ranks that count FLOPs",
     "ds_profutils/mfu": "tflops over the accelerator's peak TFLOP/s (a fraction, 0.041 = 4.1%)",
@@ -63,12 +64,12 @@ class StepFigures:
     global_step: int
     step_ms: float  # forward start to end of engine.step(), all micro steps of the step
     iteration_ms: Optional[float]  # end of the previous optimizer step to end of this one (None for the first)
-    gap_ms: Optional[float]  # iteration_ms minus the time inside forward/backward/step
+    gap_ms: Optional[float]  # iteration_ms minus the time inside forward/backward/step and the frameworks' collectives
     flops: Optional[int]  # model FLOPs of the step's micro steps (forward+backward), None if unknown
     tokens: Optional[int]
     samples: Optional[int]
     exposed_wait_ms: float  # time blocked in collectives/fetch waits
-    collective_ms: float  # time inside collectives (incl. waiting for late peers)
+    collective_ms: float  # time inside collectives (incl. waiting for late peers), the frameworks' between steps too
     peak_allocated_bytes: Optional[int]
     # a PipelineEngine's stage and the step's compute and bubble (docs/pipeline.md); None for other engines
     pipe_stage: Optional[int] = None
@@ -172,6 +173,22 @@ def interval_cause(rows: Sequence[Sequence[float]], steps: int, straggler: int) 
     return CAUSE_CODES[cause]
 
 
+def _staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, int]:
+    """The interval's straggler (its row index, -1: none) and its cause code, tested within each pipeline stage's
+    rows only, as the report does (stages do different work: a slower stage is no straggler); one group where the
+    rows carry no stage.  With several stages, the first stage that names one."""
+    groups: Dict[float, List[int]] = {}
+    for index, row in enumerate(rows):
+        stage = row[2 * steps + _STAGE]
+        groups.setdefault(-1.0 if math.isnan(stage) else stage, []).append(index)
+    for members in groups.values():
+        group = [rows[index] for index in members]
+        straggler = interval_straggler(group, steps)
+        if straggler >= 0:
+            return members[straggler], interval_cause(group, steps, straggler)
+    return -1, CAUSE_CODES[None]
+
+
 def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: int,
                     peak_tflops: Optional[float]) -> List[Event]:
     """Rank 0's events for one interval of ``steps`` steps from every rank's packed row (row r = rank r)."""
@@ -195,7 +212,6 @@ def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: in
                                                   if step_sum > 0 else None)
     peak = _largest([total[_PEAK] for total in totals])
     figures["ds_profutils/peak_allocated_gib"] = peak / _GIB if peak is not None else None
-    figures["ds_profutils/straggler_rank"] = straggler = interval_straggler(rows, steps)
-    figures["ds_profutils/straggler_cause"] = interval_cause(rows, steps, straggler)
+    figures["ds_profutils/straggler_rank"], figures["ds_profutils/straggler_cause"] = _staged_straggler(rows, steps)
     figures.update(pipeline_events(totals))
     return [(name, value, global_step) for name, value in figures.items() if value is not None]

@@ -97,6 +97,7 @@ class PipelineHooks(EngineHooks):
             result = self._around_call(batch, *args, **kwargs)
             if train and self._times is not None:
                 self._times.flops_per_micro_batch = self.flops.per_micro_batch
+                self._times.hardware_flops_per_micro_batch = self.flops.hardware_per_micro_batch
         finally:
             running.engine_id = outside
             self._times, self._training = None, False

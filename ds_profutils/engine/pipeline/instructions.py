@@ -33,7 +33,8 @@ _NS_PER_MS = 1e6
 class InstructionTimes:
     """The instructions one step ran: host nanoseconds per kind and, on the device clock, their intervals."""
 
-    __slots__ = ("device_events", "host_ns", "counts", "intervals", "flops_per_micro_batch")
+    __slots__ = ("device_events", "host_ns", "counts", "intervals", "flops_per_micro_batch",
+                 "hardware_flops_per_micro_batch")
 
     def __init__(self, device_events: Optional[DeviceEvents]) -> None:
         self.device_events = device_events  # None: the record is timed on the host
@@ -41,6 +42,7 @@ class InstructionTimes:
         self.counts: Dict[str, int] = {}
         self.intervals: Dict[str, List[Pair]] = {}
         self.flops_per_micro_batch: Optional[int] = None  # a train batch's, once counted (:mod:`.flops`)
+        self.hardware_flops_per_micro_batch: Optional[int] = None  # the same with the recompute
 
     def run(self, kind: str, instruction: Callable[..., Any], engine: Any, kwargs: Mapping[str, Any]) -> Any:
         """Run one instruction (``instruction(engine, **kwargs)``) and add its time to its kind."""
@@ -85,5 +87,6 @@ class InstructionTimes:
         figures["bubble_ms"] = figures["p2p_ms"] + figures["other_ms"]
         figures["bubble_share"] = figures["bubble_ms"] / step_ms if step_ms > 0 else None
         if self.flops_per_micro_batch is not None:
-            figures.update(flops=self.flops_per_micro_batch * figures["micro_batches"], flops_source="counted")
+            figures.update(flops=self.flops_per_micro_batch * figures["micro_batches"], flops_source="counted",
+                           hardware_flops=self.hardware_flops_per_micro_batch * figures["micro_batches"])
         return figures

@@ -89,10 +89,14 @@ class Tally:
 
     def _count_flops(self, packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
         formula = flop_registry.get(packet)
+        flops = name = None
         if formula is not None:
-            flops = formula(*args, **kwargs, out_val=out)
-        else:
-            name = _uncounted_name(packet)
+            try:  # inside the user's forward or backward: a formula's error is an uncounted operator, never theirs
+                flops = formula(*args, **kwargs, out_val=out)
+            except Exception:  # noqa: BLE001 - profiling must never break the training run
+                name = getattr(packet, "_qualified_op_name", None) or str(packet)
+        if flops is None:
+            name = name or _uncounted_name(packet)
             if name is None:
                 return out
             self.uncounted[name] = self.uncounted.get(name, 0) + 1

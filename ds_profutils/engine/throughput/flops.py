@@ -205,7 +205,7 @@ class FlopCounter:
         count or scale.  A forward inside a forward of the module (Lightning's ``training_step`` calling the
         module that the engine called) is the outer one's: counted by its mode, nothing else changes."""
         if self._forward_hook is None:
-            self._forward_hook = module.register_forward_hook(_forward_left(self), always_call=True)
+            self._forward_hook = module.register_forward_hook(_ForwardLeft(self), always_call=True)
         self._depth += 1
         if self._depth > 1:
             return
@@ -347,20 +347,26 @@ class FlopCounter:
         return count
 
 
-def _forward_left(counter: FlopCounter) -> Any:
+class _ForwardLeft:
     """The counter's ``always_call`` forward hook (registered at its first forward): the end of the outermost
-    forward pops the counting mode.  A plain function holding the counter weakly (a deepcopy of the module copies
-    no counter)."""
-    ref = weakref.ref(counter)
+    forward pops the counting mode.  It holds the counter weakly, and a copy of it (deepcopy, pickle: an EMA or
+    teacher copy of the module) is inert: the copy's forwards are not the engine's and must not end its count."""
 
-    def forward_left(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
-        live = ref()
+    def __init__(self, counter: Optional[FlopCounter]) -> None:
+        self._counter = None if counter is None else weakref.ref(counter)
+
+    def __call__(self, _module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        live = None if self._counter is None else self._counter()
         if live is not None and live._depth > 0:
             live._depth -= 1
             if live._depth == 0 and live._mode is not None:
                 live._leave_forward()
 
-    return forward_left
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "_ForwardLeft":
+        return _ForwardLeft(None)
+
+    def __reduce__(self) -> Tuple[Any, Tuple[None]]:
+        return _ForwardLeft, (None, )
 
 
 def _say_uncounted(uncounted: Mapping[str, int], analytic: bool) -> None:

@@ -141,6 +141,7 @@ def staged_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[
         for name in ("straggler_steps", "attributed_ms", "waited_ms", "p_values"):
             getattr(view, name).update(getattr(stage_view, name))
         view.tested_steps = max(view.tested_steps, stage_view.tested_steps)
+    view.stage_of = {records.rank: stage for stage, stage_files in stages.items() for records in stage_files}
     return view
 
 
