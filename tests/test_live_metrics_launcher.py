@@ -76,6 +76,15 @@ def test_rank_one_named_straggler_and_its_gap_seen(live_job):
     assert all(0.5 < value < 1 for _, value in series(out, "ds_profutils/exposed_wait_share"))
 
 
+def test_an_eval_forward_on_one_rank_is_the_eval_ms_of_its_interval_only(live_job):
+    """Rank 1's eval forward before step 5 (the job's EVAL_STEP): the second interval's ``eval_ms`` is its time
+    (the largest over ranks of each rank's sum), the others have none, and no save ran anywhere."""
+    out, _ = live_job
+    eval_ms = json.loads((out / "rank_1.json").read_text())["eval_ms"]
+    assert series(out, "ds_profutils/eval_ms") == [(samples_at(out)[1], pytest.approx(eval_ms))] and eval_ms > 0
+    assert not (out / "csv" / "live" / "ds_profutils_save_ms.csv").exists()
+
+
 def test_mfu_and_throughput_from_both_ranks(live_job):
     out, _ = live_job
     found = json.loads((out / "findings.json").read_text())
