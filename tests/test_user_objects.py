@@ -1,7 +1,8 @@
 """``attach`` leaves the user's objects as they were (issue 32 item 2) on real engines of ZeRO stages 0-2,
 one gloo rank (tests/dist_scripts/user_objects.py): copies of the attached module do what they do without
 ``attach`` and are not recorded, and ``close()`` is idempotent.  On the same job: an eval forward and a
-checkpoint save between steps are named parts of the next step's gap (issue 32 item 8).  A dropped engine: test_isolation.py."""
+checkpoint save between steps are named parts of the next step's gap (issue 32 item 8).
+A dropped engine: test_isolation.py."""
 import json
 
 import pytest

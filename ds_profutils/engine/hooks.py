@@ -9,9 +9,9 @@ the FLOP counter keys its counts by the input shapes), one forward hook (with th
 tell the FLOP counter where the backward ends) and wrappers of ``engine.backward`` and
 ``engine.step`` -- and of ``engine.forward`` only when a listener watches errors -- and tells each
 listener; ``engine.save_checkpoint`` is wrapped too, to tell how long a save took (the step records name it
-as a part of the gap between steps).  ``backward`` is a moment of its own because Accelerate (and so the transformers Trainer)
-calls ``engine.step()`` only at the gradient-accumulation boundary: the micro steps before it end
-when their backward returns.
+as a part of the gap between steps).  ``backward`` is a moment of its own because Accelerate (and so the
+transformers Trainer) calls ``engine.step()`` only at the gradient-accumulation boundary: the micro steps
+before it end when their backward returns.
 
 The module's hooks hold :class:`EngineHooks` only weakly, and :class:`EngineHooks` holds the engine
 weakly: a copy of the module (``copy.deepcopy``, pickling, ``torch.optim.swa_utils.AveragedModel``: EMA

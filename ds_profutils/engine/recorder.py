@@ -16,9 +16,10 @@ written by one ``write`` call on an unbuffered file: every finished step is on d
 leaves half a line.  A train step interrupted before ``engine.step()`` returned is not written at all.
 
 Beyond the step itself (docs/step_records.md): the record that ends an optimizer step carries the whole
-iteration and its gap, with the gap's eval forwards and checkpoint saves (:mod:`.throughput.totals`); with a :class:`~.throughput.flops.FlopCounter` each
-micro step its FLOPs, tokens and samples; and after each optimizer step the ``step_listeners`` get its
-:class:`~.live.StepFigures` (live metrics), also on a rank that writes no file.
+iteration and its gap, with the gap's eval forwards and checkpoint saves (:mod:`.throughput.totals`); with
+a :class:`~.throughput.flops.FlopCounter` each micro step its FLOPs, tokens and samples; and after each
+optimizer step the ``step_listeners`` get its :class:`~.live.StepFigures` (live metrics), also on a rank that
+writes no file.
 
 Restarts: the file is opened at the first forward.  A process whose engine starts above global step 0
 (a resume) appends to what an earlier process wrote; one that starts at step 0 replaces it, saying so.

@@ -108,7 +108,8 @@ def _known_sum(values: Sequence[Optional[float]]) -> float:
 def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
     """This rank's interval as :func:`packed_length` floats: per step its step and collective times (the
     straggler rule needs each step across ranks), then its medians and sums, then a pipeline stage's figures,
-    then the sums of the gap's eval and save times; NaN where unknown (every row has one length, an empty row's included: the exchange gathers equal rows)."""
+    then the sums of the gap's eval and save times; NaN where unknown (every row has one length, an empty row's
+    included: the exchange gathers equal rows)."""
     iterations = [step.iteration_ms for step in steps if step.iteration_ms is not None]
     gaps = [step.gap_ms for step in steps if step.gap_ms is not None]
     peaks = [step.peak_allocated_bytes for step in steps if step.peak_allocated_bytes is not None]
