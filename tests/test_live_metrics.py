@@ -25,10 +25,10 @@ class Recorded:
 
 
 def figures(global_step, step_ms=100.0, iteration_ms=120.0, gap_ms=20.0, flops=2 * 10**12, tokens=1000,
-            exposed_wait_ms=10.0, collective_ms=30.0, peak=2 * GIB):
+            exposed_wait_ms=10.0, collective_ms=30.0, peak=2 * GIB, eval_ms=4.0, save_ms=2.0):
     return StepFigures(global_step=global_step, step_ms=step_ms, iteration_ms=iteration_ms, gap_ms=gap_ms,
                        flops=flops, tokens=tokens, samples=4, exposed_wait_ms=exposed_wait_ms,
-                       collective_ms=collective_ms, peak_allocated_bytes=peak)
+                       collective_ms=collective_ms, peak_allocated_bytes=peak, eval_ms=eval_ms, save_ms=save_ms)
 
 
 def live(interval=3, console=False, peak_tflops=None, sinks=None):
@@ -146,6 +146,11 @@ def test_console_line():
               ("ds_profutils/peak_allocated_gib", 1.2, 40), ("ds_profutils/straggler_rank", 1, 40)]
     assert console_line(events) == ("ds_profutils step 40: step 123.4 ms, iteration 130.1 ms (gap 6.7), "
                                     "12.3 TFLOP/s, MFU 4.1%, 5,120 tok/s, wait 8%, peak 1.2 GiB, straggler rank 1")
+    parts = events[:3] + [("ds_profutils/eval_ms", 80.1, 40), ("ds_profutils/save_ms", 35.0, 40)]
+    assert console_line(parts) == ("ds_profutils step 40: step 123.4 ms, iteration 130.1 ms "
+                                   "(gap 6.7; eval 80.1 ms, save 35.0 ms in the interval)")
+    assert console_line(parts[:4]) == ("ds_profutils step 40: step 123.4 ms, iteration 130.1 ms "
+                                       "(gap 6.7; eval 80.1 ms in the interval)")
     short = [("ds_profutils/step_ms", 5.0, 3), ("ds_profutils/straggler_rank", -1, 3)]
     assert console_line(short) == "ds_profutils step 3: step 5.0 ms, no straggler"
 
@@ -210,7 +215,30 @@ def test_a_bad_interval_names_the_key(interval):
 
 def test_packed_rows_mark_unknown_with_nan():
     row = pack_interval([figures(0, iteration_ms=None, gap_ms=None, flops=None, tokens=None, peak=None)])
-    assert len(row) == packed_length(1) == 2 + 8 + 3 and row[:2] == [100.0, 30.0]
-    # the eight totals, then the three pipeline columns, NaN outside a pipeline
+    assert len(row) == packed_length(1) == 2 + 8 + 3 + 2 and row[:2] == [100.0, 30.0]
+    # the eight totals, the three pipeline columns (NaN outside a pipeline), then the gap's eval and save sums
     assert [math.isnan(value) for value in row[2:]] == [True, True, False, True, True, False, False, True,
-                                                        True, True, True]
+                                                        True, True, True, False, False]
+    assert row[-2:] == [4.0, 2.0]
+
+
+def test_eval_and_save_are_each_ranks_sum_over_the_interval_the_largest_over_ranks():
+    evaluating = [figures(s, eval_ms=[0.0, 80.0, 0.0, 5.0][s], save_ms=[0.0, 0.0, 35.0, 0.0][s]) for s in range(4)]
+    quiet = [figures(s, eval_ms=1.0, save_ms=0.0) for s in range(4)]
+    events = dict((name, value) for name, value, _ in interval_events(rows_of([quiet, evaluating]), 4, 3, None))
+    assert (events["ds_profutils/eval_ms"], events["ds_profutils/save_ms"]) == (85.0, 35.0)
+    names = list(EVENT_NAMES)
+    assert names.index("ds_profutils/gap_ms") + 1 == names.index("ds_profutils/eval_ms")  # sent beside the gap
+    assert names.index("ds_profutils/eval_ms") + 1 == names.index("ds_profutils/save_ms")
+
+
+def test_eval_and_save_are_left_out_when_zero_on_every_rank_and_an_empty_row_keeps_the_length():
+    sink = Recorded()
+    metrics = live(interval=2, sinks=[sink])
+    metrics.step_finished(figures(0, eval_ms=0.0, save_ms=0.0))
+    metrics.optimizer_step_ended(0)
+    metrics.step_finished(figures(1, eval_ms=0.0, save_ms=3.0))
+    metrics.optimizer_step_ended(1)
+    names = {name for name, _, _ in sink.writes[0]}
+    assert "ds_profutils/save_ms" in names and "ds_profutils/eval_ms" not in names
+    assert len(pack_interval([figures(0), figures(1)])) == packed_length(2)  # an empty row's length: one exchange

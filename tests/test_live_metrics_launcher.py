@@ -37,8 +37,9 @@ def series(out, name):
 
 def test_every_event_in_deepspeeds_csv_monitor_once_per_interval(live_job):
     out, _ = live_job
-    # no memory figure was given: every other event is there
-    for name in set(EVENT_NAMES) - {"ds_profutils/peak_allocated_gib"}:
+    # no memory figure was given, no eval forward nor checkpoint save ran: every other event is there
+    absent = {"ds_profutils/peak_allocated_gib", "ds_profutils/eval_ms", "ds_profutils/save_ms"}
+    for name in set(EVENT_NAMES) - absent:
         assert [step for step, _ in series(out, name)] == samples_at(out), name
     assert not (out / "csv" / "live" / "ds_profutils_peak_allocated_gib.csv").exists()
 
@@ -73,6 +74,15 @@ def test_rank_one_named_straggler_and_its_gap_seen(live_job):
     # rank 0's step holds the wait: the slowest rank's step time shows it
     assert all(value >= 75 for _, value in series(out, "ds_profutils/step_ms"))
     assert all(0.5 < value < 1 for _, value in series(out, "ds_profutils/exposed_wait_share"))
+
+
+def test_an_eval_forward_on_one_rank_is_the_eval_ms_of_its_interval_only(live_job):
+    """Rank 1's eval forward before step 5 (the job's EVAL_STEP): the second interval's ``eval_ms`` is its time
+    (the largest over ranks of each rank's sum), the others have none, and no save ran anywhere."""
+    out, _ = live_job
+    eval_ms = json.loads((out / "rank_1.json").read_text())["eval_ms"]
+    assert series(out, "ds_profutils/eval_ms") == [(samples_at(out)[1], pytest.approx(eval_ms))] and eval_ms > 0
+    assert not (out / "csv" / "live" / "ds_profutils_save_ms.csv").exists()
 
 
 def test_mfu_and_throughput_from_both_ranks(live_job):

@@ -14,6 +14,7 @@ from ds_profutils.integrations.live_sinks import AccelerateSink, LightningSink, 
 pytest.importorskip("tensorboard")
 from tensorboard_testing import scalars  # noqa: E402
 
+GAP_PARTS = {"ds_profutils/eval_ms", "ds_profutils/save_ms"}  # sent where an eval or a save ran
 EVENTS = [("ds_profutils/step_ms", 12.5, 8), ("ds_profutils/mfu", 0.25, 8), ("ds_profutils/tokens_per_s", 640.0, 8)]
 
 
@@ -60,7 +61,7 @@ def train(tmp_path: Path, report_to) -> "transformers.Trainer":
 def test_trainer_report_to_tensorboard_gets_a_point_every_interval(tmp_path):
     trainer = train(tmp_path, ["tensorboard"])
     found = scalars(tmp_path)
-    for name in EVENT_NAMES:
+    for name in set(EVENT_NAMES) - GAP_PARTS:  # no eval and no checkpoint save: left out
         assert [step for step, _ in found[f"train/{name}"]] == [1002, 1004, 1006], name
     assert [value for _, value in found["train/ds_profutils/step_ms"]] == [10.0, 10.0, 10.0]
     assert found["train/ds_profutils/mfu"][0][1] == pytest.approx(2 * 1e9 / 0.024 / 1e12 / 100.0)

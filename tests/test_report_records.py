@@ -72,11 +72,26 @@ def test_iteration_gap_tflops_and_mfu_per_rank(tmp_path):
     assert "58.8%" in text and "118 TFLOP/s" in text
 
 
+def test_the_gaps_eval_and_save_times_per_rank(tmp_path):
+    """Each optimizer step's eval_ms and save_ms (on its last micro step's record, null on the others) per rank."""
+    rows = []
+    for step, (eval_ms, save_ms) in enumerate([(0.0, 0.0), (30.0, 0.0), (40.0, 12.0)]):
+        step_rows = iteration_record(0, step, micro_steps=2, gap_ms=60.0)
+        for row in step_rows:
+            last = row is step_rows[-1]
+            row["eval_ms"], row["save_ms"] = (eval_ms, save_ms) if last else (None, None)
+        rows += step_rows
+    write_records(tmp_path, 0, rows)
+    row = build_report(tmp_path)["engines"]["main"]["ranks_summary"][0]
+    assert (row["eval_ms_median"], row["save_ms_median"]) == (30.0, 0.0)
+
+
 def test_without_the_new_fields_the_columns_are_null_and_not_shown(tmp_path):
     write_records(tmp_path, 0, [record(0, step) for step in range(3)])
     report = build_report(tmp_path)
     row = report["engines"]["main"]["ranks_summary"][0]
     assert [row[key] for key in ("iteration_ms_median", "gap_ms_median", "tflops_median", "mfu_median")] == [None] * 4
+    assert (row["eval_ms_median"], row["save_ms_median"]) == (None, None)
     assert "FLOP/s" not in render_text(report) and "iteration" not in render_text(report).split("Ranks (")[1][:200]
 
 

@@ -65,3 +65,64 @@ def test_a_rank_that_writes_no_file_still_hands_every_step_to_its_listeners(tmp_
     assert [step.global_step for step in figures] == [0, 1, 2]
     assert figures[0].iteration_ms is None and all(step.gap_ms >= 15 for step in figures[1:])
     assert all(step.step_ms > 0 and step.flops is None and step.peak_allocated_bytes is None for step in figures)
+
+
+EVAL_S, SAVE_S = 0.06, 0.04
+
+
+class EvaluatingEngine(Engine):
+    """The stand-in engine whose eval forwards take EVAL_S and whose ``save_checkpoint`` takes SAVE_S."""
+
+    def __init__(self):
+        super().__init__()
+        self.module.register_forward_hook(lambda module, args, output: None if module.training else time.sleep(EVAL_S))
+        self.saved = []
+        self.accumulating = False
+
+    def step(self):
+        self.micro_steps += 1
+        self.global_steps += 0 if self.accumulating else 1
+
+    def save_checkpoint(self, save_dir, tag=None):
+        time.sleep(SAVE_S)
+        self.saved.append((save_dir, tag))
+        return True
+
+
+def test_eval_forwards_and_checkpoint_saves_are_named_parts_of_the_next_steps_gap(tmp_path):
+    engine = EvaluatingEngine()
+    figures = []
+    with attach_recorder(engine, tmp_path, step_listeners=[figures.append]):
+        engine.train_step()
+        engine.eval_forward()
+        assert engine.save_checkpoint(str(tmp_path / "checkpoint"), tag="one") is True  # the engine's own result
+        engine.train_step()
+        engine.train_step()
+        assert "save_checkpoint" in vars(engine)  # wrapped on the instance while attached
+    assert "save_checkpoint" not in vars(engine) and engine.saved == [(str(tmp_path / "checkpoint"), "one")]
+    records = [record for record in read_records(tmp_path) if record["mode"] == "train"]
+    assert [(record["eval_ms"], record["save_ms"]) for record in (records[0], records[2])] == [(0.0, 0.0)] * 2
+    step = records[1]
+    assert step["eval_ms"] >= EVAL_S * 1e3 and step["save_ms"] >= SAVE_S * 1e3
+    assert step["eval_ms"] + step["save_ms"] <= step["gap_ms"] <= step["iteration_ms"]
+    assert [(step.eval_ms, step.save_ms) for step in figures] == [(record["eval_ms"], record["save_ms"])
+                                                                  for record in records]
+
+
+def test_a_no_grad_forward_in_train_mode_counts_as_eval_and_a_micro_step_record_has_no_gap_parts(tmp_path):
+    engine = EvaluatingEngine()
+    with attach_recorder(engine, tmp_path):
+        engine.train_step()
+        with torch.no_grad():  # reference logits (DPO), a hand-written eval loop without model.eval()
+            engine.forward()
+        engine.forward()
+        engine.backward()  # a micro step whose step() does not end an optimizer step
+        engine.accumulating = True  # gradient accumulation: this step() leaves the count where it was
+        engine.step()
+        engine.accumulating = False
+        engine.train_step()
+    records = read_records(tmp_path)
+    assert [record["mode"] for record in records] == ["train", "no_grad", "train", "train"]
+    assert records[2]["eval_ms"] is None and records[2]["save_ms"] is None
+    assert records[3]["eval_ms"] > 0 and records[3]["save_ms"] == 0.0
+    assert records[3]["eval_ms"] <= records[3]["gap_ms"]

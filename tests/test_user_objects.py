@@ -1,6 +1,8 @@
 """``attach`` leaves the user's objects as they were (issue 32 item 2) on real engines of ZeRO stages 0-2,
 one gloo rank (tests/dist_scripts/user_objects.py): copies of the attached module do what they do without
-``attach`` and are not recorded, and ``close()`` is idempotent.  A dropped engine: test_isolation.py."""
+``attach`` and are not recorded, and ``close()`` is idempotent.  On the same job: an eval forward and a
+checkpoint save between steps are named parts of the next step's gap (issue 32 item 8).
+A dropped engine: test_isolation.py."""
 import json
 
 import pytest
@@ -43,3 +45,15 @@ def test_both_record_sections_below_stage_3_keep_the_step_records_and_say_so_onc
     assert (both["records"], both["fetches"]) == (2, False)
     assert len(both["config_hash"]) == 16  # the real engine's resolved config, which tells another job's file apart
     assert output.count(FETCHES_NEED_STAGE_3) == 1
+
+
+def test_an_eval_forward_and_a_checkpoint_save_on_a_real_engine_are_named_parts_of_the_next_gap(found):
+    """A ZeRO-2 engine: train, an eval forward whose eval-only branch sleeps 80 ms, save_checkpoint, train twice."""
+    done = found["eval_and_save"]
+    assert done["saved"] is True and done["checkpoint"]  # DeepSpeed's save, through our wrapper
+    assert done["wrapped"] and done["given_back"]  # on the instance while attached, the engine's own after close
+    first, after, quiet = done["train"]
+    assert [step["global_step"] for step in done["train"]] == [0, 1, 2]
+    assert (first["eval_ms"], first["save_ms"]) == (0.0, 0.0) and (quiet["eval_ms"], quiet["save_ms"]) == (0.0, 0.0)
+    assert after["eval_ms"] >= 80.0 and after["save_ms"] > 0.0
+    assert after["eval_ms"] + after["save_ms"] <= after["gap_ms"]

@@ -42,7 +42,8 @@ from .hooks import running
 from .step import EngineCollectives
 from .torch_collectives import TorchCollectives
 
-__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "attach_engine", "group_argument"]
+__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "attach_engine", "comms_logger_on",
+           "group_argument"]
 
 ASYNC_OP_POSITION: Dict[str, int] = {
     "all_reduce": 3,
@@ -293,3 +294,11 @@ def attach_engine(engine: EngineCollectives, device_events: Optional[DeviceEvent
                 _monitor = None
 
     return detach
+
+
+def comms_logger_on() -> bool:
+    """Whether DeepSpeed's own comms logger records now (each step's record says so: it synchronizes the
+    device after every collective, which lengthens the step)."""
+    from deepspeed.comm import comm
+
+    return bool(getattr(comm.comms_logger, "enabled", False))

@@ -8,9 +8,10 @@ resets the ZeRO-3 coordinator's counters; with its keyword arguments, so listene
 the FLOP counter keys its counts by the input shapes), one forward hook (with the output, whose gradients
 tell the FLOP counter where the backward ends) and wrappers of ``engine.backward`` and
 ``engine.step`` -- and of ``engine.forward`` only when a listener watches errors -- and tells each
-listener.  ``backward`` is a moment of its own because Accelerate (and so the transformers Trainer)
-calls ``engine.step()`` only at the gradient-accumulation boundary: the micro steps before it end
-when their backward returns.
+listener; ``engine.save_checkpoint`` is wrapped too, to tell how long a save took (the step records name it
+as a part of the gap between steps).  ``backward`` is a moment of its own because Accelerate (and so the
+transformers Trainer) calls ``engine.step()`` only at the gradient-accumulation boundary: the micro steps
+before it end when their backward returns.
 
 The module's hooks hold :class:`EngineHooks` only weakly, and :class:`EngineHooks` holds the engine
 weakly: a copy of the module (``copy.deepcopy``, pickling, ``torch.optim.swa_utils.AveragedModel``: EMA
@@ -36,6 +37,7 @@ from __future__ import annotations
 import functools
 import signal
 import weakref
+from time import perf_counter_ns
 from types import TracebackType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -118,6 +120,9 @@ class Listener:
 
     def failed(self, exc: BaseException) -> None:
         pass
+
+    def checkpoint_saved(self, elapsed_ns: int) -> None:
+        """``engine.save_checkpoint()`` returned (or raised) after ``elapsed_ns``."""
 
     def stop_after_error(self, exc: Exception) -> None:
         """This listener raised ``exc``: stop listening (the hooks remove it afterwards)."""
@@ -204,6 +209,8 @@ class EngineHooks:
         self._handles: List[Any] = []
         self._wrapped: List[tuple] = []  # (attribute, what the instance held before, our wrapper)
         self._hook(engine)
+        if hasattr(engine, "save_checkpoint"):  # every DeepSpeed engine, a pipeline's too
+            self._wrap("save_checkpoint", self._around_save)
 
     def _hook(self, engine: Any) -> None:
         """Put the hooks on: the module's forward hooks, and wrappers of ``backward`` and ``step`` (a pipeline's
@@ -327,6 +334,14 @@ class EngineHooks:
             running.engine_id = outside
         self._tell("step_ended")  # not on an exception: that step did not finish
         return result
+
+    def _around_save(self, save: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A checkpoint save between steps: its time is told, also where it raises (the time was spent)."""
+        start = perf_counter_ns()
+        try:
+            return save(*args, **kwargs)
+        finally:
+            self._tell("checkpoint_saved", perf_counter_ns() - start)
 
     def _around_call(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:

@@ -16,9 +16,10 @@ written by one ``write`` call on an unbuffered file: every finished step is on d
 leaves half a line.  A train step interrupted before ``engine.step()`` returned is not written at all.
 
 Beyond the step itself (docs/step_records.md): the record that ends an optimizer step carries the whole
-iteration and its gap (:mod:`.throughput.totals`); with a :class:`~.throughput.flops.FlopCounter` each
-micro step its FLOPs, tokens and samples; and after each optimizer step the ``step_listeners`` get its
-:class:`~.live.StepFigures` (live metrics), also on a rank that writes no file.
+iteration and its gap, with the gap's eval forwards and checkpoint saves (:mod:`.throughput.totals`); with
+a :class:`~.throughput.flops.FlopCounter` each micro step its FLOPs, tokens and samples; and after each
+optimizer step the ``step_listeners`` get its :class:`~.live.StepFigures` (live metrics), also on a rank that
+writes no file.
 
 Restarts: the file is opened at the first forward.  A process whose engine starts above global step 0
 (a resume) appends to what an earlier process wrote; one that starts at step 0 replaces it, saying so.
@@ -173,7 +174,7 @@ class StepRecorder(Listener):
             "micro_step": micro_step,
             "segment": self.segment,
             "time": time.time(),
-            "comms_logger": _comms_logger_on(),
+            "comms_logger": collectives.comms_logger_on(),
         }
         if self._profiler_active is not None and self._profiler_active():
             fields["profiler_active"] = True
@@ -241,6 +242,9 @@ class StepRecorder(Listener):
             self._optimizer_step_ended(self._steps_before, step.end_ns if step is not None else perf_counter_ns())
         self._write_ready()
 
+    def checkpoint_saved(self, elapsed_ns: int) -> None:
+        self.totals.checkpoint_saved(elapsed_ns)
+
     def _optimizer_step_ended(self, global_step: int, end_ns: int) -> None:
         """Global step ``global_step`` is done: its iteration and gap go on the record that ended it, its
         figures to the listeners (host clock: final now, whatever the device clock says later)."""
@@ -252,16 +256,16 @@ class StepRecorder(Listener):
             return  # not measured (log_interval with nothing listening)
         last = records[-1].fields
         last["iteration_ms"], last["gap_ms"], last["gap_collective_ms"] = iteration_ms, gap_ms, gap_collective_ms
+        last["eval_ms"], last["save_ms"] = sums.eval_ms, sums.save_ms  # parts of the gap (eval forwards, saves)
         if not self.step_listeners:
             return
-        # an engine kind's own figures (a pipeline stage's, its FLOPs included) beside the common ones
-        own = {key: value for record in records for part in record.parts
+        own = {key: value for record in records for part in record.parts  # an engine kind's own (a pipeline's)
                for key, value in part.live(record.fields, sums.step_ms).items()}
         flops = own.pop("flops", sums.flops)
         own_gap_ms = None if gap_ms is None else max(gap_ms - gap_collective_ms, 0.0)  # arrival and gap as the report's
         figures = StepFigures(global_step, sums.step_ms, iteration_ms, own_gap_ms, flops, sums.tokens, sums.samples,
                               sums.exposed_wait_ms, sums.collective_ms + gap_collective_ms, sums.peak_allocated_bytes,
-                              **own)
+                              eval_ms=sums.eval_ms, save_ms=sums.save_ms, **own)
         for listener in self.step_listeners:
             listener(figures)
 
@@ -303,11 +307,13 @@ class StepRecorder(Listener):
             fields.update(step.fetches.fields)
         if fields["mode"] == "train":
             if not step.ends_optimizer_step:
-                fields["iteration_ms"] = fields["gap_ms"] = None
+                fields["iteration_ms"] = fields["gap_ms"] = fields["eval_ms"] = fields["save_ms"] = None
             self._step_records.append(step)
             fetch_wait = fetch_wait_ms(step.fetches.entries()) if step.fetches is not None else 0.0
             self.totals.micro_step(step.start_ns, step.end_ns, step.timing(),
                                    figures if self.flops is not None else None, memory, fetch_wait)
+        else:  # an eval or no-grad forward: in the gap of the optimizer step in progress
+            self.totals.eval_forward(step.end_ns - step.start_ns)
         if not step.written:
             return
         if self.device_events is not None and step.start_mark is not None:
@@ -392,9 +398,3 @@ class StepRecorder(Listener):
         except Exception:  # the same failure again: the records before it are on disk
             pass
         self._detach(collectives_too=False)  # the hang watchdog still lines ranks up by their sequence numbers
-
-
-def _comms_logger_on() -> bool:
-    from deepspeed.comm import comm
-
-    return bool(getattr(comm.comms_logger, "enabled", False))

@@ -134,6 +134,8 @@ def _rank_table(files: Sequence[FileRecords], view: StepView, device_clock: bool
             "tokens_median": _median_of(records.tokens),
             "gap_collective_ms_median": _median_of(records.gap_collective_ms),
             "own_gap_ms_median": _median_of(own_gap_ms(records)),
+            "eval_ms_median": _median_of(records.eval_ms),
+            "save_ms_median": _median_of(records.save_ms),
             "tflops_median": achieved,
             "mfu_median": achieved / records.peak_tflops if achieved is not None and records.peak_tflops else None,
             **_mean_split(records),

@@ -16,7 +16,8 @@ restart pay the second pass; to decide it, the first keeps each segment's first 
 
 Optional fields of later writers, read where present (null or absent: NaN here): ``iteration_ms`` and
 ``gap_ms`` (on the record whose micro step ended with ``engine.step()``, with ``gap_collective_ms``, the part
-of the gap inside the frameworks' own ``torch.distributed`` collectives), ``flops``, ``tokens`` and
+of the gap inside the frameworks' own ``torch.distributed`` collectives, and ``eval_ms`` and ``save_ms``, its parts
+inside eval forwards and checkpoint saves), ``flops``, ``tokens`` and
 ``samples`` (of the micro step, summed over the step), ``ds_config`` (the engine's effective values, on a
 file's first record), ``prefetch.in_flight_waited``, ``model_numel`` and ``peak_tflops`` (the latest given),
 ``profiler_active`` (the step ran in the torch profiler's active window), ``memory.disturbed`` (the
@@ -51,7 +52,7 @@ _NO_PEAKS = (_NAN, _NAN)  # a step's peak allocated and reserved bytes where the
 # optional per-record figures, added up per step where present (compute_ms, p2p_ms, bubble_ms: a pipeline stage's,
 # docs/pipeline.md)
 _STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops", "tokens", "samples", "compute_ms", "p2p_ms", "bubble_ms",
-                "gap_collective_ms")
+                "gap_collective_ms", "eval_ms", "save_ms")
 
 # What is counted per record, as one key: mode, host, clock, old format, comms logger on, memory source
 # (None: no memory figures), time inside collectives recorded.
@@ -95,6 +96,8 @@ class FileRecords:
     p2p_ms: array = field(default_factory=lambda: array("d"))  # its send and receive instructions
     bubble_ms: array = field(default_factory=lambda: array("d"))  # p2p_ms and the time outside instructions
     gap_collective_ms: array = field(default_factory=lambda: array("d"))  # of gap_ms: inside torch.distributed calls
+    eval_ms: array = field(default_factory=lambda: array("d"))  # of gap_ms: inside eval and no-grad forwards
+    save_ms: array = field(default_factory=lambda: array("d"))  # of gap_ms: inside engine.save_checkpoint()
     pipe_stage: Optional[int] = None  # a PipelineEngine's stage of this rank (None: no pipeline)
     pipe_stages: Optional[int] = None
     micro_batches: Optional[int] = None  # of the latest pipeline train record
@@ -305,7 +308,7 @@ class FileRecords:
         steps = self.global_steps
         summed = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms, self.collective_ms)
         present = (self.iteration_ms, self.gap_ms, self.flops, self.tokens, self.samples, self.compute_ms, self.p2p_ms,
-                   self.bubble_ms, self.gap_collective_ms)
+                   self.bubble_ms, self.gap_collective_ms, self.eval_ms, self.save_ms)
         largest = (self.peak_allocated_bytes, self.peak_reserved_bytes)
         if steps and steps[-1] == step:  # another micro step of the same optimizer step
             index = len(steps) - 1

@@ -7,7 +7,8 @@ between steps, so rank 0 waits for it inside the all-reduce (the figures are mea
 One LiveMetrics (``monitor_interval`` 4, console on) writes to the engine's monitor; a second, fed the
 same figures, takes the deferred path (read an interval late, the rest at close) into a list; rank 1
 enters the last interval's deferred gather only once rank 0 has launched its side and counted what it
-had written, so the last interval can only come at close, whatever the load.  Rank 0
+had written, so the last interval can only come at close, whatever the load.  Rank 1 alone runs an eval
+forward before step ``EVAL_STEP``, timed into that step's ``eval_ms`` (the second interval's only one).  Rank 0
 writes what it saw to ``{out}/findings.json``; each rank its wall time per interval and
 its step and collective times per step to ``{out}/rank_{rank}.json``.
 """
@@ -30,6 +31,7 @@ SIZE = 64
 BATCH = 4
 PEAK_TFLOPS = 1e-5  # the toy model reaches a share of it that shows
 TOKENS = 64  # per rank and step
+EVAL_STEP = 5
 
 
 class Kept:
@@ -76,9 +78,17 @@ def main() -> None:
     last_end = None
     walls = []  # this rank's wall time per interval: its iteration times (the first step: its step time)
     collectives, steps = [], []
+    eval_ms = 0.0
     for step in range(STEPS):
         if rank == 1:
             time.sleep(SLEEP_S)  # a slow input pipeline: between steps, outside the step
+        if rank == 1 and step == EVAL_STEP:  # an eval forward between steps, on this rank only
+            start = time.perf_counter()
+            engine.eval()
+            with torch.no_grad():
+                engine(batch)
+            engine.train()
+            eval_ms = (time.perf_counter() - start) * 1e3
         assert engine.global_steps == step  # the step as the records number it: global_steps when it began
         start = time.perf_counter()
         dist.all_reduce(torch.ones(8))
@@ -97,7 +107,7 @@ def main() -> None:
         figures = StepFigures(global_step=step, step_ms=step_ms, iteration_ms=iteration_ms,
                               gap_ms=None if iteration_ms is None else iteration_ms - step_ms, flops=flops,
                               tokens=TOKENS, samples=1, exposed_wait_ms=collective_ms, collective_ms=collective_ms,
-                              peak_allocated_bytes=None)
+                              peak_allocated_bytes=None, eval_ms=eval_ms if step == EVAL_STEP else 0.0)
         live.step_finished(figures)
         last = step == STEPS - 1
         if last and rank == 1:
@@ -109,7 +119,7 @@ def main() -> None:
     live.close()
     deferred.close()
     (out / f"rank_{rank}.json").write_text(json.dumps({"walls_ms": walls, "collective_ms": collectives,
-                                                                 "step_ms": steps}))
+                                                                 "step_ms": steps, "eval_ms": eval_ms}))
     if rank == 0:
         (out / "findings.json").write_text(
             json.dumps({"deferred": kept.writes, "deferred_before_close": deferred_before_close, "flops": flops,

@@ -5,12 +5,16 @@ For ZeRO stages 0, 1 and 2, an engine with ``step_metrics`` on trains two steps 
 ``torch.optim.swa_utils.AveragedModel(engine.module)`` (EMA models, teacher copies) must do what they do
 without ``attach`` (DeepSpeed's own module hooks are local functions, so pickling fails without us too, and
 must fail the same way), the copies' forwards must add no record, and the engine must go on recording.
-``close()`` twice is one close.  Both record sections on a ZeRO-2 engine keep the step records.  Findings go to the JSON file named by ``--out``.
+``close()`` twice is one close.  Both record sections on a ZeRO-2 engine keep the step records.  An eval
+forward (an eval-only branch that sleeps ``EVAL_S``) and ``engine.save_checkpoint()`` between two optimizer
+steps are named in the next step's record (``eval_ms``, ``save_ms``), and ``close()`` gives the engine its own
+``save_checkpoint`` back.  Findings go to the JSON file named by ``--out``.
 """
 import argparse
 import copy
 import json
 import pickle
+import time
 from pathlib import Path
 
 import deepspeed
@@ -92,6 +96,46 @@ def both_sections(out):
             "config_hash": first["engine_config_hash"]}
 
 
+EVAL_S = 0.08
+
+
+class EvalSleeps(torch.nn.Module):
+    """A model whose eval forwards take EVAL_S longer (an eval loop's extra work)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        if not self.training:
+            time.sleep(EVAL_S)
+        return self.linear(x)
+
+
+def eval_and_save(out):
+    """Train, evaluate, save, train twice on a ZeRO-2 engine: the train records' eval_ms and save_ms."""
+    torch.manual_seed(0)
+    model = EvalSleeps()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+        "train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}}, "zero_optimization": {"stage": 2},
+        "step_metrics": {"enabled": True, "output_dir": str(out / "eval_save"), "console": False}})
+    with ds_profutils.attach(engine, name="eval-save") as attachment:
+        train(engine, 1)
+        engine.eval()
+        with torch.no_grad():
+            engine(torch.randn(4, 16))
+        engine.train()
+        saved = engine.save_checkpoint(str(out / "checkpoint"), tag="one")
+        wrapped = "save_checkpoint" in vars(engine)
+        train(engine, 2)
+    lines = [json.loads(line) for line in attachment.recorder.path.read_text().splitlines()]
+    return {"train": [{key: line[key] for key in ("global_step", "gap_ms", "eval_ms", "save_ms")}
+                      for line in lines if line["mode"] == "train"],
+            "saved": saved, "checkpoint": (out / "checkpoint" / "one").is_dir(), "wrapped": wrapped,
+            "given_back": "save_checkpoint" not in vars(engine)}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -99,6 +143,7 @@ def main():
     deepspeed.init_distributed(dist_backend="gloo")
     found = {f"stage{stage}": copies_of(stage, out.parent) for stage in (0, 1, 2)}
     found["both_sections"] = both_sections(out.parent)
+    found["eval_and_save"] = eval_and_save(out.parent)
     out.write_text(json.dumps(found))
     torch.distributed.destroy_process_group()
 

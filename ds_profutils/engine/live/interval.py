@@ -31,6 +31,11 @@ EVENT_NAMES: Dict[str, str] = {
     "ds_profutils/gap_ms": "median over the interval's steps of each rank's time outside forward, backward and "
                            "step (data loading, callbacks, logging), less its time waiting in the frameworks' own "
                            "torch.distributed collectives there (the records' gap_collective_ms), the largest over ranks",
+    "ds_profutils/eval_ms": "of the gap, the time inside the engine's eval and no-grad forwards (an eval loop), each "
+                            "rank's sum over the interval's steps, the largest over ranks; left out when zero on "
+                            "every rank",
+    "ds_profutils/save_ms": "of the gap, the time inside engine.save_checkpoint(), each rank's sum over the "
+                            "interval's steps, the largest over ranks; left out when zero on every rank",
     "ds_profutils/tflops": "model TFLOP/s per rank: each rank's FLOPs of the interval over its wall time (the "
                            "sum of its iteration times), averaged over the ranks that count FLOPs",
     "ds_profutils/mfu": "tflops over the accelerator's peak TFLOP/s (a fraction, 0.041 = 4.1%)",
@@ -75,6 +80,9 @@ class StepFigures:
     pipe_stage: Optional[int] = None
     compute_ms: Optional[float] = None
     bubble_ms: Optional[float] = None
+    # of gap_ms: the time inside the engine's eval and no-grad forwards, and inside engine.save_checkpoint()
+    eval_ms: float = 0.0
+    save_ms: float = 0.0
 
 
 # Positions of the per-rank totals after the two per-step columns (step_ms, collective_ms).
@@ -83,11 +91,14 @@ _TOTALS = 8
 _PIPELINE_TOTALS = 3
 # after the totals, a pipeline stage's: stage, median compute and bubble sum (NaN in every other engine's rows)
 _STAGE, _COMPUTE, _BUBBLE = range(_TOTALS, _TOTALS + _PIPELINE_TOTALS)
+_GAP_PARTS = 2
+# then the sums over the interval of the gap's eval and save times (every engine's rows)
+_EVAL, _SAVE = range(_TOTALS + _PIPELINE_TOTALS, _TOTALS + _PIPELINE_TOTALS + _GAP_PARTS)
 
 
 def packed_length(steps: int) -> int:
     """How many floats :func:`pack_interval` gives for an interval of ``steps`` steps (an empty row's length)."""
-    return 2 * steps + _TOTALS + _PIPELINE_TOTALS
+    return 2 * steps + _TOTALS + _PIPELINE_TOTALS + _GAP_PARTS
 
 
 def _known_sum(values: Sequence[Optional[float]]) -> float:
@@ -97,8 +108,9 @@ def _known_sum(values: Sequence[Optional[float]]) -> float:
 
 def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
     """This rank's interval as :func:`packed_length` floats: per step its step and collective times (the
-    straggler rule needs each step across ranks), then its medians and sums, then a pipeline stage's figures;
-    NaN where unknown (every row has one length, an empty row's included: the exchange gathers equal rows)."""
+    straggler rule needs each step across ranks), then its medians and sums, then a pipeline stage's figures,
+    then the sums of the gap's eval and save times; NaN where unknown (every row has one length, an empty row's
+    included: the exchange gathers equal rows)."""
     iterations = [step.iteration_ms for step in steps if step.iteration_ms is not None]
     gaps = [step.gap_ms for step in steps if step.gap_ms is not None]
     peaks = [step.peak_allocated_bytes for step in steps if step.peak_allocated_bytes is not None]
@@ -114,6 +126,8 @@ def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
         sum(step.step_ms for step in steps),
         max(peaks) if peaks else _NAN,
         *_pipeline_totals(steps),
+        sum(step.eval_ms for step in steps),
+        sum(step.save_ms for step in steps),
     ]
     return [step.step_ms for step in steps] + [step.collective_ms for step in steps] + totals
 
@@ -197,6 +211,8 @@ def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: in
         "ds_profutils/step_ms": max(median(row[:steps]) for row in rows),
         "ds_profutils/iteration_ms": _largest([total[_ITERATION] for total in totals]),
         "ds_profutils/gap_ms": _largest([total[_GAP] for total in totals]),
+        "ds_profutils/eval_ms": _largest([total[_EVAL] for total in totals]) or None,  # none: left out
+        "ds_profutils/save_ms": _largest([total[_SAVE] for total in totals]) or None,
     }
     wall_s = max(total[_WALL] for total in totals) / 1e3
     rates = [total[_FLOPS] / (total[_WALL] / 1e3) / 1e12 for total in totals

@@ -70,13 +70,22 @@ def _cause_word(code: Optional[float]) -> str:
     return "" if not code else f" ({CAUSES[int(code) - 1]})"
 
 
+def _gap_words(figures: Dict[str, float]) -> Optional[str]:
+    """``(gap 6.7; eval 80.1 ms, save 35.0 ms in the interval)``: the gap median and, where there were any, the
+    interval's eval and checkpoint-save times in it (sums over the steps: what lowered the interval's rates)."""
+    parts = ", ".join(filter(None, [_format(figures, "eval_ms", "eval {:.1f} ms"),
+                                    _format(figures, "save_ms", "save {:.1f} ms")]))
+    words = "; ".join(filter(None, [_format(figures, "gap_ms", "gap {:.1f}"), parts and f"{parts} in the interval"]))
+    return f"({words})" if words else None
+
+
 def console_line(events: Sequence[Event]) -> str:
     """One short line for rank 0's console, the figures it has in the events' order; e.g.
-    ``ds_profutils step 40: step 123.4 ms, iteration 130.1 ms (gap 6.7), 12.3 TFLOP/s, MFU 4.1%,
-    5,120 tok/s, wait 8%, peak 1.2 GiB, straggler rank 1``."""
+    ``ds_profutils step 40: step 123.4 ms, iteration 130.1 ms (gap 6.7; eval 80.1 ms in the interval),
+    12.3 TFLOP/s, MFU 4.1%, 5,120 tok/s, wait 8%, peak 1.2 GiB, straggler rank 1``."""
     figures = {name: value for name, value, _ in events}
     iteration = _format(figures, "iteration_ms", "iteration {:.1f} ms")
-    gap = _format(figures, "gap_ms", "(gap {:.1f})")
+    gap = _gap_words(figures)
     straggler = figures.get("ds_profutils/straggler_rank")
     slowest = figures.get("ds_profutils/slowest_stage")
     parts = [

@@ -4,7 +4,10 @@ A record holds one micro step (forward start to the end of its backward or of ``
 user's iteration costs is wider: from the end of the previous optimizer step to the end of this one, data
 loading, callbacks and logging included (``iteration_ms``).  ``gap_ms`` is the part of it outside the
 micro steps' own spans -- what the program did between them, which no step time shows (a slow input
-pipeline).  Both are host-clock figures, final the moment the step ends, so the live figures
+pipeline).  Two parts of the gap are named: ``eval_ms``, the time inside the engine's eval and no-grad
+forwards (an eval loop, the transformers Trainer's evaluation; a reference model's no-grad forward too), and
+``save_ms``, the time inside ``engine.save_checkpoint()``: an interval's TFLOP/s and tokens/s fall where
+either ran, and these say why.  All are host-clock figures, final the moment the step ends, so the live figures
 (:class:`~ds_profutils.engine.live.StepFigures`) are built from them at once.
 
 :class:`OptimizerStepTotals` adds up the micro steps of the optimizer step in progress and, at its end,
@@ -27,7 +30,7 @@ class StepSums:
     """What the micro steps of one optimizer step added up to (None where any micro step did not know)."""
 
     __slots__ = ("busy_ns", "step_ms", "flops", "tokens", "samples", "exposed_wait_ms", "collective_ms",
-                 "peak_allocated_bytes")
+                 "peak_allocated_bytes", "eval_ms", "save_ms")
 
     def __init__(self) -> None:
         self.busy_ns = 0  # host time inside the micro steps' spans
@@ -38,6 +41,8 @@ class StepSums:
         self.exposed_wait_ms = 0.0
         self.collective_ms = 0.0
         self.peak_allocated_bytes: Optional[int] = None
+        self.eval_ms = 0.0  # of the gap: inside eval and no-grad forwards since the previous optimizer step's end
+        self.save_ms = 0.0  # of the gap: inside engine.save_checkpoint() since then
 
 
 def _add(total: Optional[int], value: Optional[int]) -> Optional[int]:
@@ -69,6 +74,14 @@ class OptimizerStepTotals:
             peak = memory["peak_allocated_bytes"]
             sums.peak_allocated_bytes = peak if sums.peak_allocated_bytes is None else max(sums.peak_allocated_bytes,
                                                                                            peak)
+
+    def eval_forward(self, span_ns: int) -> None:
+        """An eval or no-grad forward of ``span_ns`` ended (outside every micro step: a part of the gap)."""
+        self.sums.eval_ms += span_ns / _NS_PER_MS
+
+    def checkpoint_saved(self, elapsed_ns: int) -> None:
+        """``engine.save_checkpoint()`` took ``elapsed_ns`` (a part of the gap)."""
+        self.sums.save_ms += elapsed_ns / _NS_PER_MS
 
     def ended(self, end_ns: int) -> Tuple[Optional[float], Optional[float], StepSums]:
         """The optimizer step ended at ``end_ns``: its ``iteration_ms`` and ``gap_ms`` (None for the first
