@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--interval", type=int, default=5)
     parser.add_argument("--on-anomaly", action="store_true")
+    parser.add_argument("--step-jump", type=float, default=1.5)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-from", type=int, default=40)
     parser.add_argument("--slow-ms", type=float, default=60.0)
@@ -56,7 +57,8 @@ def main() -> None:
               "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}},
               "zero_optimization": {"stage": 2},
               "step_metrics": {"enabled": False, "monitor_interval": args.interval, "output_dir": str(args.out)},
-              "trace_capture": {"enabled": True, "gzip": True, "on_anomaly": args.on_anomaly}}
+              "trace_capture": {"enabled": True, "gzip": True, "on_anomaly": args.on_anomaly,
+                                "step_jump": args.step_jump}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     began = []
     with ds_profutils.attach(engine):

@@ -13,7 +13,7 @@ exchange stays the same on every rank).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -91,8 +91,12 @@ class CaptureController(OptimizerStepListener):
     # ---- the engine's steps on a chosen rank --------------------------------------------------------------
 
     def forward_started(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        plan = self._planned
-        if plan is None or self._trace is not None:
+        plan, trace = self._planned, self._trace
+        if plan is None:
+            return
+        if trace is not None:
+            if not trace.in_step:
+                self._guarded(lambda: trace.begin_step(self._global_steps()))
             return
         steps = self._global_steps()
         if steps != plan.first_step:
@@ -116,13 +120,10 @@ class CaptureController(OptimizerStepListener):
         plan, trace = self._planned, self._trace
         if plan is None or trace is None:
             return
-        try:
-            if global_step >= plan.first_step + plan.steps - 1:
-                self._finish()
-            else:
-                trace.next_step(global_step + 1)
-        except Exception as exc:  # noqa: BLE001 - never into the step
-            self._fail(exc)
+        if global_step >= plan.first_step + plan.steps - 1:
+            self._finish()
+        else:
+            self._guarded(trace.end_step)
 
     @property
     def capturing(self) -> bool:
@@ -139,13 +140,20 @@ class CaptureController(OptimizerStepListener):
 
     # ---- helpers ------------------------------------------------------------------------------------------
 
+    def _guarded(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - never into the step
+            self._fail(exc)
+
     def _finish(self) -> None:
         plan, trace = self._planned, self._trace
         self._planned = self._trace = None
         if trace is not None and trace.write():
             self._wrote = plan.first_step
-            print(f"ds_profutils: capture of steps {plan.first_step}-{plan.first_step + plan.steps - 1} "
-                  f"written to {trace.path}", flush=True)
+            steps = f"{trace.steps[0]}-{trace.steps[-1]}" if trace.steps else "none"
+            cut = "" if len(trace.steps) == plan.steps else f" (cut short: {plan.steps} asked)"
+            print(f"ds_profutils: capture of steps {steps}{cut} written to {trace.path}", flush=True)
 
     def _folder(self, plan: Plan) -> Path:
         return capture_dir(self.output_dir, self.engine_name, plan.first_step)

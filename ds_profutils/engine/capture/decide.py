@@ -103,7 +103,8 @@ class CaptureDecider:
     ranks: List[int]
     made: int = 0  # captures decided (max_captures counts every capture)
     busy_until: int = -1  # the last step of the latest capture
-    _straggler: int = -1  # the last interval's straggler (an anomaly must last two intervals)
+    _straggler: int = -1  # the last interval's straggler (an anomaly must last two intervals, not one hiccup)
+    _jumped: bool = False  # the last interval's slowest median step was a jump
     _step_history: List[float] = field(default_factory=list)  # each earlier interval's slowest median step
 
     def decide(self, index: int, rows: Sequence[Sequence[float]], columns: Sequence[Sequence[float]], steps: int,
@@ -164,12 +165,14 @@ class CaptureDecider:
         self._straggler = straggler
         slowest = max(median(row[:steps]) for row in rows)
         history, self._step_history = list(self._step_history), self._step_history + [slowest]
+        jumped = len(history) >= 2 and slowest >= self.settings.step_jump * median(history)
+        jump_sustained, self._jumped = jumped and self._jumped, jumped
         if sustained:
             return "straggler", {"straggler_rank": ranks[straggler], "intervals": 2,
                                  "arrival_ms": {str(rank): round(value, 3)
                                                 for rank, value in zip(ranks, _arrivals(rows, steps))}}
-        if len(history) >= 2 and slowest >= self.settings.step_jump * median(history):
-            return "step_jump", {"slowest_median_step_ms": round(slowest, 3),
+        if jump_sustained:
+            return "step_jump", {"slowest_median_step_ms": round(slowest, 3), "intervals": 2,
                                  "run_median_step_ms": round(median(history), 3),
                                  "step_jump": self.settings.step_jump}
         return None

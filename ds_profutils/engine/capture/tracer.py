@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from ...config import ProfilerConfig
 from ...logging import logger
@@ -30,18 +30,26 @@ class CaptureTrace:
         self.identity = identity
         self._gzip = gzip_output
         self._recording: Optional[WindowRecording] = WindowRecording(options)
+        self.steps: List[int] = []  # the steps recorded so far
+        self.in_step = False
 
     def start(self, step: int) -> None:
         """Begin recording with step ``step``'s range open."""
         recording = self._recording
         recording.prepare()
         recording.start(self.identity)
-        recording.open_step(step)
+        self.begin_step(step)
 
-    def next_step(self, step: int) -> None:
-        """Close the step range open and open step ``step``'s."""
-        self._recording.close_step()
+    def begin_step(self, step: int) -> None:
+        """Open step ``step``'s range (at its first forward: a job ending between steps leaves no empty one)."""
         self._recording.open_step(step)
+        self.steps.append(step)
+        self.in_step = True
+
+    def end_step(self) -> None:
+        """Close the step range open."""
+        self._recording.close_step()
+        self.in_step = False
 
     def write(self) -> bool:
         """Stop recording and write the trace; False (said in one ERROR line) when it could not be written."""

@@ -1,0 +1,213 @@
+"""Trace captures (docs/capture.md) in one process: the decision every rank takes from the exchanged rows, the
+ranks that matter, the anomaly rules and their bounds, a request taken through a real LiveMetrics and traced by a
+real torch.profiler, the config section, the CLI and the gzip readers.  The launcher jobs: test_capture_launcher.py."""
+import gzip
+import json
+import weakref
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ds_profutils.cli import main as cli_main
+from ds_profutils.config import ConfigError, ProfilerConfig
+from ds_profutils.config.loading import config_from_raw
+from ds_profutils.engine.capture import CaptureController, CaptureDecider
+from ds_profutils.engine.capture.decide import request_columns, suspects, Request
+from ds_profutils.engine.capture.tracer import _compress
+from ds_profutils.engine.live import LiveMetrics, StepFigures
+from ds_profutils.engine.live.interval import pack_interval
+from ds_profutils.outputs import process_identity
+from ds_profutils.report.captures import read_captures
+from ds_profutils.report.captures.command import write_request
+from ds_profutils.report.traces import iter_trace, summarize_trace
+
+STEPS = 5
+
+
+def settings(**changes):
+    values = dict(enabled=True, on_request=True, on_anomaly=True, steps=2, ranks="suspects", max_captures=3,
+                  cooldown_steps=100, step_jump=1.5, gzip=False, output_dir=None)
+    values.update(changes)
+    return config_from_raw({"trace_capture": values}).trace_capture
+
+
+def step(number, step_ms=100.0, collective_ms=40.0):
+    return StepFigures(global_step=number, step_ms=step_ms, iteration_ms=step_ms + 5, gap_ms=5.0, flops=None,
+                       tokens=None, samples=4, exposed_wait_ms=collective_ms, collective_ms=collective_ms,
+                       peak_allocated_bytes=None)
+
+
+def interval(first, late=None, step_ms=100.0, ranks=4):
+    """Every rank's packed row of one interval; ``late``: the rank the others wait for (it waits 1 ms, they 60)."""
+    rows = []
+    for rank in range(ranks):
+        waited = 40.0 if late is None else (1.0 if rank == late else 60.0)
+        rows.append(pack_interval([step(first + i, step_ms, waited + rank * 0.1) for i in range(STEPS)]))
+    return rows
+
+
+NO_COLUMNS = [request_columns(None, -1)] * 4
+
+
+def test_suspects_are_the_straggler_the_rank_that_waited_most_and_a_median_rank():
+    rows = interval(0, late=2)
+    chosen = suspects(rows, STEPS, [0, 1, 2, 3])
+    assert len(chosen) == 3 and 2 in chosen and chosen[2].startswith("straggler")
+    assert chosen[3].startswith("waited most")  # 60.3 ms: the most
+    assert [why.split(":")[0] for why in chosen.values()] == ["straggler", "waited most", "median"]
+    even = suspects(interval(0), STEPS, [0, 1, 2, 3])
+    assert even[0].startswith("slowest") and len(even) == 3  # no straggler: the least arrival figure
+    assert list(suspects(interval(0, ranks=1), STEPS, [5])) == [5]
+
+
+def test_a_straggler_lasting_two_intervals_fires_one_capture_on_every_rank_alike():
+    deciders = [CaptureDecider(settings(), [0, 1, 2, 3]) for _ in range(2)]
+    for decider in deciders:
+        assert decider.decide(0, interval(0), NO_COLUMNS, STEPS, 4, 0) is None
+        assert decider.decide(1, interval(5, late=2), NO_COLUMNS, STEPS, 9, 0) is None  # one interval: a hiccup
+        plan = decider.decide(2, interval(10, late=2), NO_COLUMNS, STEPS, 14, 0)
+        assert plan.reason == "straggler" and plan.first_step == 15 and plan.steps == 2
+        assert 2 in plan.ranks and len(plan.ranks) <= 3 and plan.figures["straggler_rank"] == 2
+        # the deferred path: the rows are held by every rank two intervals on, the capture starts after that
+        assert decider.decide(3, interval(15, late=2), NO_COLUMNS, STEPS, 19, 0) is None  # within the cooldown
+    deferred = CaptureDecider(settings(), [0, 1, 2, 3])
+    for index in range(3):
+        plan = deferred.decide(index, interval(5 * index, late=None if index == 0 else 2), NO_COLUMNS, STEPS,
+                               5 * index + 4, 2)
+    assert plan.first_step == 14 + 2 * STEPS + 1
+
+
+def test_an_even_run_fires_nothing_and_anomaly_captures_are_bounded():
+    decider = CaptureDecider(settings(), [0, 1, 2, 3])
+    assert all(decider.decide(i, interval(5 * i), NO_COLUMNS, STEPS, 5 * i + 4, 0) is None for i in range(30))
+    bounded = CaptureDecider(settings(max_captures=1, cooldown_steps=0), [0, 1, 2, 3])
+    plans = [bounded.decide(i, interval(5 * i, late=1), NO_COLUMNS, STEPS, 5 * i + 4, 0) for i in range(20)]
+    assert [plan.reason for plan in plans if plan] == ["straggler"]
+    off = CaptureDecider(settings(on_anomaly=False), [0, 1, 2, 3])
+    assert all(off.decide(i, interval(5 * i, late=1), NO_COLUMNS, STEPS, 5 * i + 4, 0) is None for i in range(5))
+
+
+def test_a_step_jump_fires_against_the_run_median_so_far():
+    decider = CaptureDecider(settings(), [0, 1])
+    # 1.4x: below step_jump; one interval at 2x: a hiccup; then two in a row
+    for index, step_ms in enumerate([100.0, 104.0, 98.0, 140.0, 200.0, 100.0, 102.0, 160.0]):
+        assert decider.decide(index, interval(5 * index, step_ms=step_ms, ranks=2), NO_COLUMNS[:2], STEPS,
+                              5 * index + 4, 0) is None
+    plan = decider.decide(8, interval(40, step_ms=170.0, ranks=2), NO_COLUMNS[:2], STEPS, 44, 0)
+    assert plan.reason == "step_jump" and plan.figures["slowest_median_step_ms"] == 170.0
+    assert plan.figures["run_median_step_ms"] == 103.0
+
+
+def test_requests_name_their_ranks_and_are_refused_with_the_reason_while_a_capture_runs():
+    decider = CaptureDecider(settings(max_captures=2), [0, 1, 2, 3])
+    listed = [request_columns(Request(1, 3, [1, 3]), -1)] + NO_COLUMNS[1:]
+    plan = decider.decide(0, interval(0), listed, STEPS, 4, 0)
+    assert (plan.reason, plan.ranks, plan.steps, plan.first_step, plan.request_number) == ("request", [1, 3], 3, 5, 1)
+    every = [request_columns(Request(2, 2, None), -1)] + NO_COLUMNS[1:]
+    assert "capture is running" in decider.decide(1, interval(5), every, STEPS, 6, 0)
+    assert decider.decide(2, interval(10), every, STEPS, 14, 0).ranks == [0, 1, 2, 3]
+    assert "max_captures" in decider.decide(3, interval(15), every, STEPS, 19, 0)
+
+
+class Engine:
+    """What the controller reads of an engine: its global step count (held weakly, as the hooks hold it)."""
+
+    global_steps = 0
+
+
+def run_steps(live, controller, engine, count):
+    for _ in range(count):
+        controller.forward_started(None, (), {})
+        torch.ones(8, 8).matmul(torch.ones(8, 8))
+        controller.step_started()
+        number = engine.global_steps
+        engine.global_steps += 1
+        live.step_finished(step(number))
+        controller.step_ended()
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_request_is_taken_once_decided_through_the_exchange_and_traced_exactly(tmp_path, compressed):
+    engine = Engine()
+    capture = settings(gzip=compressed, output_dir=str(tmp_path), ranks="all")
+    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
+    controller = CaptureController(engine, "main", capture, ProfilerConfig(with_flops=False), process_identity(),
+                                   live.group_rank, live.group_ranks)
+    live.rider = controller
+    run_steps(live, controller, engine, 7)
+    request = write_request(tmp_path, 2, "all")
+    run_steps(live, controller, engine, 3)  # the interval ends after step 9: taken, decided, S = 10
+    assert not (tmp_path / "capture_request.json").exists() and (tmp_path / "capture_request.taken.1.json").exists()
+    folder = tmp_path / "capture_10"
+    assert json.loads((folder / "manifest.json").read_text())["done"] is False
+    run_steps(live, controller, engine, 10)  # 10, 11 traced; the next exchange says rank 0 wrote
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert (manifest["reason"], manifest["first_step"], manifest["ranks"], manifest["done"]) == ("request", 10,
+                                                                                                [0], True)
+    assert manifest["request_id"] == request["id"]
+    trace = folder / ("trace_rank_0.json.gz" if compressed else "trace_rank_0.json")
+    assert [entry["step"] for entry in summarize_trace(trace)["steps"]] == [10, 11]
+    assert [path.name for path in tmp_path.iterdir() if "trace" in path.name] == []
+    assert [capture["folder"].name for capture in read_captures(tmp_path)] == ["capture_10"]
+    live.close()
+    controller.close()
+    del engine
+    assert weakref.ref(controller) is not None
+
+
+def test_a_capture_running_at_the_end_is_written_with_its_steps_so_far(tmp_path):
+    engine = Engine()
+    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
+    controller = CaptureController(engine, "critic", settings(output_dir=str(tmp_path), steps=50), ProfilerConfig(),
+                                   process_identity(), live.group_rank, live.group_ranks)
+    live.rider = controller
+    write_request(tmp_path, 50, "suspects")
+    run_steps(live, controller, engine, 8)
+    assert controller.capturing
+    controller.close()
+    assert [entry["step"] for entry in summarize_trace(tmp_path / "capture_critic_5" / "trace_rank_0.json")["steps"]] == [
+        5, 6, 7]
+
+
+def test_the_config_section_its_defaults_its_environment_and_its_checks(monkeypatch):
+    capture = config_from_raw({}).trace_capture
+    assert (capture.enabled, capture.output_dir, capture.on_request, capture.on_anomaly, capture.steps, capture.ranks,
+            capture.max_captures, capture.cooldown_steps, capture.step_jump, capture.gzip) == (
+        False, None, True, False, 2, "suspects", 3, 100, 1.5, False)
+    assert config_from_raw({"trace_capture": {"ranks": "all"}}).trace_capture.ranks is None
+    monkeypatch.setenv("DS_PROFUTILS_TRACE_CAPTURE_RANKS", "3,0")
+    monkeypatch.setenv("DS_PROFUTILS_TRACE_CAPTURE_STEP_JUMP", "2.5")
+    capture = config_from_raw({"trace_capture": {"enabled": True}}).trace_capture
+    assert (capture.ranks, capture.step_jump) == ([0, 3], 2.5)
+    monkeypatch.delenv("DS_PROFUTILS_TRACE_CAPTURE_RANKS")
+    monkeypatch.delenv("DS_PROFUTILS_TRACE_CAPTURE_STEP_JUMP")
+    for bad in ({"ranks": "some"}, {"steps": 0}, {"step_jump": 1.0}, {"gzip": "yes"}, {"every": 1}):
+        with pytest.raises(ConfigError):
+            config_from_raw({"trace_capture": bad})
+
+
+def test_capture_says_plainly_when_no_job_took_the_request_and_withdraws_it(tmp_path, capsys):
+    assert cli_main(["capture", str(tmp_path), "--steps", "2", "--ranks", "0,3", "--wait", "1"]) == 1
+    assert "no job took the request within 1 s" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert cli_main(["capture", str(tmp_path / "missing")]) == 1
+
+
+def test_a_gzip_trace_cut_short_reads_up_to_the_cut(tmp_path):
+    events = [{"ph": "X", "name": f"ProfilerStep#{n}", "ts": n * 10, "dur": 5, "pid": 1, "tid": 1}
+              for n in range(20000)]
+    plain = tmp_path / "plain.json"
+    plain.write_text('{"baseTimeNanoseconds": 1,\n"traceEvents": [\n' +
+                     ",\n".join(json.dumps(event) for event in events) + "\n]}\n")
+    packed = tmp_path / "trace_rank_0.json.gz"
+    _compress(plain, packed)
+    assert sum(kind == "event" for kind, _ in iter_trace(packed)) == 20000
+    whole = packed.read_bytes()
+    packed.write_bytes(whole[:len(whole) * 2 // 3])
+    read = 0
+    with pytest.raises(ValueError, match="truncated"):
+        for kind, _ in iter_trace(packed):
+            read += kind == "event"
+    assert 1000 < read < 20000
+    assert gzip.decompress(whole).startswith(b'{"baseTimeNanoseconds"')
