@@ -211,3 +211,40 @@ def test_a_gzip_trace_cut_short_reads_up_to_the_cut(tmp_path):
             read += kind == "event"
     assert 1000 < read < 20000
     assert gzip.decompress(whole).startswith(b'{"baseTimeNanoseconds"')
+
+
+def test_a_profiler_window_starting_inside_a_capture_is_skipped_and_a_capture_waits_for_no_window(tmp_path, caplog):
+    """One torch profiler at a time: the fixed window whose start falls inside a capture is skipped with one line;
+    a capture whose first step comes while a window is open is skipped on that rank, the window going first."""
+    from ds_profutils.torch_profiler.calls import advance, finish_run, start_run
+    from ds_profutils.torch_profiler.recording import set_capture_recording
+
+    window = ProfilerConfig(output_dir=str(tmp_path / "window"), skip_first=0, wait=1, warmup=1, active=1,
+                            with_flops=False)
+    set_capture_recording(True)
+    try:
+        run = start_run(window)
+        for _ in range(4):
+            advance(run)
+        finish_run(run, None, summary=False)
+    finally:
+        set_capture_recording(False)
+    assert "the window of cycle 0, beginning at step 1, is skipped: a trace capture is recording" in caplog.text
+    assert not list((tmp_path / "window").glob("trace_rank_*"))
+
+    engine = Engine()
+    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
+    controller = CaptureController(engine, "main", settings(output_dir=str(tmp_path)), ProfilerConfig(),
+                                   process_identity(), live.group_rank, live.group_ranks)
+    live.rider = controller
+    write_request(tmp_path, 2, "all")
+    run_steps(live, controller, engine, 5)  # S = 5
+    run = start_run(window.model_copy(update=dict(wait=4)))  # its warmup at step 4, active at 5
+    for _ in range(5):
+        advance(run)
+    assert run.window_open
+    run_steps(live, controller, engine, 3)
+    finish_run(run, None, summary=False)
+    assert "capture at step 5 skipped on this rank: a \"profiler\" window is open" in caplog.text
+    assert not list((tmp_path / "capture_5").glob("trace_rank_*"))
+    assert list((tmp_path / "window").glob("trace_rank_*"))

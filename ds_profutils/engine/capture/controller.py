@@ -104,9 +104,9 @@ class CaptureController(OptimizerStepListener):
                 self._planned = None
             return
         run = calls._current
-        if run is not None and run.recording:
-            logger.warning(f"ds_profutils: capture at step {plan.first_step} skipped on this rank: the \"profiler\" "
-                           "window is recording (one torch profiler at a time)")
+        if run is not None and run.window_open:
+            logger.warning(f"ds_profutils: capture at step {plan.first_step} skipped on this rank: a \"profiler\" "
+                           "window is open (one torch profiler at a time; a window already running goes first)")
             self._planned = None
             return
         try:

@@ -15,7 +15,7 @@ from typing import List, Optional
 from ...config import ProfilerConfig
 from ...logging import logger
 from ...outputs import ProcessIdentity, atomic_path, capture_trace_file
-from ...torch_profiler.recording import WindowRecording
+from ...torch_profiler.recording import WindowRecording, set_capture_recording
 
 __all__ = ["CaptureTrace"]
 
@@ -37,6 +37,7 @@ class CaptureTrace:
         """Begin recording with step ``step``'s range open."""
         recording = self._recording
         recording.prepare()
+        set_capture_recording(True)
         recording.start(self.identity)
         self.begin_step(step)
 
@@ -56,6 +57,7 @@ class CaptureTrace:
         recording, self._recording = self._recording, None
         if recording is None:
             return False
+        set_capture_recording(False)
         try:
             recording.close_step()
             profile = recording.stop()
