@@ -248,3 +248,37 @@ def test_a_profiler_window_starting_inside_a_capture_is_skipped_and_a_capture_wa
     assert "capture at step 5 skipped on this rank: a \"profiler\" window is open" in caplog.text
     assert not list((tmp_path / "capture_5").glob("trace_rank_*"))
     assert list((tmp_path / "window").glob("trace_rank_*"))
+
+
+EXIT_SCRIPT = """
+import sys
+from types import SimpleNamespace
+sys.path.insert(0, {tests!r})
+from test_capture import Engine, run_steps, settings, STEPS
+from ds_profutils.config import ProfilerConfig
+from ds_profutils.engine.capture import CaptureController
+from ds_profutils.engine.live import LiveMetrics
+from ds_profutils.outputs import process_identity
+from ds_profutils.report.captures.command import write_request
+engine = Engine()
+live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
+controller = CaptureController(engine, "main", settings(output_dir={out!r}, steps=50), ProfilerConfig(),
+                               process_identity(), live.group_rank, live.group_ranks)
+live.rider = controller
+write_request(__import__("pathlib").Path({out!r}), 50, "all")
+run_steps(live, controller, engine, 7)
+print("exiting without close", flush=True)
+"""
+
+
+def test_a_capture_recording_when_the_process_exits_without_close_is_written(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = EXIT_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "exiting without close" in done.stdout, done.stderr[-2000:]
+    assert "cut short: 50 asked" in done.stdout
+    summary = summarize_trace(tmp_path / "capture_5" / "trace_rank_0.json")
+    assert [entry["step"] for entry in summary["steps"]] == [5, 6]

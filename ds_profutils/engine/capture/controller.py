@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from ..._signal_exit import close_at_exit
 from ...config import ProfilerConfig
 from ...logging import logger
 from ...outputs import MAIN_ENGINE, ProcessIdentity, capture_dir
@@ -53,6 +54,7 @@ class CaptureController(OptimizerStepListener):
         self._trace: Optional[CaptureTrace] = None
         self._wrote = -1  # the first step of the last capture this rank wrote
         self._failed = False
+        self._forget_at_exit = close_at_exit(self.close)  # a job ending without close() still writes its capture
 
     # ---- the exchange's side ----------------------------------------------------------------------------
 
@@ -132,6 +134,7 @@ class CaptureController(OptimizerStepListener):
 
     def close(self) -> None:
         """The job ends: a capture still recording is closed and written (its steps so far)."""
+        self._forget_at_exit()
         if self._trace is not None:
             self._finish()
 
