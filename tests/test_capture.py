@@ -182,9 +182,18 @@ def test_the_config_section_its_defaults_its_environment_and_its_checks(monkeypa
     assert (capture.ranks, capture.step_jump) == ([0, 3], 2.5)
     monkeypatch.delenv("DS_PROFUTILS_TRACE_CAPTURE_RANKS")
     monkeypatch.delenv("DS_PROFUTILS_TRACE_CAPTURE_STEP_JUMP")
-    for bad in ({"ranks": "some"}, {"steps": 0}, {"step_jump": 1.0}, {"gzip": "yes"}, {"every": 1}):
+    for bad in ({"ranks": "some"}, {"ranks": [60]}, {"steps": 0}, {"step_jump": 1.0}, {"gzip": "yes"}, {"every": 1}):
         with pytest.raises(ConfigError):
             config_from_raw({"trace_capture": bad})
+
+
+def test_check_config_names_a_capture_rank_outside_the_world_and_what_runs_without_step_metrics(tmp_path, capsys):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"trace_capture": {"enabled": True, "ranks": [0, 5]}}))
+    assert cli_main(["check-config", "--world-size", "4", str(path)]) != 0
+    assert "trace_capture.ranks: ranks [5] are outside the world size 4" in capsys.readouterr().err
+    assert cli_main(["check-config", "--world-size", "8", str(path)]) == 0
+    assert "note: trace_capture runs the live exchange every 10 steps" in capsys.readouterr().out
 
 
 def test_capture_says_plainly_when_no_job_took_the_request_and_withdraws_it(tmp_path, capsys):
@@ -282,3 +291,32 @@ def test_a_capture_recording_when_the_process_exits_without_close_is_written(tmp
     assert "cut short: 50 asked" in done.stdout
     summary = summarize_trace(tmp_path / "capture_5" / "trace_rank_0.json")
     assert [entry["step"] for entry in summary["steps"]] == [5, 6]
+
+
+def test_on_the_deferred_path_a_request_starts_two_intervals_on_and_rows_read_at_close_start_nothing(tmp_path):
+    """A one-rank gloo group read the deferred way (as on an accelerator): interval k's rows are held by every rank
+    at the boundary of k + 2, so the capture starts at the step after it; one decided but not begun when the job
+    ends leaves no folder."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        engine = Engine()
+        live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [], defer=True)
+        controller = CaptureController(engine, "main", settings(output_dir=str(tmp_path), ranks="all"),
+                                       ProfilerConfig(), process_identity(), live.group_rank, live.group_ranks)
+        live.rider = controller
+        write_request(tmp_path, 2, "all")
+        run_steps(live, controller, engine, 5)  # taken into the row of the interval ending after step 4
+        run_steps(live, controller, engine, 17)
+        assert [entry["step"] for entry in summarize_trace(tmp_path / "capture_15" / "trace_rank_0.json")["steps"]] == [
+            15, 16]
+        write_request(tmp_path, 2, "all")
+        run_steps(live, controller, engine, 3)  # the interval ending after step 24 takes it: S = 35, never reached
+        assert (tmp_path / "capture_35" / "manifest.json").exists()
+        controller.close()
+        live.close()
+        assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith("capture_")) == [
+            "capture_15", "capture_request.taken.1.json", "capture_request.taken.2.json"]
+    finally:
+        dist.destroy_process_group()

@@ -215,6 +215,9 @@ def _capture_ranks_input(value: Any) -> Any:
 
 
 def _validate_capture_ranks(ranks: Union[str, List[int], None]) -> Union[str, List[int], None]:
+    if isinstance(ranks, list) and any(rank > 51 for rank in ranks):
+        raise ValueError("global ranks 0..51 (a list travels in the live exchange as a bit mask), \"suspects\", "
+                         "or null for all ranks")
     return ranks if isinstance(ranks, str) else _validate_ranks(ranks)
 
 

@@ -271,6 +271,8 @@ def attach(engine: Any,
         check_ranks("partitioned_param_profiler.ranks", fetch_settings.ranks, identity.world_size)
     if metrics.enabled:
         check_ranks("step_metrics.ranks", metrics.ranks, identity.world_size)
+    if capture.enabled and isinstance(capture.ranks, list):
+        check_ranks("trace_capture.ranks", capture.ranks, identity.world_size)
     if settings.enabled or capture.enabled:
         engine_name = _engine_name(engine, name)
     if profiler_settings.enabled:

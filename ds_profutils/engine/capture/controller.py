@@ -12,6 +12,7 @@ exchange stays the same on every rank).
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -20,7 +21,7 @@ import torch
 from ..._signal_exit import close_at_exit
 from ...config import ProfilerConfig
 from ...logging import logger
-from ...outputs import MAIN_ENGINE, ProcessIdentity, capture_dir
+from ...outputs import CAPTURE_MANIFEST, MAIN_ENGINE, ProcessIdentity, capture_dir
 from ...torch_profiler import calls
 from ..hooks import OptimizerStepListener
 from .decide import COLUMNS, CaptureDecider, Plan, Request, request_columns
@@ -54,6 +55,7 @@ class CaptureController(OptimizerStepListener):
         self._trace: Optional[CaptureTrace] = None
         self._wrote = -1  # the first step of the last capture this rank wrote
         self._failed = False
+        self._closed = False  # rows read at close (an accelerator's last exchanges) start no capture
         self._forget_at_exit = close_at_exit(self.close)  # a job ending without close() still writes its capture
 
     # ---- the exchange's side ----------------------------------------------------------------------------
@@ -75,6 +77,8 @@ class CaptureController(OptimizerStepListener):
                  steps: int, global_step: int, lag: int) -> None:
         """Exchange ``index``'s rows (figures and capture columns), read on every rank in order; a capture they
         decide starts ``lag`` intervals on, when every rank holds them (:meth:`.decide.CaptureDecider.decide`)."""
+        if self._closed:
+            return
         try:
             decision = self.decider.decide(index, rows, columns, steps, global_step, lag)
             if isinstance(decision, Plan):
@@ -135,8 +139,15 @@ class CaptureController(OptimizerStepListener):
     def close(self) -> None:
         """The job ends: a capture still recording is closed and written (its steps so far)."""
         self._forget_at_exit()
+        self._closed = True
         if self._trace is not None:
             self._finish()
+        steps = self._global_steps()
+        for plan in self._unfinished:  # decided, but the job ends before its first step: no capture to list
+            if steps is None or steps <= plan.first_step:
+                with contextlib.suppress(OSError):
+                    (self._folder(plan) / CAPTURE_MANIFEST).unlink()
+                    self._folder(plan).rmdir()
 
     def stop_after_error(self, exc: Exception) -> None:
         self._fail(exc)
