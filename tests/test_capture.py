@@ -320,3 +320,20 @@ def test_on_the_deferred_path_a_request_starts_two_intervals_on_and_rows_read_at
             "capture_15", "capture_request.taken.1.json", "capture_request.taken.2.json"]
     finally:
         dist.destroy_process_group()
+
+
+def test_a_request_while_a_capture_runs_is_refused_with_the_reason_that_capture_wait_prints(tmp_path, capsys):
+    from ds_profutils.report.captures.command import _wait
+
+    engine = Engine()
+    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
+    controller = CaptureController(engine, "main", settings(output_dir=str(tmp_path), steps=8), ProfilerConfig(),
+                                   process_identity(), live.group_rank, live.group_ranks)
+    live.rider = controller
+    write_request(tmp_path, 8, "all")
+    run_steps(live, controller, engine, 7)  # S = 5, tracing 5..12
+    second = write_request(tmp_path, 2, "all")
+    run_steps(live, controller, engine, 3)  # taken after step 9: the capture runs
+    assert _wait(tmp_path, second, 5) == 1
+    assert "the job refused the request: a capture is running (steps up to 12)" in capsys.readouterr().err
+    controller.close()
