@@ -337,3 +337,23 @@ def test_a_request_while_a_capture_runs_is_refused_with_the_reason_that_capture_
     assert _wait(tmp_path, second, 5) == 1
     assert "the job refused the request: a capture is running (steps up to 12)" in capsys.readouterr().err
     controller.close()
+
+
+def test_report_lists_the_captures_with_their_reasons_and_why_each_rank(tmp_path, capsys):
+    folder = tmp_path / "capture_critic_40"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({
+        "reason": "straggler", "first_step": 40, "steps": 2, "ranks": [2, 3], "done": False,
+        "why_these_ranks": {"2": "straggler: the others waited for it", "3": "waited most"},
+        "figures": {"straggler_rank": 2}}))
+    (folder / "trace_rank_2.json.gz").write_bytes(gzip.compress(b'{"traceEvents": []}'))
+    (tmp_path / "capture_7").mkdir()  # no manifest (yet)
+    assert cli_main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "capture_7: no manifest, steps ?" in out
+    assert ("capture_critic_40: straggler, steps 40-41, ranks [2, 3], traces of ranks [2] (not confirmed by every "
+            "chosen rank)") in out
+    assert "rank 2: straggler: the others waited for it" in out and 'fired by: {"straggler_rank": 2}' in out
+    assert cli_main(["report", "--json", str(tmp_path)]) == 0
+    listed = json.loads(capsys.readouterr().out)["captures"]
+    assert [(capture.get("reason"), capture["traces"]) for capture in listed] == [(None, []), ("straggler", [2])]
