@@ -357,3 +357,34 @@ def test_report_lists_the_captures_with_their_reasons_and_why_each_rank(tmp_path
     assert cli_main(["report", "--json", str(tmp_path)]) == 0
     listed = json.loads(capsys.readouterr().out)["captures"]
     assert [(capture.get("reason"), capture["traces"]) for capture in listed] == [(None, []), ("straggler", [2])]
+
+
+ATTACH_SCRIPT = """
+import json, sys
+import deepspeed, torch
+import ds_profutils
+deepspeed.init_distributed(dist_backend="gloo")
+model = torch.nn.Linear(8, 1)
+config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}},
+          "zero_optimization": {"stage": 2}, "step_metrics": {"monitor_interval": 3, "output_dir": sys.argv[1]},
+          "trace_capture": {"enabled": True}}
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+attachment = ds_profutils.attach(engine)
+found = {"interval": attachment.live.interval, "sinks": len(attachment.live.sinks), "rider": type(attachment.live.rider).__name__,
+         "memory": attachment.recorder.memory is None, "flops": attachment.recorder.flops is None,
+         "writes": attachment.recorder.writes}
+attachment.close()
+print("FOUND " + json.dumps(found), flush=True)
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_trace_capture_alone_runs_the_exchange_at_monitor_interval_with_no_records_sinks_flops_or_peak_resets(
+        tmp_path):
+    from launcher import run_one_rank
+
+    done = run_one_rank(["-c", ATTACH_SCRIPT, str(tmp_path)])
+    found = json.loads(done.stdout.split("FOUND ")[1].splitlines()[0])
+    assert found == {"interval": 3, "sinks": 0, "rider": "CaptureController", "memory": True, "flops": True,
+                     "writes": False}
+    assert not list(tmp_path.glob("zero_fetch_*"))

@@ -367,7 +367,8 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
                             identity=identity,
                             dtype=dtype,
                             device_events=process_device_events(accelerator),
-                            memory=StepMemory(accelerator) if settings.memory else None,
+                            # no peak resets where only trace_capture runs the recorder (no record section on)
+                            memory=StepMemory(accelerator) if settings.memory and settings.enabled else None,
                             append=path in _started_files,
                             writes=writes,
                             # a pipeline stage's FLOPs are not one forward's: not counted yet (docs/pipeline.md)
