@@ -5,8 +5,9 @@ on without it ("off": the capture's own cost, DESIGN's protocol).
 
 2 ranks under the deepspeed launcher, gloo on CPU, garbage collector on, the modes interleaved
 (``bench_engines.attach_turns``: attach, close and their garbage untimed).  ``monitor_interval`` is 1 in both
-modes, so every timed step ends an interval: the armed step pays its worst case, the capture columns in the row,
-rank 0's one rename attempt for a request and the decision on the rows, besides the listener's hooks.  Per rank
+modes, so every timed step ends an interval: the armed step (``on_request``, nobody asking) pays its worst case, the
+capture columns in the row, rank 0's one rename attempt for a request and the decision on the rows, besides the
+listener's hooks.  Per rank
 and run: the median over the turns of the ratio of the second steps after attach; the target (<= 1.01x) is met
 when the median of the runs' worst-rank ratios meets it.
 """
@@ -31,7 +32,7 @@ def worker(out: Path, turns: int, runs: int) -> None:
     engine, batch, rank, config = mlp_engine({"stage": 2}, step_metrics={
         "enabled": True, "output_dir": str(out / "records"), "console": False, "monitor_interval": 1,
         "hang_timeout_s": 0})
-    configs = {"off": config, "armed": {**config, "trace_capture": {"enabled": True, "on_anomaly": True}}}
+    configs = {"off": config, "armed": {**config, "trace_capture": {"enabled": True}}}  # on_request, nobody asks
     results = []
     for _ in range(runs):
         seconds, _ = attach_turns(engine, batch, turns,
@@ -39,7 +40,6 @@ def worker(out: Path, turns: int, runs: int) -> None:
         results.append({mode: statistics.median(values) * 1e3 for mode, values in seconds.items()})
         results[-1]["ratio"] = statistics.median(b / a for a, b in zip(seconds["off"], seconds["armed"]))
     (out / f"rank_{rank}.json").write_text(json.dumps(results))
-    assert not list((out / "records").glob("capture_*")), "an idle run made a capture"
 
 
 def main() -> None:
