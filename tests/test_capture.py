@@ -388,3 +388,22 @@ def test_trace_capture_alone_runs_the_exchange_at_monitor_interval_with_no_recor
     assert found == {"interval": 3, "sinks": 0, "rider": "CaptureController", "memory": True, "flops": True,
                      "writes": False}
     assert not list(tmp_path.glob("zero_fetch_*"))
+
+
+def test_a_capture_that_cannot_start_is_one_error_and_holds_no_profiler_window_back(tmp_path, caplog, monkeypatch):
+    from ds_profutils.torch_profiler import recording
+
+    def refuse(self, identity):
+        raise RuntimeError("the profiler is busy elsewhere")
+
+    monkeypatch.setattr(recording.WindowRecording, "start", refuse)
+    engine = Engine()
+    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
+    controller = CaptureController(engine, "main", settings(output_dir=str(tmp_path)), ProfilerConfig(),
+                                   process_identity(), live.group_rank, live.group_ranks)
+    live.rider = controller
+    write_request(tmp_path, 2, "all")
+    run_steps(live, controller, engine, 8)
+    assert "trace capture failed on this rank (RuntimeError: the profiler is busy elsewhere)" in caplog.text
+    assert not recording.capture_recording() and not controller.capturing
+    controller.close()

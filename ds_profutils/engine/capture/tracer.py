@@ -36,10 +36,16 @@ class CaptureTrace:
     def start(self, step: int) -> None:
         """Begin recording with step ``step``'s range open."""
         recording = self._recording
-        recording.prepare()
         set_capture_recording(True)
-        recording.start(self.identity)
-        self.begin_step(step)
+        try:
+            recording.prepare()
+            recording.start(self.identity)
+            self.begin_step(step)
+        except BaseException:
+            set_capture_recording(False)  # a capture that never began holds no profiler window back
+            self._recording = None
+            recording.abandon()
+            raise
 
     def begin_step(self, step: int) -> None:
         """Open step ``step``'s range (at its first forward: a job ending between steps leaves no empty one)."""
