@@ -3,8 +3,9 @@
 What records is the profiler package's :class:`~ds_profutils.torch_profiler.recording.WindowRecording` (the
 same torch.profiler options, the same step ranges, ``distributedInfo`` where torch.distributed does not add
 it), so a capture's trace reads as a window's does in ``report``, ``timeline``, Perfetto and HTA.  It is
-written to a temporary name and renamed into place; with ``gzip`` the exported JSON is compressed in 1 MiB
-blocks, each flushed, so a gzip cut short still decompresses up to the cut (the readers take such a prefix).
+written to a temporary name and renamed into place; with ``gzip`` the exported JSON is compressed into place in
+1 MiB blocks, each flushed, so a rank killed while writing leaves a gzip that decompresses up to the cut (the
+readers take such a prefix, and say it is cut; the manifest's ``done`` says every chosen rank finished).
 """
 from __future__ import annotations
 
@@ -68,16 +69,16 @@ class CaptureTrace:
             recording.close_step()
             profile = recording.stop()
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(self.path, self.identity) as temporary:
-                if not self._gzip:
+            if not self._gzip:
+                with atomic_path(self.path, self.identity) as temporary:
                     profile.export_chrome_trace(str(temporary))
-                else:
-                    plain = temporary.with_name(temporary.name + ".json")
-                    try:
-                        profile.export_chrome_trace(str(plain))
-                        _compress(plain, temporary)
-                    finally:
-                        plain.unlink(missing_ok=True)
+                return True
+            plain = self.path.with_name(f".{self.path.name}.{self.identity.tag}.json")  # torch's export, compressed
+            try:
+                profile.export_chrome_trace(str(plain))
+                _compress(plain, self.path)  # in place: a rank killed while compressing leaves a readable prefix
+            finally:
+                plain.unlink(missing_ok=True)
             return True
         except Exception as exc:  # noqa: BLE001 - a capture must never break the training run
             recording.abandon()
