@@ -127,14 +127,20 @@ def run_steps(live, controller, engine, count):
         controller.step_ended()
 
 
+def armed(out, name="main", defer=None, **changes):
+    """(engine, live metrics, capture controller) riding on them, capturing into ``out``, as attach puts them."""
+    engine = Engine()
+    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [], defer=defer)
+    controller = CaptureController(engine, name, settings(output_dir=str(out), **changes),
+                                   ProfilerConfig(with_flops=False), process_identity(), live.group_rank,
+                                   live.group_ranks)
+    live.rider = controller
+    return engine, live, controller
+
+
 @pytest.mark.parametrize("compressed", [False, True])
 def test_a_request_is_taken_once_decided_through_the_exchange_and_traced_exactly(tmp_path, compressed):
-    engine = Engine()
-    capture = settings(gzip=compressed, output_dir=str(tmp_path), ranks="all")
-    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
-    controller = CaptureController(engine, "main", capture, ProfilerConfig(with_flops=False), process_identity(),
-                                   live.group_rank, live.group_ranks)
-    live.rider = controller
+    engine, live, controller = armed(tmp_path, gzip=compressed, ranks="all")
     run_steps(live, controller, engine, 7)
     request = write_request(tmp_path, 2, "all")
     run_steps(live, controller, engine, 3)  # the interval ends after step 9: taken, decided, S = 10
@@ -157,11 +163,7 @@ def test_a_request_is_taken_once_decided_through_the_exchange_and_traced_exactly
 
 
 def test_a_capture_running_at_the_end_is_written_with_its_steps_so_far(tmp_path):
-    engine = Engine()
-    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
-    controller = CaptureController(engine, "critic", settings(output_dir=str(tmp_path), steps=50), ProfilerConfig(),
-                                   process_identity(), live.group_rank, live.group_ranks)
-    live.rider = controller
+    engine, live, controller = armed(tmp_path, "critic", steps=50)
     write_request(tmp_path, 50, "suspects")
     run_steps(live, controller, engine, 8)
     assert controller.capturing
@@ -241,11 +243,7 @@ def test_a_profiler_window_starting_inside_a_capture_is_skipped_and_a_capture_wa
     assert "the window of cycle 0, beginning at step 1, is skipped: a trace capture is recording" in caplog.text
     assert not list((tmp_path / "window").glob("trace_rank_*"))
 
-    engine = Engine()
-    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
-    controller = CaptureController(engine, "main", settings(output_dir=str(tmp_path)), ProfilerConfig(),
-                                   process_identity(), live.group_rank, live.group_ranks)
-    live.rider = controller
+    engine, live, controller = armed(tmp_path)
     write_request(tmp_path, 2, "all")
     run_steps(live, controller, engine, 5)  # S = 5
     run = start_run(window.model_copy(update=dict(wait=4)))  # its warmup at step 4, active at 5
@@ -263,17 +261,9 @@ EXIT_SCRIPT = """
 import sys
 from types import SimpleNamespace
 sys.path.insert(0, {tests!r})
-from test_capture import Engine, run_steps, settings, STEPS
-from ds_profutils.config import ProfilerConfig
-from ds_profutils.engine.capture import CaptureController
-from ds_profutils.engine.live import LiveMetrics
-from ds_profutils.outputs import process_identity
+from test_capture import armed, run_steps
 from ds_profutils.report.captures.command import write_request
-engine = Engine()
-live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
-controller = CaptureController(engine, "main", settings(output_dir={out!r}, steps=50), ProfilerConfig(),
-                               process_identity(), live.group_rank, live.group_ranks)
-live.rider = controller
+engine, live, controller = armed({out!r}, steps=50)
 write_request(__import__("pathlib").Path({out!r}), 50, "all")
 run_steps(live, controller, engine, 7)
 print("exiting without close", flush=True)
@@ -301,11 +291,7 @@ def test_on_the_deferred_path_a_request_starts_two_intervals_on_and_rows_read_at
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        engine = Engine()
-        live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [], defer=True)
-        controller = CaptureController(engine, "main", settings(output_dir=str(tmp_path), ranks="all"),
-                                       ProfilerConfig(), process_identity(), live.group_rank, live.group_ranks)
-        live.rider = controller
+        engine, live, controller = armed(tmp_path, defer=True, ranks="all")
         write_request(tmp_path, 2, "all")
         run_steps(live, controller, engine, 5)  # taken into the row of the interval ending after step 4
         run_steps(live, controller, engine, 17)
@@ -325,11 +311,7 @@ def test_on_the_deferred_path_a_request_starts_two_intervals_on_and_rows_read_at
 def test_a_request_while_a_capture_runs_is_refused_with_the_reason_that_capture_wait_prints(tmp_path, capsys):
     from ds_profutils.report.captures.command import _wait
 
-    engine = Engine()
-    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
-    controller = CaptureController(engine, "main", settings(output_dir=str(tmp_path), steps=8), ProfilerConfig(),
-                                   process_identity(), live.group_rank, live.group_ranks)
-    live.rider = controller
+    engine, live, controller = armed(tmp_path, steps=8)
     write_request(tmp_path, 8, "all")
     run_steps(live, controller, engine, 7)  # S = 5, tracing 5..12
     second = write_request(tmp_path, 2, "all")
@@ -397,11 +379,7 @@ def test_a_capture_that_cannot_start_is_one_error_and_holds_no_profiler_window_b
         raise RuntimeError("the profiler is busy elsewhere")
 
     monkeypatch.setattr(recording.WindowRecording, "start", refuse)
-    engine = Engine()
-    live = LiveMetrics(SimpleNamespace(monitor_interval=STEPS, console=False), None, [])
-    controller = CaptureController(engine, "main", settings(output_dir=str(tmp_path)), ProfilerConfig(),
-                                   process_identity(), live.group_rank, live.group_ranks)
-    live.rider = controller
+    engine, live, controller = armed(tmp_path)
     write_request(tmp_path, 2, "all")
     run_steps(live, controller, engine, 8)
     assert "trace capture failed on this rank (RuntimeError: the profiler is busy elsewhere)" in caplog.text
