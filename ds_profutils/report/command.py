@@ -42,7 +42,8 @@ def _plot(report: Mapping[str, Any], args: argparse.Namespace) -> None:
 
 
 def _build(args: argparse.Namespace) -> Mapping[str, Any]:
-    """The report with the trace captures (docs/capture.md) listed; captures alone make a report too."""
+    """The report with the trace captures (docs/capture.md) listed where there are any (``captures``);
+    captures alone make a report too."""
     captures = [{**capture, "folder": str(capture["folder"])} for capture in read_captures(args.directory)]
     try:
         report = build_report(args.directory, args.top)
@@ -50,7 +51,7 @@ def _build(args: argparse.Namespace) -> Mapping[str, Any]:
         if not captures:
             raise
         report = {"captures_only": True}
-    return {**report, "captures": captures}
+    return {**report, "captures": captures} if captures else report
 
 
 def _render(report: Mapping[str, Any], args: argparse.Namespace) -> str:
