@@ -125,8 +125,40 @@ def _add_diff(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_handler(".diff.command"))
 
 
+def _capture_ranks(text: str) -> object:
+    """``capture --ranks``: "all", "suspects" or comma-separated global ranks such as ``0,3`` (0..51: a list
+    travels in the live exchange as a bit mask)."""
+    word = text.strip().lower()
+    if word in ("all", "suspects"):
+        return word
+    try:
+        ranks = sorted({int(part) for part in word.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected all, suspects or ranks such as 0,3; got {text!r}") from None
+    if not ranks or ranks[0] < 0 or ranks[-1] > 51:
+        raise argparse.ArgumentTypeError(f"ranks 0..51, got {text!r}")
+    return ranks
+
+
+def _add_capture(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "capture",
+        help="ask a running job for a torch trace of its next steps on the ranks that matter",
+        description="Write capture_request.json into OUTPUT_DIR, the trace_capture output_dir of a running job "
+        "(docs/capture.md). Its rank 0 takes it at the next live interval; every chosen rank traces the same steps "
+        "into OUTPUT_DIR/capture_S/. With --wait, waits for the capture and prints its folder and the timeline "
+        "command for it; exits 1 when no job took the request in time, or the job refused it (the reason is said).")
+    parser.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="the job's trace_capture output_dir")
+    parser.add_argument("--steps", type=_positive_int, default=2, metavar="N", help="optimizer steps to trace")
+    parser.add_argument("--ranks", type=_capture_ranks, default="suspects", metavar="all|suspects|0,3",
+                        help="which ranks trace (suspects: the straggler or slowest rank, the rank that waited most, "
+                        "a median rank)")
+    parser.add_argument("--wait", type=float, metavar="SECONDS", help="wait this long for the capture to be written")
+    parser.set_defaults(handler=_handler(".report.captures.command"))
+
+
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction], None]] = (_add_check_config, _add_report, _add_timeline,
-                                                                         _add_diff)
+                                                                         _add_diff, _add_capture)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -74,7 +74,14 @@ _HANG_PATTERN = re.compile(r"hang_rank_(\d+)\.json")
 HANG_SCHEMA = 1
 """The format of ``hang_rank_{r}.json`` (docs/hangs.md), written by the engine's hang watchdog, read by the
 report: shared here so that neither imports the other."""
-_TRACE_PATTERN = re.compile(r"trace_rank_(\d+)\.json")
+_TRACE_PATTERN = re.compile(r"trace_rank_(\d+)\.json(?:\.gz)?")  # a capture's may be gzip (trace_capture.gzip)
+CAPTURE_REQUEST = "capture_request.json"
+"""The request ``ds-profutils capture`` writes into a job's output_dir; rank 0 renames it when it takes it."""
+CAPTURE_REFUSED = "capture_request.refused.json"
+"""Where rank 0 says why it did not meet a request (``{"id", "reason", "written_at"}``)."""
+CAPTURE_MANIFEST = "manifest.json"
+"""What rank 0 writes into each ``capture_{S}/`` folder (docs/capture.md)."""
+CAPTURE_DIR_PATTERN = re.compile(r"capture_(?:([A-Za-z0-9][A-Za-z0-9-]*)_)?(\d+)")
 _FETCH_RECORDS_PATTERN = re.compile(r"zero_fetch_(?:([A-Za-z0-9][A-Za-z0-9-]*)_)?rank_(\d+)\.jsonl")
 
 
@@ -151,6 +158,17 @@ def cycle_dir(output_dir: os.PathLike | str, rank: int) -> Path:
 def cycle_trace_file(output_dir: os.PathLike | str, rank: int) -> Path:
     """A fresh name for one cycle's trace: a nanosecond stamp, so cycles and runs never clash."""
     return cycle_dir(output_dir, rank) / f"rank_{rank}.{time.time_ns()}.pt.trace.json"
+
+
+def capture_dir(output_dir: os.PathLike | str, engine: str, first_step: int) -> Path:
+    """One capture's folder: ``capture_{S}`` for the main engine, ``capture_{engine}_{S}`` for another."""
+    name = f"capture_{first_step}" if engine == MAIN_ENGINE else f"capture_{engine}_{first_step}"
+    return Path(output_dir) / name
+
+
+def capture_trace_file(folder: os.PathLike | str, rank: int, gzip: bool) -> Path:
+    """One rank's trace in a capture folder (``.json.gz`` with ``trace_capture.gzip``)."""
+    return Path(folder) / (_TRACE.format(rank=rank) + (".gz" if gzip else ""))
 
 
 def summary_file(output_dir: os.PathLike | str, rank: int) -> Path:

@@ -67,7 +67,7 @@ def test_check_config_prints_resolved_settings(path, capsys):
     raw = json.loads(path.read_text())
     both_record = all(raw.get(section, {}).get("enabled") for section in ("step_metrics", "partitioned_param_profiler"))
     assert keys == ["  profiler", "  nvtx", "  partitioned_param_profiler", "  memory_snapshot", "  step_metrics",
-                    "  wall_clock_breakdown", "  comms_logger"] + (["note"] if both_record else [])
+                    "  trace_capture", "  wall_clock_breakdown", "  comms_logger"] + (["note"] if both_record else [])
     assert [line.split(":")[0] for line in theirs.splitlines() if not line.startswith("    ")] == \
         [f"  {key}" for key in ("timers", "steps_per_print") if key in raw]
 

@@ -366,7 +366,8 @@ def test_unknown_env_variables_are_errors_for_check_config(monkeypatch):
                             "DS_PROFUTILS_PROFILER_ACTIVE?); profiler settings are DS_PROFUTILS_PROFILER_<FIELD> "
                             "with FIELD one of ACTIVE, ENABLED, ")
     assert second == ("DS_PROFUTILS_PROFILR_ENABLED: unknown variable; expected DS_PROFUTILS_<SECTION>_<FIELD> "
-                      "with SECTION one of PROFILER, NVTX, PARTITIONED_PARAM_PROFILER, MEMORY_SNAPSHOT, STEP_METRICS")
+                      "with SECTION one of PROFILER, NVTX, PARTITIONED_PARAM_PROFILER, MEMORY_SNAPSHOT, STEP_METRICS, "
+                      "TRACE_CAPTURE")
 
 
 def test_an_unknown_env_variable_in_a_job_is_warned_once_with_the_closest_and_ignored(monkeypatch, ds_caplog):

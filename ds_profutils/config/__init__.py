@@ -12,7 +12,7 @@ from .errors import ConfigError, ConfigProblem
 from .loading import ConfigSource, load_config, raw_settings, resolve_section
 from .models import (DEEPSPEED_APPLIED_KEYS, SECTIONS, SHARED_RECORD_KEYS, SUMMARY_SORT_KEYS, CommsLoggerSettings,
                      MemorySnapshotConfig, NvtxConfig, PartitionedParamProfilerConfig, ProfilerConfig, ProfUtilsConfig,
-                     StepMetricsConfig, check_ranks)
+                     StepMetricsConfig, TraceCaptureConfig, check_ranks)
 
 __all__ = [
     "BOOL_FALSE",
@@ -32,6 +32,7 @@ __all__ = [
     "SHARED_RECORD_KEYS",
     "SUMMARY_SORT_KEYS",
     "StepMetricsConfig",
+    "TraceCaptureConfig",
     "check_ranks",
     "environment_overrides",
     "load_config",

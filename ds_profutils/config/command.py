@@ -36,7 +36,7 @@ def _render(settings: Mapping[str, Any], indent: str = "") -> List[str]:
 
 
 _RANK_KEYS = (("profiler", "ranks"), ("profiler", "summary_ranks"), ("partitioned_param_profiler", "ranks"),
-              ("step_metrics", "ranks"))
+              ("step_metrics", "ranks"), ("trace_capture", "ranks"))
 
 
 def _rank_problems(sections: Mapping[str, Any], world_size: int) -> List[ConfigProblem]:
@@ -148,6 +148,9 @@ def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
         if config.memory_snapshot.enabled:
             print("note: memory_snapshot writes only on a CUDA accelerator (the allocator history is CUDA's); "
                   "elsewhere the job says so at start and writes nothing")
+        if config.trace_capture.enabled and not config.step_metrics.enabled:
+            print(f"note: trace_capture runs the live exchange every {config.step_metrics.monitor_interval} steps "
+                  "(step_metrics.monitor_interval) without step_metrics' records or console line")
         shared = _shared_record_keys(config)
         if shared:
             print(f"note: {shared}")

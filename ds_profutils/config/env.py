@@ -63,7 +63,14 @@ def _parse_int(text: str) -> int:
 _ENV_READERS: Dict[Any, Tuple[Callable[[str], Any], str]] = {
     bool: (_parse_bool, _BOOL_EXPECTED),
     int: (_parse_int, "an integer"),
+    float: (lambda text: _finite(float(text)), "a number"),
 }
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError(value)
+    return value
 
 
 def _parse_optional_number(text: str) -> Optional[float]:

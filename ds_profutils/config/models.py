@@ -1,7 +1,7 @@
 """The sections ds_profutils reads from a ds_config.json, as typed models.
 
 Our sections (``profiler``, ``nvtx``, ``partitioned_param_profiler``, ``memory_snapshot``,
-``step_metrics``) sit beside DeepSpeed's own keys, which DeepSpeed tolerates.  Each rejects unknown
+``step_metrics``, ``trace_capture``) sit beside DeepSpeed's own keys, which DeepSpeed tolerates.  Each rejects unknown
 keys, so a typo inside a section fails at start instead of silently switching a feature off.  Of
 DeepSpeed's keys, two change what we do and are read here: ``wall_clock_breakdown`` (ds_profutils'
 timers replace DeepSpeed's) and ``comms_logger`` (whose ``"enabled": false`` then really means off).
@@ -9,7 +9,7 @@ Others, such as ``timers`` and ``steps_per_print``, DeepSpeed applies itself; we
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Dict, List, Mapping, Optional, Type
+from typing import Annotated, Any, Dict, List, Literal, Mapping, Optional, Type, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -29,6 +29,7 @@ __all__ = [
     "Section",
     "SHARED_RECORD_KEYS",
     "StepMetricsConfig",
+    "TraceCaptureConfig",
     "check_ranks",
 ]
 
@@ -202,6 +203,47 @@ class MemorySnapshotConfig(Section):
         return sorted(set(value))
 
 
+def _capture_ranks_input(value: Any) -> Any:
+    """``"all"`` is null (every rank); ``"0,3"`` (as the environment spells a list) is ``[0, 3]``."""
+    if isinstance(value, str) and value != "suspects":
+        text = value.strip().lower()
+        if text in ("all", "null"):
+            return None
+        if text and all(part.strip().isdigit() for part in text.split(",")):
+            return [int(part) for part in text.split(",")]
+    return _rank_list_input(value)
+
+
+def _validate_capture_ranks(ranks: Union[str, List[int], None]) -> Union[str, List[int], None]:
+    if isinstance(ranks, list) and any(rank > 51 for rank in ranks):
+        raise ValueError("global ranks 0..51 (a list travels in the live exchange as a bit mask), \"suspects\", "
+                         "or null for all ranks")
+    return ranks if isinstance(ranks, str) else _validate_ranks(ranks)
+
+
+CaptureRanks = Annotated[Union[Literal["suspects"], List[int], None], BeforeValidator(_capture_ranks_input),
+                         AfterValidator(_validate_capture_ranks)]
+"""The ranks a capture traces: ``"suspects"`` (the straggler or slowest rank, the rank that waited most, a median
+rank), null or ``"all"`` (every rank), or a list of global ranks."""
+
+
+class TraceCaptureConfig(Section):
+    """The ``"trace_capture"`` section: torch traces of a few steps on the ranks that matter, asked for while
+    the job trains (``ds-profutils capture``) or fired by an anomaly the live exchange shows (docs/capture.md)."""
+
+    enabled: bool = False
+    output_dir: Optional[str] = Field(None, min_length=1, description="null: step_metrics' output_dir")
+    on_request: bool = Field(True, description="rank 0 looks for capture_request.json once per interval")
+    on_anomaly: bool = Field(False, description="capture when a straggler or a step-time jump lasts an interval")
+    steps: int = Field(2, ge=1, le=1000, description="optimizer steps traced per capture")
+    ranks: CaptureRanks = "suspects"
+    max_captures: int = Field(3, ge=0, description="captures per attached engine, requested or fired")
+    cooldown_steps: int = Field(100, ge=0, description="steps after a capture before an anomaly fires another")
+    step_jump: float = Field(1.5, gt=1, description="the slowest rank's interval median step over the run's median "
+                             "so far that counts as a jump")
+    gzip: bool = Field(False, description="write trace_rank_{r}.json.gz")
+
+
 class CommsLoggerSettings(BaseModel):
     """DeepSpeed's ``"comms_logger"`` section, read with ``enabled`` meaning what it says.
 
@@ -235,6 +277,7 @@ class ProfUtilsConfig(BaseModel):
         default_factory=PartitionedParamProfilerConfig)
     memory_snapshot: MemorySnapshotConfig = Field(default_factory=MemorySnapshotConfig)
     step_metrics: StepMetricsConfig = Field(default_factory=StepMetricsConfig)
+    trace_capture: TraceCaptureConfig = Field(default_factory=TraceCaptureConfig)
     wall_clock_breakdown: bool = False
     comms_logger: CommsLoggerSettings = Field(default_factory=CommsLoggerSettings)
 
@@ -261,5 +304,6 @@ SECTIONS: Dict[str, Type[Section]] = {
     "partitioned_param_profiler": PartitionedParamProfilerConfig,
     "memory_snapshot": MemorySnapshotConfig,
     "step_metrics": StepMetricsConfig,
+    "trace_capture": TraceCaptureConfig,
 }
 """Our own sections, by their key in ds_config: the only ones environment variables may override."""

@@ -6,7 +6,8 @@ per-step records, each filled in a :class:`~.step.StepRecord` (:mod:`.step`) wit
 collectives (:mod:`.collectives`) and memory (:mod:`.memory`), and on ZeRO-3 the fetch events of
 :mod:`ds_profutils.zero3`; :mod:`.snapshot` writes the allocator's history where memory runs out,
 :mod:`.engine_setup` applies the config's engine settings, and :mod:`.engine_driven` runs the torch
-profiler (:mod:`ds_profutils.torch_profiler`) from the engine's steps.
+profiler (:mod:`ds_profutils.torch_profiler`) from the engine's steps, and :mod:`.capture` the trace captures
+that ride on the live interval exchange (:mod:`.live`).
 """
 from .attaching import SUPPORTED_DEEPSPEED, AttachError, Attachment, attach, continue_series
 from .hooks import Listener

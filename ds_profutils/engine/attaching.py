@@ -40,6 +40,7 @@ from .._device_clock import process_device_events
 from ..zero3 import PartitionedParameterProfiler
 from ..zero3.fetches import PROFILER_ATTR
 from . import hangs, snapshot
+from .capture import attach_capture
 from .engine_driven import EngineDrivenProfiler
 from .engine_setup import apply_engine_settings
 from .hooks import EngineHooks, Listener
@@ -262,6 +263,7 @@ def attach(engine: Any,
     settings = _record_settings(fetch_settings, metrics)
     snapshot_settings = resolve_section(loaded.memory_snapshot)
     profiler_settings = resolve_section(loaded.profiler)
+    capture = resolve_section(loaded.trace_capture)
     identity = process_identity()
     coordinator = engine_name = None
     if fetch_settings.enabled:  # every check that may refuse comes before anything changes
@@ -269,7 +271,9 @@ def attach(engine: Any,
         check_ranks("partitioned_param_profiler.ranks", fetch_settings.ranks, identity.world_size)
     if metrics.enabled:
         check_ranks("step_metrics.ranks", metrics.ranks, identity.world_size)
-    if settings.enabled:
+    if capture.enabled and isinstance(capture.ranks, list):
+        check_ranks("trace_capture.ranks", capture.ranks, identity.world_size)
+    if settings.enabled or capture.enabled:
         engine_name = _engine_name(engine, name)
     if profiler_settings.enabled:
         profiler_settings.check_world(identity.world_size)
@@ -278,7 +282,8 @@ def attach(engine: Any,
     records_here = settings.enabled and settings.profiles_rank(identity.rank)
     if settings.enabled and not records_here:  # an earlier run's file would pass for this run's in a report
         _remove_stale_records(fetch_records_file(settings.output_dir, identity.rank, engine_name))
-    measures_here = records_here or metrics.enabled  # live metrics take every rank's figures
+    # live metrics take every rank's figures; trace_capture runs them (writing no records) when step_metrics is off
+    measures_here = records_here or metrics.enabled or capture.enabled
     history = snapshot.cuda_allocator_history(get_accelerator()) if snapshot_settings.enabled else None
     if not measures_here and history is None and not profiles_here and undo_settings is None:
         return None
@@ -286,8 +291,10 @@ def attach(engine: Any,
     profiling = EngineDrivenProfiler(engine, profiler_settings) if profiles_here else None
     if measures_here:
         _attach_recorder(attachment, coordinator, settings, identity, loaded, writes=records_here,
-                         metrics=metrics if metrics.enabled else None,
+                         metrics=metrics if metrics.enabled or capture.enabled else None,
                          profiler_active=profiling.recording if profiling is not None else None)
+    if capture.enabled:
+        attach_capture(attachment, capture, metrics.output_dir, profiler_settings, identity)
     if metrics.enabled and metrics.hang_timeout_s:  # every rank, recording or not (docs/hangs.md)
         watch = hangs.watch_engine(engine, engine_name, metrics.output_dir, metrics.hang_timeout_s)
         attachment.add(watch, watch.close)
@@ -334,6 +341,12 @@ def _nothing() -> None:
     pass
 
 
+def _live_settings(metrics: Any) -> Any:
+    """step_metrics' settings for the live exchange; with step_metrics off (trace_capture runs the exchange)
+    its monitor_interval, no console line."""
+    return metrics if metrics.enabled else metrics.model_copy(update=dict(console=False))
+
+
 def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, identity: ProcessIdentity,
                      config: ProfUtilsConfig, *, writes: bool, metrics: Any,
                      profiler_active: Optional[Callable[[], bool]]) -> None:
@@ -344,7 +357,8 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
     peak = resolve_peak(metrics.peak_tflops, device_name(accelerator), engine_compute_dtype(engine, dtype)) \
         if metrics else None
     # on every rank (each takes part in the interval's gather), into DeepSpeed's monitor where one is enabled
-    attachment.live = None if metrics is None else LiveMetrics(metrics, peak.tflops, [monitor_sink(engine)],
+    sinks = [monitor_sink(engine)] if metrics is not None and metrics.enabled else []  # else: trace_capture's only
+    attachment.live = None if metrics is None else LiveMetrics(_live_settings(metrics), peak.tflops, sinks,
                                                                # a pipeline's exchange spans its stages: the whole world
                                                                group=None if is_pipeline_engine(engine) else
                                                                exchange_group(engine))
@@ -353,11 +367,13 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
                             identity=identity,
                             dtype=dtype,
                             device_events=process_device_events(accelerator),
-                            memory=StepMemory(accelerator) if settings.memory else None,
+                            # no peak resets where only trace_capture runs the recorder (no record section on)
+                            memory=StepMemory(accelerator) if settings.memory and settings.enabled else None,
                             append=path in _started_files,
                             writes=writes,
                             # a pipeline stage's FLOPs are not one forward's: not counted yet (docs/pipeline.md)
-                            flops=FlopCounter() if metrics is not None and not is_pipeline_engine(engine) else None,
+                            flops=FlopCounter() if metrics is not None and metrics.enabled and
+                            not is_pipeline_engine(engine) else None,
                             peak_tflops=peak.tflops if peak is not None else None,
                             model_numel=model_numel(engine),
                             config_hash=config_hash(engine),

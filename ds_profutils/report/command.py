@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 import orjson
 
 from .build import ReportError, build_report
+from .captures import capture_lines, read_captures
 from .steps import Matrix, StepView
 from .text import render_text
 
@@ -67,7 +68,26 @@ def _plot(report: Mapping[str, Any], args: argparse.Namespace) -> None:
     plot_report(report, args.plot, args.plot_metric)
 
 
+def _build(args: argparse.Namespace) -> Mapping[str, Any]:
+    """The report with the trace captures (docs/capture.md) listed where there are any (``captures``);
+    captures alone make a report too."""
+    captures = [{**capture, "folder": str(capture["folder"])} for capture in read_captures(args.directory)]
+    try:
+        report = build_report(args.directory, args.top)
+    except ReportError:
+        if not captures:
+            raise
+        report = {"captures_only": True}
+    return {**report, "captures": captures} if captures else report
+
+
+def _render(report: Mapping[str, Any], args: argparse.Namespace) -> str:
+    lines = capture_lines(args.directory)
+    text = "" if report.get("captures_only") else render_text(report, args.steps, args.ranks)
+    return "\n\n".join(part for part in (text, "\n".join(lines)) if part)
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the report of ``args.directory``; 1 when there is nothing to report on."""
-    return emit("report", args, lambda: build_report(args.directory, args.top),
-                lambda report: render_text(report, args.steps, args.ranks), lambda report: _plot(report, args))
+    return emit("report", args, lambda: _build(args), lambda report: _render(report, args),
+                lambda report: _plot(report, args))

@@ -9,11 +9,12 @@ pretty-printed per-cycle traces) by the C JSON scanner, which finds where an eve
 """
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from statistics import median
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import orjson
 
@@ -46,6 +47,31 @@ class TraceFormatError(ValueError):
     """The file is not a Chrome trace with a ``traceEvents`` array (or it ends early)."""
 
 
+class _CutGzip:
+    """A gzip trace read as text, where a stream cut short (the job killed while writing) reads as its end:
+    the events before the cut stay usable, and :func:`iter_trace` says the trace is truncated."""
+
+    def __init__(self, path: Path) -> None:
+        self._source: IO[str] = gzip.open(path, "rt", encoding="utf-8")
+
+    def read(self, size: int = -1) -> str:
+        try:
+            return self._source.read(size)
+        except (EOFError, gzip.BadGzipFile):
+            return ""
+
+    def __enter__(self) -> "_CutGzip":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._source.close()
+
+
+def open_trace(path: Path) -> Any:
+    """A trace opened as text: ``trace_rank_{r}.json``, or a capture's ``.json.gz`` (trace_capture.gzip)."""
+    return _CutGzip(path) if path.name.endswith(".gz") else open(path, encoding="utf-8")
+
+
 def iter_trace(path: Path) -> Iterator[Tuple[str, Any]]:
     """Yield ``("head", dict)`` of the top-level keys before ``traceEvents``, ``("event", event)`` for each
     trace event, then ``("header", dict)`` of every other top-level key (before and after the events).
@@ -54,7 +80,7 @@ def iter_trace(path: Path) -> Iterator[Tuple[str, Any]]:
     came before (the head too, where torch and ds_profutils put ``baseTimeNanoseconds``) is usable.
     """
     decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as source:
+    with open_trace(path) as source:
         buffer = source.read(_CHUNK)
         match = _EVENTS_KEY.search(buffer)
         while match is None:

@@ -21,7 +21,21 @@ from ..nvtx import set_torch_profiler_recording
 from ..outputs import STEP_RANGE_PREFIX, ProcessIdentity
 from .nsight import NsightCapture, nsys_command
 
-__all__ = ["WindowRecording"]
+__all__ = ["WindowRecording", "capture_recording", "set_capture_recording"]
+
+_capture_recording = False  # a trace capture (ds_profutils.engine.capture) records in this process now
+
+
+def set_capture_recording(on: bool) -> None:
+    """A trace capture began (or ended) recording with torch.profiler in this process: one profiler at a time,
+    so a profiler window whose start falls inside it is skipped (:class:`.run.ProfilerRun`)."""
+    global _capture_recording
+    _capture_recording = on
+
+
+def capture_recording() -> bool:
+    """Whether a trace capture records in this process now."""
+    return _capture_recording
 
 
 class WindowRecording:

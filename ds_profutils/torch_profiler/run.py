@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..config import ConfigError, ConfigProblem, ProfilerConfig
 from ..logging import logger
 from ..outputs import cycle_trace_file, probe_writable, process_identity
-from .recording import WindowRecording
+from .recording import WindowRecording, capture_recording
 from .schedule import ProfilerSchedule, Window
 from .signals import SignalGuard, ends_a_run
 from .writer import RunWriter, show_comms_summary
@@ -131,7 +131,17 @@ class ProfilerRun:
             event = self._next_event
             if signals.stop is not None and self._state is _State.RECORDING:
                 event = _Event.INTERRUPTED
+            if event is _Event.WARMUP_BEGINS and capture_recording():
+                self._skip_window()
+                continue
             self._fire(event)
+
+    def _skip_window(self) -> None:
+        """A trace capture records (one torch profiler at a time): this window is skipped, said in one line."""
+        logger.warning("profiler: the window of cycle %d, beginning at step %d, is skipped: a trace capture is "
+                       "recording (docs/capture.md)", self._window.cycle, self.step)
+        self._window = self.schedule.window(self._window.cycle + 1)
+        self._plan_next()
 
     @ends_a_run
     def end(self, passing: Optional[BaseException], summary: bool = True) -> None:
@@ -161,6 +171,11 @@ class ProfilerRun:
     def recording(self) -> bool:
         """The torch profiler records now: the step in progress is in a window's active part."""
         return self._state is _State.RECORDING
+
+    @property
+    def window_open(self) -> bool:
+        """torch.profiler is prepared or records: a window's warmup or active steps are in progress."""
+        return self._state in (_State.WARMING_UP, _State.RECORDING)
 
     @property
     def done(self) -> bool:

@@ -19,7 +19,20 @@ from .gather import IntervalGather, Rows
 from .interval import Event, StepFigures, interval_events, pack_interval, packed_length
 from .sinks import ConsoleSink, LiveSink
 
-__all__ = ["LiveMetrics", "LiveSettings"]
+__all__ = ["LiveMetrics", "LiveSettings", "Rider"]
+
+
+class Rider(Protocol):
+    """What rides on the exchange beside the figures (the trace captures, :mod:`..capture`): ``width``
+    columns of its own in every row, before the flags column."""
+
+    width: int
+
+    def columns(self) -> List[float]:
+        """This rank's ``width`` columns for this interval's row."""
+
+    def received(self, index: int, rows: Rows, columns: Rows, steps: int, global_step: int, lag: int) -> None:
+        """Exchange ``index``'s rows (figures) and every row's columns, read on every rank in order."""
 
 
 class LiveSettings(Protocol):
@@ -42,7 +55,8 @@ class LiveMetrics:
     """
 
     def __init__(self, settings: LiveSettings, peak_tflops: Optional[float], sinks: Sequence[LiveSink], *,
-                 device: Any = None, defer: Optional[bool] = None, group: Any = None) -> None:
+                 device: Any = None, defer: Optional[bool] = None, group: Any = None,
+                 rider: Optional[Rider] = None) -> None:
         interval = settings.monitor_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"step_metrics.monitor_interval: expected an integer >= 1, got {interval!r}")
@@ -52,11 +66,22 @@ class LiveMetrics:
         if settings.console:
             self.sinks.append(ConsoleSink())
         self._gather = IntervalGather(device, defer, group)
+        self.rider = rider  # its columns travel in every row (a rank's, whether or not its figures came)
         self._steps: List[Union[StepFigures, int]] = []  # an int: a step whose figures never came
         self._fed = False  # figures came for the optimizer step in progress
         self._flags = 0  # this rank's flags, sent with every row from now on
         self._stop_at: Optional[int] = None  # the first exchange no rank launches (every rank decides it alike)
         self._failed: set = set()  # sinks whose error was shown (once each)
+
+    @property
+    def group_rank(self) -> int:
+        """This rank's place in the exchange (row ``group_rank``)."""
+        return self._gather.rank
+
+    @property
+    def group_ranks(self) -> List[int]:
+        """The global ranks of the exchange's rows."""
+        return self._gather.ranks
 
     @property
     def stopped(self) -> bool:
@@ -94,6 +119,7 @@ class LiveMetrics:
         label = (len(steps), last.global_step if isinstance(last, StepFigures) else last)
         self._send(self._gather.exchange(self._row(steps), label))
 
+
     def _row(self, steps: List[Union[StepFigures, int]]) -> List[float]:
         """This rank's row: its packed interval (empty where a step has no figures) and its flags."""
         figures = [step for step in steps if isinstance(step, StepFigures)]
@@ -105,11 +131,18 @@ class LiveMetrics:
                 self._flags |= STOP
                 logger.error(f"ds_profutils: live metrics failed on this rank ({type(exc).__name__}: {exc}); every "
                              "rank stops sending live figures at the same interval, training goes on")
+        if self.rider is not None:
+            values = [*values, *self.rider.columns()]
         return with_flags(values, self._flags)
 
     def _send(self, done: List[Tuple[int, Tuple[int, int], Rows]]) -> None:
         for index, (steps, global_step), rows in done:
             rows, flags = split_flags(rows)
+            if self.rider is not None:
+                width = self.rider.width
+                columns = [row[-width:] for row in rows]
+                rows = [row[:-width] for row in rows]
+                self.rider.received(index, rows, columns, steps, global_step, self._gather.lag)
             if decide(flags).stop:  # deferred: the boundary every rank has read these rows by
                 effect = index + max(1, self._gather.lag)
                 self._stop_at = effect if self._stop_at is None else min(self._stop_at, effect)

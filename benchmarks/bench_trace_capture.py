@@ -1,0 +1,73 @@
+"""Trace capture armed and idle: a ZeRO-2 step with ``trace_capture`` on (no request, no anomaly) against ``step_metrics``
+on without it ("off": the capture's own cost, DESIGN's protocol).
+
+    python benchmarks/bench_trace_capture.py [--turns 200] [--runs 3]
+
+2 ranks under the deepspeed launcher, gloo on CPU, garbage collector on, the modes interleaved
+(``bench_engines.attach_turns``: attach, close and their garbage untimed).  ``monitor_interval`` is 1 in both
+modes, so every timed step ends an interval: the armed step (``on_request``, nobody asking) pays its worst case, the
+capture columns in the row, rank 0's one rename attempt for a request and the decision on the rows, besides the
+listener's hooks.  Per rank
+and run: the median over the turns of the ratio of the second steps after attach; the target (<= 1.01x) is met
+when the median of the runs' worst-rank ratios meets it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_engines import attach_turns, mlp_engine  # benchmarks/ is the script's own folder
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = 1.01
+
+
+def worker(out: Path, turns: int, runs: int) -> None:
+    from ds_profutils import attach
+
+    engine, batch, rank, config = mlp_engine({"stage": 2}, step_metrics={
+        "enabled": True, "output_dir": str(out / "records"), "console": False, "monitor_interval": 1,
+        "hang_timeout_s": 0})
+    configs = {"off": config, "armed": {**config, "trace_capture": {"enabled": True}}}  # on_request, nobody asks
+    results = []
+    for _ in range(runs):
+        seconds, _ = attach_turns(engine, batch, turns,
+                                  {mode: lambda mode=mode: attach(engine, config=configs[mode]) for mode in configs})
+        results.append({mode: statistics.median(values) * 1e3 for mode, values in seconds.items()})
+        results[-1]["ratio"] = statistics.median(b / a for a, b in zip(seconds["off"], seconds["armed"]))
+    (out / f"rank_{rank}.json").write_text(json.dumps(results))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs, each of --turns turns (the protocol's three)")
+    parser.add_argument("--turns", type=int, default=200, help="interleaved turns of the two modes per run")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        worker(args.worker, args.turns, args.runs)
+        return
+    sys.path.insert(0, str(REPO / "tests"))
+    from launcher import run_deepspeed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run_deepspeed(Path(__file__), ["--worker", tmp, "--turns", str(args.turns), "--runs", str(args.runs)],
+                      timeout=3600)
+        ranks = [json.loads((Path(tmp) / f"rank_{rank}.json").read_text()) for rank in (0, 1)]
+    print(f"ZeRO-2 training step, 2 ranks (gloo, CPU), monitor_interval 1, {args.runs} runs of {args.turns} "
+          "interleaved turns: trace_capture armed and idle against step_metrics alone")
+    worst = [max(rank[run]["ratio"] for rank in ranks) for run in range(args.runs)]
+    for run, ratio in enumerate(worst):
+        print(f"    run {run + 1}: " + ";  ".join(f"rank {r}: off {rank[run]['off']:6.2f} ms armed "
+                                                  f"{rank[run]['armed']:6.2f} ms {rank[run]['ratio']:5.3f}x"
+                                                  for r, rank in enumerate(ranks)) + f"  (worst {ratio:5.3f}x)")
+    print(f"    median of the runs' worst-rank ratios: {statistics.median(worst):5.3f}x (target <= {TARGET}x)")
+
+
+if __name__ == "__main__":
+    main()
