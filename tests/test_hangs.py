@@ -116,3 +116,16 @@ def test_waiting_on_an_async_collectives_handle_is_being_inside_it_again():
     assert group.seq == collective.seq  # no new sequence number
     sequence.collective_ended(collective)
     assert group.current is None and not sequence.within_collective()
+
+
+def test_the_watch_holds_its_engine_weakly(tmp_path):
+    """The hooks hold the engine through a weakref (DESIGN, "Isolation"); a listener holding it strongly would keep
+    a dropped engine alive until a cycle collection, or for good where a cycle is not collected."""
+    import weakref
+
+    engine = Engine()
+    watch = watch_engine(engine, "main", str(tmp_path), 300)
+    ref = weakref.ref(engine)
+    del engine
+    assert ref() is None and watch.engine is None
+    watch.close()

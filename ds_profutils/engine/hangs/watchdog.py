@@ -130,7 +130,7 @@ class EngineWatch(Listener):
     """One engine's global step and phase as its hooks see them, and the heartbeat at its optimizer step's end."""
 
     def __init__(self, engine: Any, name: str, output_dir: Path, timeout_s: float, watchdog: Watchdog) -> None:
-        self.engine = engine
+        self._engine = weakref.ref(engine)  # the hooks hold the engine weakly; so does what they tell
         self.name = name
         self.output_dir = output_dir
         self.timeout_s = timeout_s
@@ -140,6 +140,11 @@ class EngineWatch(Listener):
         self.cuda_device: Optional[int] = device.index if getattr(device, "type", None) == "cuda" else None
         self._watchdog = watchdog
         self._steps_before = 0
+
+    @property
+    def engine(self) -> Any:
+        """The engine (None once collected)."""
+        return self._engine()
 
     def forward_started(self, module: Any, args: Any, kwargs: Any) -> None:
         self.global_step = self.engine.global_steps
