@@ -129,3 +129,28 @@ def test_the_watch_holds_its_engine_weakly(tmp_path):
     del engine
     assert ref() is None and watch.engine is None
     watch.close()
+
+
+def test_a_pipeline_send_is_on_its_pairs_sequence_while_it_blocks(monkeypatch):
+    """A pipeline rank stuck in a send to its neighbour stage is inside a collective of the pair (both ends count
+    on one key, so a hang lines the two ranks up), not "outside collectives"."""
+    import torch
+    import torch.distributed as dist
+
+    from ds_profutils.engine.collectives import _p2p_counted
+
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 3)
+    seen = []
+
+    def send(tensor, dst, group=None, tag=0):
+        group_of_pair = next(group for group in sequence.progress() if group.ranks == (2, 3))
+        seen.append((group_of_pair.current.name, group_of_pair.current.seq, sequence.within_collective()))
+
+    counted = _p2p_counted("send", send)
+    counted(torch.zeros(4), 2)
+    counted(torch.zeros(4), dst=2)
+    _p2p_counted("recv", lambda tensor, src=None: seen.append("from anyone"))(torch.zeros(4))
+    first = seen[0][1]
+    assert seen == [("send", first, True), ("send", first + 1, True), "from anyone"]
+    group = next(group for group in sequence.progress() if group.ranks == (2, 3))
+    assert group.current is None and group.last.name == "send" and group.last.nbytes == 16

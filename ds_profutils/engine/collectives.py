@@ -42,7 +42,7 @@ from .hooks import running
 from .step import EngineCollectives
 from .torch_collectives import TorchCollectives
 
-__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "attach_engine", "comms_logger_on",
+__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "P2P_OPS", "attach_engine", "comms_logger_on",
            "group_argument"]
 
 ASYNC_OP_POSITION: Dict[str, int] = {
@@ -65,6 +65,10 @@ ASYNC_OP_POSITION: Dict[str, int] = {
 """Collectives of DeepSpeed 0.19's ``TorchBackend`` that take ``async_op``, and its position (after self)."""
 ALWAYS_BLOCKING = ("inference_all_reduce", "broadcast_object_list", "all_gather_object", "monitored_barrier")
 """Collectives without ``async_op``: every call blocks."""
+P2P_OPS = ("send", "recv", "isend", "irecv")
+"""DeepSpeed's point-to-point calls (a pipeline's activations and gradients): not timed here (the pipeline's
+instruction times have them), only given the pair's next sequence number, so the hang watchdog sees a rank stuck
+in a send or receive and lines the pair's two ranks up (``(tensor, peer, group, tag)``: the peer after self)."""
 GROUP_POSITION: Dict[str, int] = {**{op: position - 1 for op, position in ASYNC_OP_POSITION.items()},
                                   "inference_all_reduce": 2, "broadcast_object_list": 2, "all_gather_object": 2,
                                   "monitored_barrier": 0}
@@ -140,6 +144,12 @@ class _Monitor:
             if method is not None:
                 self._before[op] = vars(backend).get(op, _ABSENT)
                 self._wrappers[op] = self._timed(op, method, ASYNC_OP_POSITION.get(op))
+                setattr(backend, op, self._wrappers[op])
+        for op in P2P_OPS:
+            method = getattr(backend, op, None)
+            if method is not None:
+                self._before[op] = vars(backend).get(op, _ABSENT)
+                self._wrappers[op] = _p2p_counted(op, method)
                 setattr(backend, op, self._wrappers[op])
         self._torch = TorchCollectives(self.torch_call)  # the frameworks' own calls (Trainer, Accelerate)
 
@@ -245,6 +255,26 @@ class _Monitor:
                 del attributes[op]
             else:
                 attributes[op] = self._before[op]
+
+
+def _p2p_counted(op: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (a send or receive) marked on the pair's sequence (:data:`P2P_OPS`); a receive from any peer
+    (``src`` None) has no pair and is passed through."""
+    peer_key = "dst" if op in ("send", "isend") else "src"
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        peer = args[1] if len(args) > 1 else kwargs.get(peer_key)
+        if peer is None:
+            return method(*args, **kwargs)
+        import torch.distributed as dist
+
+        collective = collective_started(op, tuple(sorted((dist.get_rank(), int(peer)))), tensor_bytes(args))
+        try:
+            return method(*args, **kwargs)
+        finally:
+            collective_ended(collective)
+
+    return counted
 
 
 def group_argument(args: tuple, kwargs: Dict[str, Any], position: int) -> Any:
