@@ -19,6 +19,7 @@ ranks on two busy cores stay even).
 Engines of one process need their own names (``attach``), so each run directory holds one engine of
 its own name: ``ds-profutils diff`` compares the only engine of each run.
 """
+import os
 import argparse
 import json
 import time
@@ -89,5 +90,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print(f"job end: rank {os.environ.get('RANK', 0)}", flush=True)  # run_deepspeed's check reads it (tests/launcher.py)
     if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
         torch.distributed.destroy_process_group()

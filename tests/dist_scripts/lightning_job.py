@@ -12,6 +12,7 @@ accelerator.  Everything else is Lightning's and DeepSpeed's own (the strategy's
 is met by naming the device ``cpu:0``).  Without the flag the run uses CUDA, unpatched (tests/gpu).
 Findings -> ``{out}/findings_rank_{r}.json``; records -> ``{out}/records``.
 """
+import os
 import argparse
 import importlib
 import json
@@ -101,5 +102,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print(f"job end: rank {os.environ.get('RANK', 0)}", flush=True)  # run_deepspeed's check reads it (tests/launcher.py)
     if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
         torch.distributed.destroy_process_group()

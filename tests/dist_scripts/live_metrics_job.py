@@ -12,6 +12,7 @@ forward before step ``EVAL_STEP``, timed into that step's ``eval_ms`` (the secon
 writes what it saw to ``{out}/findings.json``; each rank its wall time per interval and
 its step and collective times per step to ``{out}/rank_{rank}.json``.
 """
+import os
 import argparse
 import json
 import time
@@ -128,5 +129,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print(f"job end: rank {os.environ.get('RANK', 0)}", flush=True)  # run_deepspeed's check reads it (tests/launcher.py)
     if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
         torch.distributed.destroy_process_group()

@@ -6,6 +6,7 @@ Engine "breakdown" has ``memory_breakdown: true``, so DeepSpeed's ``see_memory_u
 on rank 0 inside its forward, backward and step; engine "plain" does not.  Records go to ``{out}``;
 ``{out}/resets.json`` counts the resets each engine's training made beside ours.
 """
+import os
 import argparse
 import json
 from pathlib import Path
@@ -83,5 +84,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print(f"job end: rank {os.environ.get('RANK', 0)}", flush=True)  # run_deepspeed's check reads it (tests/launcher.py)
     if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
         torch.distributed.destroy_process_group()

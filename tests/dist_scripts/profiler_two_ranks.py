@@ -7,6 +7,7 @@ call then trains the same engine on, writing to ``--second_output_dir`` with onl
 its step numbers continue from the engine's, and rank 1 runs it unprofiled.  The test reads the
 profiler's outputs and this job's output; this script only trains.
 """
+import os
 import argparse
 
 import deepspeed
@@ -47,5 +48,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print(f"job end: rank {os.environ.get('RANK', 0)}", flush=True)  # run_deepspeed's check reads it (tests/launcher.py)
     if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
         torch.distributed.destroy_process_group()

@@ -10,6 +10,7 @@ record that ends each optimizer step only) and one more hidden layer (a model of
 diff).  A ZeRO-2 engine with ``partitioned_param_profiler`` on must still be refused.  Findings go to
 ``{out}/found_rank_{rank}.json``.
 """
+import os
 import argparse
 import dataclasses
 import json
@@ -122,5 +123,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print(f"job end: rank {os.environ.get('RANK', 0)}", flush=True)  # run_deepspeed's check reads it (tests/launcher.py)
     if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
         torch.distributed.destroy_process_group()

@@ -12,6 +12,7 @@ so ds_profutils' timers replace DeepSpeed's (and the fetch timers are driven in 
 and attached again, then a new engine takes its name (a resumed ``train()``): its file holds every
 phase.  Findings go to ``{out}/expected_rank_{rank}.json``; records to ``{out}/records``.
 """
+import os
 import argparse
 import json
 from collections import Counter
@@ -234,5 +235,6 @@ def attached_in_phases(records: Path) -> dict:
 
 if __name__ == "__main__":
     main()
+    print(f"job end: rank {os.environ.get('RANK', 0)}", flush=True)  # run_deepspeed's check reads it (tests/launcher.py)
     if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
         torch.distributed.destroy_process_group()

@@ -22,6 +22,7 @@ both optimizer steps.
 
 Records go to ``{out}/records``.
 """
+import os
 import argparse
 import json
 import sys
@@ -220,5 +221,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print(f"job end: rank {os.environ.get('RANK', 0)}", flush=True)  # run_deepspeed's check reads it (tests/launcher.py)
     if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU")
         torch.distributed.destroy_process_group()
