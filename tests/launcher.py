@@ -107,22 +107,6 @@ def run_deepspeed(script: os.PathLike | str,
     return proc
 
 
-TEARDOWN_ABORT = "terminate called without an active exception"
-"""gloo's abort at process exit, with or without ds_profutils (README, "On CPU")."""
-
-
-def assert_job_ended(proc: subprocess.CompletedProcess, marker: str, ranks: int = 2) -> None:
-    """The job (run with ``check=False``) succeeded: exit 0, or gloo's teardown abort after every rank printed
-    ``marker`` (the script's last line before its shutdown) with no traceback before; never otherwise."""
-    output = proc.stdout
-    tail = "\n".join(output.splitlines()[-60:])
-    assert output.count(marker) == ranks, f"not every rank reached {marker!r} (exit {proc.returncode}):\n{tail}"
-    assert "Traceback" not in output, tail
-    if proc.returncode != 0:
-        abort = output.find(TEARDOWN_ABORT)
-        assert abort > output.rfind(marker) >= 0, f"exit {proc.returncode} without gloo's teardown abort:\n{tail}"
-
-
 def run_one_rank(args: Sequence[str], *, timeout: float = 600,
                  cwd: Optional[os.PathLike | str] = None) -> subprocess.CompletedProcess:
     """Run ``python args`` as rank 0 of a world of one (the variables the launcher would set, a free port)
@@ -298,6 +282,10 @@ def run_ranks_as_nodes(script: os.PathLike | str, args: Sequence[str], workdir: 
         processes.append((subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, env=env, stdout=log,
                                            stderr=subprocess.STDOUT), log))
     _finish_nodes(processes, workdir, timeout, port)
+
+
+TEARDOWN_ABORT = "terminate called without an active exception"
+"""gloo's abort at process exit, with or without ds_profutils (README, "On CPU")."""
 
 
 JOB_END = r"job end: rank \d+"
