@@ -3,7 +3,10 @@ ranks that matter, the anomaly rules and their bounds, a request taken through a
 real torch.profiler, the config section, the CLI and the gzip readers.  The launcher jobs: test_capture_launcher.py."""
 import gzip
 import json
+import socket
+import time
 import weakref
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +17,7 @@ from ds_profutils.config import ConfigError, ProfilerConfig
 from ds_profutils.config.loading import config_from_raw
 from ds_profutils.engine.capture import CaptureController, CaptureDecider
 from ds_profutils.engine.capture.decide import request_columns, suspects, Request
+from ds_profutils.engine.capture.hosts import HOST_KEY, HostDirectory, publish_host
 from ds_profutils.engine.capture.tracer import _compress
 from ds_profutils.engine.live import LiveMetrics, StepFigures
 from ds_profutils.engine.live.interval import pack_interval
@@ -146,11 +150,13 @@ def test_a_request_is_taken_once_decided_through_the_exchange_and_traced_exactly
     run_steps(live, controller, engine, 3)  # the interval ends after step 9: taken, decided, S = 10
     assert not (tmp_path / "capture_request.json").exists() and (tmp_path / "capture_request.taken.1.json").exists()
     folder = tmp_path / "capture_10"
-    assert json.loads((folder / "manifest.json").read_text())["done"] is False
+    announced = json.loads((folder / "manifest.json").read_text())
+    assert announced["done"] is False and announced["hosts"] == {"0": socket.gethostname()}
     run_steps(live, controller, engine, 10)  # 10, 11 traced; the next exchange says rank 0 wrote
     manifest = json.loads((folder / "manifest.json").read_text())
     assert (manifest["reason"], manifest["first_step"], manifest["ranks"], manifest["done"]) == ("request", 10,
                                                                                                 [0], True)
+    assert manifest["hosts"] == {"0": socket.gethostname()}  # no torch.distributed: rank 0 knows its own
     assert manifest["request_id"] == request["id"]
     trace = folder / ("trace_rank_0.json.gz" if compressed else "trace_rank_0.json")
     assert [entry["step"] for entry in summarize_trace(trace)["steps"]] == [10, 11]
@@ -344,6 +350,60 @@ def test_report_lists_the_captures_with_their_reasons_and_why_each_rank(tmp_path
     assert [(capture.get("reason"), capture["traces"]) for capture in listed] == [(None, []), ("straggler", [2])]
 
 
+def test_report_says_which_host_holds_which_ranks_trace_only_when_the_ranks_span_hosts(tmp_path, capsys):
+    for step, hosts in ((4, {"0": "node-a", "1": "node-a", "2": "node-b", "3": None}), (9, {"0": "node-a", "2": "node-a"})):
+        (tmp_path / f"capture_{step}").mkdir()
+        (tmp_path / f"capture_{step}" / "manifest.json").write_text(json.dumps({
+            "reason": "request", "first_step": step, "steps": 1, "ranks": [int(rank) for rank in hosts],
+            "hosts": hosts, "done": True}))
+    assert cli_main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("    traces on hosts: node-a ranks [0, 1]; node-b ranks [2]; host unknown ranks [3] (each host writes its "
+            "ranks' traces into its own capture_4/)") in out
+    assert out.count("traces on hosts") == 1  # capture_9: one host
+    assert cli_main(["report", "--json", str(tmp_path)]) == 0
+    assert [capture["hosts"] for capture in json.loads(capsys.readouterr().out)["captures"]][0]["2"] == "node-b"
+
+
+def test_rank_0_reads_the_hosts_from_the_store_a_missing_key_is_null_at_once_and_a_failure_is_said_once(
+        tmp_path, caplog, monkeypatch):
+    """No collective: each rank sets its host in the default store at attach, rank 0 reads the chosen ranks' keys;
+    a rank whose key is missing reads as null without waiting the store's timeout (60 s here)."""
+    import torch.distributed as dist
+    from ds_profutils.engine.capture import hosts as hosts_module
+
+    identity = process_identity()
+    assert HostDirectory(identity).hosts([identity.rank, 1]) == {"0": identity.host, "1": None}  # no store
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))
+    try:
+        identity = process_identity()
+        publish_host(identity)
+        store = dist.distributed_c10d._get_default_store()
+        assert store.get(HOST_KEY.format(rank=0)).decode() == socket.gethostname()
+        store.set(HOST_KEY.format(rank=2), "node-b")
+        directory = HostDirectory(identity)
+        began = time.monotonic()
+        assert directory.hosts([0, 2, 3]) == {"0": socket.gethostname(), "2": "node-b", "3": None}
+        assert time.monotonic() - began < 5
+        store.set(HOST_KEY.format(rank=3), "node-c")  # published late: read at the next manifest
+        assert directory.hosts([2, 3]) == {"2": "node-b", "3": "node-c"}
+
+        def broken():
+            raise RuntimeError("the store's server is gone")
+
+        monkeypatch.setattr(hosts_module, "_default_store", broken)
+        publish_host(identity)
+        failing = HostDirectory(identity)
+        assert failing.hosts([0, 5]) == {"0": socket.gethostname(), "5": None}
+        assert failing.hosts([6]) == {"6": None}  # not tried again
+        assert caplog.text.count("host could not be set in torch.distributed's store (RuntimeError") == 1
+        assert caplog.text.count("the hosts of ranks [5] could not be read") == 1
+        assert "ranks [6]" not in caplog.text
+    finally:
+        dist.destroy_process_group()
+
+
 ATTACH_SCRIPT = """
 import json, sys
 import deepspeed, torch
@@ -357,7 +417,8 @@ engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters
 attachment = ds_profutils.attach(engine)
 found = {"interval": attachment.live.interval, "sinks": len(attachment.live.sinks), "rider": type(attachment.live.rider).__name__,
          "memory": attachment.recorder.memory is None, "flops": attachment.recorder.flops is None,
-         "writes": attachment.recorder.writes}
+         "writes": attachment.recorder.writes,
+         "host": torch.distributed.distributed_c10d._get_default_store().get("ds_profutils/host/0").decode()}
 attachment.close()
 print("FOUND " + json.dumps(found), flush=True)
 torch.distributed.destroy_process_group()
@@ -371,7 +432,7 @@ def test_trace_capture_alone_runs_the_exchange_at_monitor_interval_with_no_recor
     done = run_one_rank(["-c", ATTACH_SCRIPT, str(tmp_path)])
     found = json.loads(done.stdout.split("FOUND ")[1].splitlines()[0])
     assert found == {"interval": 3, "sinks": 0, "rider": "CaptureController", "memory": True, "flops": True,
-                     "writes": False}
+                     "writes": False, "host": socket.gethostname()}  # set at attach for rank 0's manifests
     assert not list(tmp_path.glob("zero_fetch_*"))
 
 

@@ -1,6 +1,9 @@
-"""The docs match the code: every example config is listed where the configuration is documented, and every
-``ds-profutils`` subcommand has a page that shows how to call it."""
+"""The docs match the code: every example config is listed where the configuration is documented, every
+``ds-profutils`` subcommand has a page that shows how to call it, and every key of a capture's manifest is in
+capture.md's table."""
 import argparse
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -28,3 +31,15 @@ def test_every_subcommand_has_a_page_showing_how_to_call_it():
         shown = [page for page, lines in pages.items()
                  if any(line.startswith((f"    ds-profutils {name} ", f"## `ds-profutils {name}")) for line in lines)]
         assert shown, f"no docs page shows how to call ds-profutils {name}"
+
+
+def test_every_key_a_capture_manifest_has_is_in_the_table_of_capture_md(tmp_path):
+    from ds_profutils.engine.capture.decide import Plan
+    from ds_profutils.engine.capture.files import write_manifest
+
+    plan = Plan("request", 2, [0, 2], {"0": "asked for", "2": "asked for"}, {}, 40)
+    write_manifest(tmp_path, plan, "main", None, done=True, hosts={"0": "node-a", "2": "node-b"})
+    written = set(json.loads((tmp_path / "manifest.json").read_text(encoding="utf-8")))
+    rows = [line.split("|")[1] for line in (ROOT / "docs" / "capture.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `")]
+    assert written - set(re.findall(r"`(\w+)`", " ".join(rows))) == set()

@@ -1,11 +1,14 @@
 """Two hosts on one machine: each node of the job in its own namespaces (its own hostname, pids that repeat
 across nodes), 2 ranks each, writing into one shared directory.  Every rank's trace and records are its own
-and name the right host and global rank."""
+and name the right host and global rank; a capture of every rank, asked for before the job starts and taken at
+its first interval (step 4, after the profiler's window), has a manifest naming each rank's host."""
 import json
 
 import pytest
 
 from ds_profutils.report import build_report
+from ds_profutils.report.captures import capture_lines
+from ds_profutils.report.captures.command import write_request
 from launcher import DIST_SCRIPTS, namespaces_permitted, run_two_nodes
 from profiler_testing import profiler_steps, read_trace
 from report_testing import read_records_file
@@ -26,8 +29,13 @@ def two_node_job(tmp_path_factory):
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
         "profiler": {"output_dir": str(out / "profile"), "skip_first": 0, "wait": 1, "warmup": 1, "active": 2},
         "partitioned_param_profiler": {"enabled": True, "output_dir": str(out / "profile")},
+        # the exchange after steps 3 and 7 (no step records of step_metrics' own): the capture at 4, its `done` at 7
+        "step_metrics": {"enabled": False, "monitor_interval": 4},
+        "trace_capture": {"enabled": True, "output_dir": str(out / "captures")},
     }
     (out / "ds_config.json").write_text(json.dumps(config))
+    (out / "captures").mkdir()
+    write_request(out / "captures", 1, "all")
     run_two_nodes(DIST_SCRIPTS / "two_hosts.py", ["--out", str(out), "--deepspeed_config", str(out / "ds_config.json")],
                   out)
     return out
@@ -47,7 +55,7 @@ def test_each_rank_knows_its_host_and_pids_repeat_across_hosts(two_node_job):
 @pytest.mark.parametrize("rank", RANKS)
 def test_records_of_every_rank_are_distinct_and_name_host_and_rank(two_node_job, rank):
     records = read_records_file(two_node_job / "profile" / f"zero_fetch_rank_{rank}.jsonl")
-    assert len(records) == 4
+    assert len(records) == 8
     assert {(r["rank"], r["world_size"], r["local_rank"], r["host"]) for r in records} == {(rank, 4, rank % 2,
                                                                                            host_of(rank))}
 
@@ -61,8 +69,22 @@ def test_traces_of_every_rank_are_distinct_and_name_host_and_rank(two_node_job, 
 
 
 def test_nothing_is_left_under_a_temporary_or_probe_name(two_node_job):
-    leftovers = [path.name for path in (two_node_job / "profile").rglob(".*")]
+    leftovers = [path.name for folder in ("profile", "captures") for path in (two_node_job / folder).rglob(".*")]
     assert leftovers == []
+
+
+def test_a_capture_of_every_rank_names_each_ranks_host_in_its_manifest_and_the_report(two_node_job):
+    folders = sorted(path.name for path in (two_node_job / "captures").glob("capture_*") if path.is_dir())
+    assert folders == ["capture_4"]
+    folder = two_node_job / "captures" / "capture_4"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert (manifest["reason"], manifest["ranks"], manifest["done"]) == ("request", list(RANKS), True)
+    assert manifest["hosts"] == {str(rank): host_of(rank) for rank in RANKS}
+    for rank in RANKS:
+        trace = read_trace(folder / f"trace_rank_{rank}.json")
+        assert (trace["distributedInfo"]["rank"], profiler_steps(trace)) == (rank, [4])
+    assert ("    traces on hosts: node-0 ranks [0, 1]; node-1 ranks [2, 3] (each host writes its ranks' traces into "
+            "its own capture_4/)") in capture_lines(two_node_job / "captures")
 
 
 def test_the_report_shows_both_hosts_and_joins_every_ranks_trace(two_node_job):

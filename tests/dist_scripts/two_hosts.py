@@ -1,7 +1,8 @@
 """Run as one node of a two-node job (each node in its own UTS and pid namespaces, so its own hostname and
 pids that repeat across nodes): ``@profiler`` traces and ``attach`` records, as a user's job writes them,
-into one shared output directory.  Each rank also writes what it knows of itself to
-``{out}/identity_rank_{r}.json``."""
+into one shared output directory, and a trace capture the config's ``trace_capture`` section takes from a
+request waiting in its output_dir (after the profiler's window).  Each rank also writes what it knows of
+itself to ``{out}/identity_rank_{r}.json``."""
 import argparse
 import json
 import os
@@ -13,13 +14,17 @@ import torch
 
 from ds_profutils import attach, profiler, step_profiler
 
+STEPS = 8
+"""The profiler's window within steps 0-3, a capture at step 4, the exchange after step 7 saying every rank wrote
+it (monitor_interval 4: tests/test_two_hosts.py)."""
+
 
 def train(args: argparse.Namespace) -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     engine, *_ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     recorder = attach(engine)
-    for _ in range(4):
+    for _ in range(STEPS):
         engine.backward(engine(torch.randn(4, 16)).pow(2).mean())
         engine.step()
         step_profiler(engine)

@@ -6,7 +6,8 @@ as they are read (:meth:`received`: the same rows, in the same order, on every r
 same decisions): a decision from exchange k takes effect at the boundary of exchange k + lag (0 on gloo, 2
 on the deferred path, where every rank has read those rows), and its first step S is the step after it, the
 same on every rank.  The chosen ranks trace S..S+N-1 (:mod:`.tracer`), following the engine's
-optimizer steps as a listener; rank 0 writes the manifest (:mod:`.files`).  Nothing here raises into the
+optimizer steps as a listener; rank 0 writes the manifest (:mod:`.files`), naming each chosen rank's host
+(:mod:`.hosts`: each rank sets it in torch.distributed's store at attach).  Nothing here raises into the
 step: a failure is said once and the capture is dropped on this rank (its columns keep their width, so the
 exchange stays the same on every rank).
 """
@@ -26,6 +27,7 @@ from ...torch_profiler import calls
 from ..hooks import OptimizerStepListener
 from .decide import COLUMNS, CaptureDecider, Plan, Request, request_columns
 from .files import take_request, write_manifest, write_refusal
+from .hosts import HostDirectory, publish_host
 from .tracer import CaptureTrace
 
 __all__ = ["CaptureController", "attach_capture"]
@@ -47,6 +49,7 @@ class CaptureController(OptimizerStepListener):
         self.engine_name = engine_name
         self.output_dir = Path(settings.output_dir)
         self.is_reporter = group_rank == 0
+        self._hosts = HostDirectory(identity) if self.is_reporter else None  # rank 0: the manifests' hosts
         self.decider = CaptureDecider(settings, list(ranks))
         self._taken = 0  # requests rank 0 took
         self._requests: Dict[int, Request] = {}  # rank 0: the requests taken, by number
@@ -174,7 +177,8 @@ class CaptureController(OptimizerStepListener):
 
     def _announce(self, plan: Plan) -> None:
         request = self._requests.get(plan.request_number)
-        write_manifest(self._folder(plan), plan, self.engine_name, request, done=False)
+        write_manifest(self._folder(plan), plan, self.engine_name, request, done=False,
+                       hosts=self._hosts.hosts(plan.ranks))
         self._unfinished.append(plan)
         print(f"ds_profutils: capture ({plan.reason}) of steps {plan.first_step}-{plan.first_step + plan.steps - 1} "
               f"on ranks {plan.ranks} goes to {self._folder(plan)}", flush=True)
@@ -186,7 +190,8 @@ class CaptureController(OptimizerStepListener):
             if all(written.get(rank, -1) >= plan.first_step for rank in plan.ranks):
                 self._unfinished.remove(plan)
                 write_manifest(self._folder(plan), plan, self.engine_name,
-                               self._requests.pop(plan.request_number, None), done=True)
+                               self._requests.pop(plan.request_number, None), done=True,
+                               hosts=self._hosts.hosts(plan.ranks))
 
     def _fail(self, exc: BaseException) -> None:
         if not self._failed:
@@ -208,6 +213,7 @@ def attach_capture(attachment: Any, capture: Any, records_dir: str, profiler: Pr
     live = attachment.live
     if live is None:  # no recorder here: nothing feeds the exchange
         return
+    publish_host(identity)  # for rank 0's manifests, read when it writes one (no collective: .hosts)
     capture = capture.model_copy(update=dict(output_dir=capture.output_dir or records_dir))
     controller = CaptureController(attachment.engine, attachment.name or MAIN_ENGINE, capture, profiler, identity,
                                    live.group_rank, live.group_ranks)

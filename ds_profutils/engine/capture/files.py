@@ -61,10 +61,12 @@ def write_refusal(output_dir: Path, request_id: str, reason: str) -> None:
         logger.error(f"ds_profutils: {output_dir / CAPTURE_REFUSED} cannot be written: {exc}")
 
 
-def write_manifest(folder: Path, plan: Plan, engine: str, request: Optional[Request], done: bool) -> None:
-    """The capture's ``manifest.json`` (docs/capture.md); rewritten with ``done`` once every chosen rank wrote."""
+def write_manifest(folder: Path, plan: Plan, engine: str, request: Optional[Request], done: bool,
+                   hosts: Dict[str, Optional[str]]) -> None:
+    """The capture's ``manifest.json`` (docs/capture.md); rewritten with ``done`` once every chosen rank wrote.
+    ``hosts``: each chosen rank's host by rank, as ``why_these_ranks`` (where each trace is to be fetched)."""
     content = {"reason": plan.reason, "engine": engine, "first_step": plan.first_step, "steps": plan.steps,
-               "ranks": plan.ranks, "why_these_ranks": plan.why, "figures": plan.figures,
+               "ranks": plan.ranks, "hosts": hosts, "why_these_ranks": plan.why, "figures": plan.figures,
                "request_id": request.request_id if request else None,
                "requested_at": request.requested_at if request else None,
                "written_at": time.time(), "done": done}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ...outputs import CAPTURE_DIR_PATTERN, CAPTURE_MANIFEST, trace_files
 
@@ -44,8 +44,28 @@ def capture_lines(directory: Path) -> List[str]:
         state = "done" if capture.get("done") else "not confirmed by every chosen rank"
         lines.append(f"  {capture['folder'].name}: {capture.get('reason', 'no manifest')}, {span}, "
                      f"ranks {capture.get('ranks', '?')}, traces of ranks {capture['traces']} ({state})")
+        hosts = _hosts_line(capture.get("hosts"), capture["folder"].name)
+        if hosts:
+            lines.append(hosts)
         for rank, why in (capture.get("why_these_ranks") or {}).items():
             lines.append(f"    rank {rank}: {why}")
         if capture.get("figures"):
             lines.append(f"    fired by: {json.dumps(capture['figures'], sort_keys=True)}")
     return lines
+
+
+def _hosts_line(hosts: Any, folder: str) -> Optional[str]:
+    """Where the chosen ranks' traces are, by host, when they span more than one: each rank writes its trace on
+    its own host, so unless the hosts share a file system the folder read here lacks the other hosts' traces.
+    None on one host, and for a manifest without ``hosts`` (written before it was there)."""
+    if not isinstance(hosts, dict):
+        return None
+    by_host: Dict[Optional[str], List[str]] = {}
+    for rank, host in hosts.items():
+        by_host.setdefault(host if isinstance(host, str) else None, []).append(str(rank))
+    if len(by_host) < 2:
+        return None
+    where = [f"{host} ranks [{', '.join(ranks)}]" for host, ranks in by_host.items() if host is not None]
+    if None in by_host:
+        where.append(f"host unknown ranks [{', '.join(by_host[None])}]")
+    return f"    traces on hosts: {'; '.join(where)} (each host writes its ranks' traces into its own {folder}/)"
