@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ds_profutils.config import PartitionedParamProfilerConfig
 from ds_profutils.engine import Attachment
+from ds_profutils.engine.hooks import running
 from ds_profutils.engine.recorder import StepRecorder
 from ds_profutils.engine.throughput.flops import FlopCounter
 
@@ -164,6 +165,7 @@ def test_a_forward_inside_a_forward_of_the_module_is_counted_once_and_leaves_no_
         for _ in range(2):
             loss = engine({"x": x})
             assert modes_on_thread() == []
+            assert running.engine_id is None  # after the outer forward no engine runs (a collective now is the gap's)
             engine.backward(loss)
             engine.step()
     assert [record["flops"] for record in read_records(tmp_path)] == [expected, expected]

@@ -160,17 +160,16 @@ class _Monitor:
             """Every call, recorded or not, takes its group's next sequence number (the hang watchdog's)."""
             collective = collective_started(op, group_argument(args, kwargs, group_position), tensor_bytes(args))
             try:
-                return timed(collective, *args, **kwargs)
+                recording = self._recording()
+                if not recording:
+                    return method(*args, **kwargs)
+                return timed(recording, collective, *args, **kwargs)
             finally:
                 collective_ended(collective)
 
-        def timed(collective: Any, *args: Any, **kwargs: Any) -> Any:
-            recording = self._recording()
-            if not recording:
-                return method(*args, **kwargs)
+        def timed(recording: List[EngineCollectives], collective: Any, *args: Any, **kwargs: Any) -> Any:
             for engine in recording:
-                if engine.step is not None:
-                    engine.step.note_sequence(collective.ranks, collective.seq)
+                engine.step.note_sequence(collective.ranks, collective.seq)
             is_async = _is_async(args, kwargs, async_position)
             events = self.device_events
             stream = self.current_stream() if events is not None else None
@@ -225,10 +224,9 @@ class _Monitor:
     def _recording(self) -> List[EngineCollectives]:
         """The engines a collective issued now belongs to: the running one if it records, else (outside
         every engine's calls) every engine recording."""
-        engines = [engine for engine in map(weakref.ref.__call__, self.engines)
-                   if engine is not None and engine.step is not None]
         now = running.engine_id
-        return engines if now is None else [engine for engine in engines if engine.engine_id == now]
+        return [engine for engine in map(weakref.ref.__call__, self.engines)
+                if engine is not None and engine.step is not None and (now is None or engine.engine_id == now)]
 
     def torch_call(self, op: str, host_ns: int) -> None:
         """A ``torch.distributed`` call of the program's (or a framework's) took ``host_ns``: inside an engine's

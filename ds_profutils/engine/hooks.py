@@ -78,6 +78,8 @@ def on_backward_end(output: Any, reached: Callable[[], None], done: Callable[[],
         reached()
         torch.autograd.Variable._execution_engine.queue_callback(done)
 
+    if len(tensors) == 1:  # the usual output (a loss, logits): a tensor hook, a third of a multi-grad hook's cost
+        return tensors[0].register_hook(on_gradient)
     return register_multi_grad_hook(tensors, on_gradient, mode="any")
 
 
@@ -203,7 +205,8 @@ class EngineHooks:
         self.listeners: List[Listener] = []
         self._active = True
         self._engine_id = id(engine)
-        self._outside: Optional[int] = None  # the engine running when this one's forward started
+        self._outside: Optional[int] = None  # the engine running when this one's (outermost) forward started
+        self._forwards = 0  # this engine's module forwards running now (a forward inside a forward: 2)
         self._in_backward = False  # inside engine.backward(), which tells its own end
         self._backward_watch: Optional[Any] = None  # the last train forward's outputs, watched for a backward
         self._handles: List[Any] = []
@@ -290,7 +293,10 @@ class EngineHooks:
     def _forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         if self._active:
             self._forget_backward_watch()
-            self._outside, running.engine_id = running.engine_id, self._engine_id
+            if not self._forwards:  # a nested forward (Lightning's training_step calling the module) keeps it
+                self._outside = running.engine_id
+            self._forwards += 1
+            running.engine_id = self._engine_id
             self._tell("forward_started", module, args, kwargs)
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -311,7 +317,8 @@ class EngineHooks:
             self._backward_watch = None
 
     def _forward_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if running.engine_id == self._engine_id:
+        self._forwards = max(self._forwards - 1, 0)
+        if not self._forwards and running.engine_id == self._engine_id:
             running.engine_id = self._outside
 
     def _around_backward(self, backward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -59,6 +59,7 @@ class StepRecord:
         # fields(step_ms), the record's fields made once its times are known
         self.parts: List[Any] = []
         self.sequences: Dict[tuple, List[int]] = {}  # per group (its ranks): the step's first and last sequence number
+        self._host_timing: Optional[Dict[str, Any]] = None  # timing() once the step ended, where no device time comes
 
     def complete(self, closing: bool) -> bool:
         """Whether this record holds a whole step: its ``step()`` returned, or its forward ended and no
@@ -106,7 +107,11 @@ class StepRecord:
         return found + ([self.step_pair] if self.step_pair is not None else [])
 
     def timing(self) -> Dict[str, Any]:
-        """The record's step time and collectives, in ms, on the clock each was measured on."""
+        """The record's step time and collectives, in ms, on the clock each was measured on.  Without device
+        events (no start mark) they are final once the step ended: the first call's dict is returned again (the
+        recorder asks for the totals, then for the line, which may take keys out of it)."""
+        if self._host_timing is not None:
+            return self._host_timing
         step_ns = pair_ns(self.step_pair) if self.step_pair else self.end_ns - self.start_ns
         entries = {}
         for (op, side), totals in self.collectives.items():
@@ -118,13 +123,16 @@ class StepRecord:
                 "exposed_ms": 0.0 if side else blocking_ms, "stream": "side" if side else "compute",
                 "clock": pairs_clock(pairs) if pairs else "host"
             }
-        return {
+        timing = {
             "step_time_ms": step_ns / _NS_PER_MS,
             "collectives": entries,
             "collective_ms": sum(entry["time_ms"] for entry in entries.values()) - self._overlap_ns() / _NS_PER_MS,
             "collective_wait_ms": sum(entry["exposed_ms"] for entry in entries.values()),
             "collective_seq": {rank_ranges(ranks): span for ranks, span in self.sequences.items()},
         }
+        if self.start_mark is None:
+            self._host_timing = timing
+        return timing
 
 
     def _overlap_ns(self) -> float:
