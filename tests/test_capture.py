@@ -16,11 +16,11 @@ from ds_profutils.cli import main as cli_main
 from ds_profutils.config import ConfigError, ProfilerConfig
 from ds_profutils.config.loading import config_from_raw
 from ds_profutils.engine.capture import CaptureController, CaptureDecider
-from ds_profutils.engine.capture.decide import request_columns, suspects, Request
+from ds_profutils.engine.capture.decide import ANOMALY_LATE_SHARE, late_steps, request_columns, suspects, Request
 from ds_profutils.engine.capture.hosts import HOST_KEY, HostDirectory, publish_host
 from ds_profutils.engine.capture.tracer import _compress
 from ds_profutils.engine.live import LiveMetrics, StepFigures
-from ds_profutils.engine.live.interval import pack_interval
+from ds_profutils.engine.live.interval import interval_straggler, pack_interval
 from ds_profutils.outputs import process_identity
 from ds_profutils.report.captures import read_captures
 from ds_profutils.report.captures.command import write_request
@@ -90,6 +90,71 @@ def test_an_even_run_fires_nothing_and_anomaly_captures_are_bounded():
     assert [plan.reason for plan in plans if plan] == ["straggler"]
     off = CaptureDecider(settings(on_anomaly=False), [0, 1, 2, 3])
     assert all(off.decide(i, interval(5 * i, late=1), NO_COLUMNS, STEPS, 5 * i + 4, 0) is None for i in range(5))
+
+
+def measured(first, figures):
+    """Every rank's packed row of one interval from ``(step_ms by rank, collective_ms by rank)`` per step."""
+    ranks = len(figures[0][0])
+    return [pack_interval([step(first + i, times[rank], waits[rank]) for i, (times, waits) in enumerate(figures)])
+            for rank in range(ranks)]
+
+
+# Intervals measured on loaded 4-rank jobs (8 and 12 gloo ranks on 2 cores, test_capture_launcher's capture_job):
+# per step each rank's step time and time inside collectives.  Even jobs: the live rule names rank 0 (3 of 5
+# steps) and rank 2 (4 of 5), ahead of the next-latest rank by 0-5.1 ms.
+EVEN_RANK_0 = [([41.5, 42.4, 41.2, 41.3], [13.4, 18.0, 16.3, 15.6]),
+               ([39.3, 40.3, 42.1, 41.2], [10.4, 15.5, 18.4, 17.0]),
+               ([42.9, 43.2, 41.9, 43.2], [9.0, 14.3, 13.1, 18.4]), ([35.5, 33.7, 34.7, 34.7], [8.8, 9.1, 11.1, 7.1]),
+               ([42.8, 42.2, 42.3, 42.0], [19.2, 13.8, 13.6, 12.3])]
+EVEN_RANK_2 = [([43.7, 42.4, 44.2, 44.7], [17.1, 17.1, 21.0, 20.4]),
+               ([53.2, 53.0, 52.7, 52.3], [24.0, 24.6, 9.6, 13.3]),
+               ([33.6, 34.2, 34.7, 34.7], [9.0, 11.3, 7.7, 7.7]), ([37.1, 37.0, 37.1, 37.1], [12.9, 13.5, 7.9, 8.2]),
+               ([34.8, 36.7, 35.0, 35.0], [11.6, 8.6, 5.8, 10.0])]
+# The job whose rank 2 sleeps 60 ms more from step 40: two of its intervals, the first with the host's hiccups.
+SLOWED_RANK_2 = [
+    [([95.5, 99.5, 98.0, 96.8], [70.1, 71.4, 9.5, 68.1]), ([93.0, 93.6, 93.7, 99.4], [67.6, 69.4, 8.4, 70.8]),
+     ([152.0, 105.6, 93.8, 120.2], [125.7, 78.6, 9.4, 95.0]),
+     ([125.0, 142.1, 145.3, 144.8], [96.3, 113.8, 39.6, 117.6]),
+     ([110.9, 112.4, 110.4, 109.2], [75.0, 84.9, 15.5, 73.8])],
+    [([93.3, 92.3, 94.3, 95.3], [69.0, 66.6, 9.6, 68.0]), ([99.5, 100.9, 98.6, 99.0], [75.3, 75.7, 14.8, 73.2]),
+     ([98.4, 96.4, 98.4, 98.5], [70.9, 73.0, 14.7, 68.8]), ([93.0, 95.5, 94.0, 93.4], [69.3, 68.4, 10.6, 67.3]),
+     ([95.9, 96.3, 96.0, 95.6], [68.4, 72.3, 12.3, 70.1])]]
+
+
+def test_an_even_run_on_a_loaded_host_fires_no_capture_though_the_live_figure_names_a_straggler():
+    for figures, named in ((EVEN_RANK_0, 0), (EVEN_RANK_2, 2)):
+        assert interval_straggler(measured(0, figures), STEPS) == named  # the live figure: unchanged
+        decider = CaptureDecider(settings(), [0, 1, 2, 3])
+        assert all(decider.decide(i, measured(5 * i, figures), NO_COLUMNS, STEPS, 5 * i + 4, 0) is None
+                   for i in range(10))
+    slowed = CaptureDecider(settings(), [0, 1, 2, 3])
+    assert slowed.decide(0, measured(40, SLOWED_RANK_2[0]), NO_COLUMNS, STEPS, 44, 0) is None
+    plan = slowed.decide(1, measured(45, SLOWED_RANK_2[1]), NO_COLUMNS, STEPS, 49, 0)
+    assert plan.reason == "straggler" and plan.figures["straggler_rank"] == 2 and 2 in plan.ranks
+    assert plan.figures["late_steps"] == 5 and 52 < plan.figures["late_ms_median"] < 60
+
+
+def test_a_straggler_fires_only_a_quarter_of_a_step_ahead_of_the_next_rank_in_most_steps():
+    def ahead(leads):
+        """Rank 1 ahead of the others by ``leads[i]`` ms in step i of 100 ms (they wait 40 ms more than it)."""
+        return [([100.0] * 4, [40.0 + (0.0 if rank == 1 else lead + rank * 0.1) for rank in range(4)])
+                for lead in leads]
+
+    def fires(leads):
+        decider = CaptureDecider(settings(), [0, 1, 2, 3])
+        decider.decide(0, measured(0, ahead(leads)), NO_COLUMNS, STEPS, 4, 0)
+        return decider.decide(1, measured(5, ahead(leads)), NO_COLUMNS, STEPS, 9, 0) is not None
+
+    share = ANOMALY_LATE_SHARE * 100.0
+    assert fires([share + 1] * 3 + [0.0] * 2) and not fires([share - 1] * 3 + [0.0] * 2)
+    # named by the live rule in every step (over 10% of the step), a quarter of a step ahead in only two
+    assert interval_straggler(measured(0, ahead([share + 1] * 2 + [15.0] * 3)), STEPS) == 1
+    assert not fires([share + 1] * 2 + [15.0] * 3) and fires([share + 1] * 3 + [15.0] * 2)
+    rows = measured(0, ahead([share + 1] * STEPS))
+    rows[3][STEPS] = float("nan")  # rank 3 without the first step's figure: left out, as the step rule leaves it
+    assert len(late_steps(rows, STEPS, 1)) == STEPS
+    rows[1][STEPS] = float("nan")  # the straggler without it: that step is not late
+    assert late_steps(rows, STEPS, 1) == [share + 1] * (STEPS - 1)
 
 
 def test_a_step_jump_fires_against_the_run_median_so_far():

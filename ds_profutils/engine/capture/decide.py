@@ -6,6 +6,10 @@ Each row carries, after the rank's packed interval (:func:`..live.interval.pack_
 interval (its number, steps, how the ranks are chosen, the rank mask), and on every row the first step of
 the last capture whose trace this rank wrote (so rank 0's manifest says ``done`` when every chosen rank
 wrote).  Nothing here imports torch.
+
+What fires an anomaly capture is stricter than the live straggler figure (``ds_profutils/straggler_rank``, the
+report's 10% step rule, unchanged): a capture costs the job a trace, so the straggler must hold the others back
+by a share of the step, steadily, for two intervals in a row (:data:`ANOMALY_LATE_SHARE`).
 """
 from __future__ import annotations
 
@@ -14,14 +18,29 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from ..._straggler import STRAGGLER_MIN_SPREAD_MS
 from ..live.interval import interval_straggler
 
-__all__ = ["COLUMNS", "MAX_LISTED_RANK", "CaptureDecider", "Plan", "Request", "request_columns", "suspects"]
+__all__ = ["ANOMALY_LATE_SHARE", "COLUMNS", "MAX_LISTED_RANK", "CaptureDecider", "Plan", "Request", "late_steps",
+           "request_columns", "suspects"]
 
 COLUMNS = 5
 """Capture columns per row: request number (0: none), steps, ranks mode, rank mask, last written capture."""
 MAX_LISTED_RANK = 51
 """A listed rank travels as one bit of a float64 column: ranks 0..51 (a float holds 52 exact bits)."""
+ANOMALY_LATE_SHARE = 0.25
+"""A straggler fires a capture only where, in more than half of the interval's steps (in each of the two
+intervals), it reached the step's collectives at least this share of the step's median time after the
+next-latest rank: every other rank waited that long for it (and at least ``STRAGGLER_MIN_SPREAD_MS``).
+
+Why: the live figure's rule takes the spread to the rank that waited most, over 10% of the step; on shared
+cores the scheduler staggers the ranks, and that spread clears 10% with no rank holding the others back.
+Measured in four runs of test_capture_launcher's 4-rank jobs on a loaded host (8 or 12 gloo ranks on 2
+cores beside a benchmark, steps of about 40 ms): in the 12 intervals where that rule named a rank of an even job,
+it was ahead of the next-latest by a median 0.3-2.8 ms (at most 7% of the step), and 17 of 950 steps (2%) had a
+rank 25% ahead.  A rank slowed by 60 ms from step 40 was ahead by a median 48-61 ms, 31-64% of the step, in each
+of 108 intervals; 8 of its 540 steps fell below 25%.  A quarter of the step sits well clear of both: a rank the
+others wait a quarter of a step for, step after step."""
 _SUSPECTS, _ALL, _LIST = 0, 1, 2
 _NAN = float("nan")
 
@@ -92,6 +111,26 @@ def suspects(rows: Sequence[Sequence[float]], steps: int, ranks: Sequence[int]) 
     return chosen
 
 
+def late_steps(rows: Sequence[Sequence[float]], steps: int, straggler: int) -> List[float]:
+    """In each step of the interval where ``straggler`` (a row index) was clearly late, how long after the
+    next-latest rank it reached the collectives, in ms: the least time any other rank spent inside them less its own,
+    where that is at least ``max(STRAGGLER_MIN_SPREAD_MS, ANOMALY_LATE_SHARE * the step's median step time)``.
+    Ranks without the step's figure (NaN) are left out, as the step rule leaves them; a step where the straggler or
+    every other rank lacks it is not late."""
+    late = []
+    for index in range(steps):
+        own = rows[straggler][steps + index]
+        others = [row[steps + index] for position, row in enumerate(rows)
+                  if position != straggler and not math.isnan(row[steps + index])]
+        times = [row[index] for row in rows if not math.isnan(row[index])]
+        if math.isnan(own) or not others or not times:
+            continue
+        ahead = min(others) - own
+        if ahead >= max(STRAGGLER_MIN_SPREAD_MS, ANOMALY_LATE_SHARE * median(times)):
+            late.append(ahead)
+    return late
+
+
 @dataclass
 class CaptureDecider:
     """The capture decisions of one engine, fed every exchanged interval in order (the same on every rank).
@@ -103,7 +142,7 @@ class CaptureDecider:
     ranks: List[int]
     made: int = 0  # captures decided (max_captures counts every capture)
     busy_until: int = -1  # the last step of the latest capture
-    _straggler: int = -1  # the last interval's straggler (an anomaly must last two intervals, not one hiccup)
+    _straggler: int = -1  # the last interval's clearly late straggler (it must last two intervals, not one hiccup)
     _jumped: bool = False  # the last interval's slowest median step was a jump
     _step_history: List[float] = field(default_factory=list)  # each earlier interval's slowest median step
 
@@ -157,10 +196,14 @@ class CaptureDecider:
 
     def _anomaly(self, rows: List[List[float]], steps: int, ranks: List[int]) -> Optional[tuple]:
         """("straggler" | "step_jump", figures) when this interval's rows show one, else None; keeps the
-        history either rule needs (so it runs on every interval, anomaly captures on or off)."""
+        history either rule needs (so it runs on every interval, anomaly captures on or off).  A straggler counts
+        only when it was clearly late (:func:`late_steps`) in more than half of the interval's steps."""
         if not rows:
             return None
         straggler = interval_straggler(rows, steps) if len(rows) > 1 else -1
+        late = late_steps(rows, steps, straggler) if straggler >= 0 else []
+        if 2 * len(late) <= steps:
+            straggler = -1
         sustained = straggler >= 0 and straggler == self._straggler
         self._straggler = straggler
         slowest = max(median(row[:steps]) for row in rows)
@@ -169,6 +212,7 @@ class CaptureDecider:
         jump_sustained, self._jumped = jumped and self._jumped, jumped
         if sustained:
             return "straggler", {"straggler_rank": ranks[straggler], "intervals": 2,
+                                 "late_steps": len(late), "late_ms_median": round(median(late), 3),
                                  "arrival_ms": {str(rank): round(value, 3)
                                                 for rank, value in zip(ranks, _arrivals(rows, steps))}}
         if jump_sustained:
