@@ -51,7 +51,8 @@ def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Call
     second steps' CPU seconds of this thread per mode: what a loaded machine's waits for a CPU do not stretch
     (on 2 cores shared with other jobs a step's wall time is mostly waiting, where added CPU work is not).
     ``steady``, when given, gets under "wall" and "cpu" per mode the mean seconds of a step in a block of
-    ``block_steps`` steps timed as one after ``warm_steps`` more untimed ones: a job's steps long after its one
+    ``block_steps`` steps timed as one after ``warm_steps`` more untimed ones (and under "process" the CPU seconds
+    of every thread of the process in that block: gloo's and any of ours too): a job's steps long after its one
     attach (the second step after attach still pays part of the attach's warm-up), with whatever the records
     do once per interval of ``block_steps`` (the live gather) spread over the steps."""
     cpu: Seconds = cpu_seconds if cpu_seconds is not None else {}
@@ -83,11 +84,13 @@ def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Call
             if steady is not None:
                 for _ in range(warm_steps):
                     step()
-                began, began_cpu = time.perf_counter(), time.thread_time()
+                began, began_cpu, began_process = time.perf_counter(), time.thread_time(), time.process_time()
                 for _ in range(block_steps):
                     step()
                 steady.setdefault("wall", {}).setdefault(mode, []).append((time.perf_counter() - began) / block_steps)
                 steady.setdefault("cpu", {}).setdefault(mode, []).append((time.thread_time() - began_cpu) / block_steps)
+                steady.setdefault("process", {}).setdefault(mode, []).append(
+                    (time.process_time() - began_process) / block_steps)
             if attachment is not None:
                 before_close(attachment)
                 attachment.close()

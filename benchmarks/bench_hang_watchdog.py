@@ -6,7 +6,9 @@ A ZeRO-2 training step (2 ranks under the deepspeed launcher, gloo on CPU, garba
 ``step_metrics`` on, the watchdog on against off ("off" is step_metrics on without it: the watchdog's own cost),
 interleaved (``bench_engines.attach_turns``: each mode first and second in turn; attach, close and the garbage
 they leave untimed).  The step path pays a few attribute writes per phase and one timestamp per optimizer step;
-the thread wakes once a second.  Per rank and run: the median over the turns of the ratio of a block of steps
+the thread wakes once a second.  Beside each wall ratio, the CPU time a step added (medians, on less off): the
+training thread's (the step path) and every thread's of the process (the watchdog's wakes too), which a neighbour's
+load on these 2 shared cores does not stretch the way it stretches wall time.  Per rank and run: the median over the turns of the ratio of a block of steps
 11-20 after attach (``attach_turns``' steady block, as bench_step_metrics reads it: the second step after attach
 still pays the attach's warm-up); the target (<= 1.01x) is met when the median of the runs' worst-rank ratios
 meets it.
@@ -38,8 +40,11 @@ def worker(out: Path, turns: int, runs: int) -> None:
         attach_turns(engine, batch, turns, {mode: lambda mode=mode: attach(engine, config=configs[mode]) for mode in configs},
                      steady=steady)
         wall = steady["wall"]  # a block of steps 11-20 after attach: a job's steps, not the attach's warm-up
+        cpu = {kind: statistics.median(steady[kind]["on"]) - statistics.median(steady[kind]["off"])
+               for kind in ("cpu", "process")}  # seconds a step: the training thread's, every thread's
         ratios.append({"ratio": statistics.median(b / a for a, b in zip(wall["off"], wall["on"])),
-                       "off_ms": statistics.median(wall["off"]) * 1e3, "on_ms": statistics.median(wall["on"]) * 1e3})
+                       "off_ms": statistics.median(wall["off"]) * 1e3, "on_ms": statistics.median(wall["on"]) * 1e3,
+                       "thread_us": cpu["cpu"] * 1e6, "process_us": cpu["process"] * 1e6})
     (out / f"rank_{rank}.json").write_text(json.dumps(ratios))
 
 
@@ -57,7 +62,8 @@ def bench(turns: int, runs: int) -> float:
     worst = []
     for run in range(runs):
         cells = [f"rank {rank}: off {result[run]['off_ms']:6.2f} ms on {result[run]['on_ms']:6.2f} ms "
-                 f"{result[run]['ratio']:5.3f}x" for rank, result in results.items()]
+                 f"{result[run]['ratio']:5.3f}x (CPU a step: training thread {result[run]['thread_us']:+.0f} us, "
+                 f"every thread {result[run]['process_us']:+.0f} us)" for rank, result in results.items()]
         worst.append(max(result[run]["ratio"] for result in results.values()))
         print(f"    run {run + 1}: " + ";  ".join(cells))
     figure = statistics.median(worst)
