@@ -157,6 +157,31 @@ def test_a_straggler_fires_only_a_quarter_of_a_step_ahead_of_the_next_rank_in_mo
     assert late_steps(rows, STEPS, 1) == [share + 1] * (STEPS - 1)
 
 
+def pipeline_interval(first, stages, waited):
+    """Pipeline ranks' rows of one interval: rank r in stage ``stages[r]``, ``waited[r]`` ms a step inside collectives
+    (a stage waits for the others in p2p, which is not in that figure)."""
+    return [pack_interval([StepFigures(global_step=first + i, step_ms=100.0, iteration_ms=105.0, gap_ms=5.0, flops=None,
+                                       tokens=None, samples=4, exposed_wait_ms=wait, collective_ms=wait,
+                                       peak_allocated_bytes=None, pipe_stage=stage, compute_ms=50.0, bubble_ms=40.0)
+                           for i in range(STEPS)]) for stage, wait in zip(stages, waited)]
+
+
+def test_a_pipeline_ranks_are_compared_within_their_stage_for_anomaly_captures_and_suspects():
+    def fired(stages, waited):
+        decider = CaptureDecider(settings(), list(range(len(stages))))
+        decider.decide(0, pipeline_interval(0, stages, waited), NO_COLUMNS, STEPS, 4, 0)
+        return decider.decide(1, pipeline_interval(5, stages, waited), NO_COLUMNS, STEPS, 9, 0)
+
+    # 3 stages of one rank: the middle one issues no collective (tied embeddings' all-reduce is the first and last
+    # stage's); across stages it would be a straggler a step after step, within its stage there is none
+    assert fired([0, 1, 2], [40.0, 0.0, 40.1]) is None
+    # 2 stages of 2 ranks: rank 0 makes its stage peer wait 60 ms; the other stage waits in p2p, not in collectives
+    plan = fired([0, 0, 1, 1], [1.0, 61.0, 0.5, 0.6])
+    assert plan.reason == "straggler" and plan.figures["straggler_rank"] == 0
+    chosen = suspects(pipeline_interval(0, [0, 0, 1, 1], [1.0, 61.0, 0.5, 0.6]), STEPS, [0, 1, 2, 3])
+    assert chosen[0].startswith("straggler")
+
+
 def test_a_step_jump_fires_against_the_run_median_so_far():
     decider = CaptureDecider(settings(), [0, 1])
     # 1.4x: below step_jump; one interval at 2x: a hiccup; then two in a row
@@ -453,6 +478,7 @@ def test_rank_0_reads_the_hosts_from_the_store_a_missing_key_is_null_at_once_and
         assert time.monotonic() - began < 5
         store.set(HOST_KEY.format(rank=3), "node-c")  # published late: read at the next manifest
         assert directory.hosts([2, 3]) == {"2": "node-b", "3": "node-c"}
+        assert HostDirectory(identity).hosts([0, 2, 3]) == {"0": socket.gethostname(), "2": "node-b", "3": "node-c"}
 
         def broken():
             raise RuntimeError("the store's server is gone")

@@ -321,6 +321,25 @@ def test_an_interruption_while_a_record_is_built_leaves_it_for_close(tmp_path, m
     assert [r["global_step"] for r in read_records(tmp_path)] == [0]
 
 
+def test_an_interruption_inside_the_lines_encoding_leaves_the_whole_record_for_close(tmp_path, monkeypatch):
+    import orjson
+
+    engine = Engine()
+    recorder = recorder_for(engine, tmp_path).recorder
+    encode = orjson.dumps
+
+    def interrupted_once(*args, **kwargs):
+        monkeypatch.setattr(orjson, "dumps", encode)
+        raise SystemExit(143)  # the SIGTERM handler, after the line took the step's timing
+
+    monkeypatch.setattr(orjson, "dumps", interrupted_once)
+    with pytest.raises(SystemExit):
+        engine.train_step()
+    recorder.close()
+    (record, ) = read_records(tmp_path)
+    assert record["global_step"] == 0 and record["step_time_ms"] > 0
+
+
 def test_a_recorder_does_not_keep_a_dropped_engine_alive(tmp_path):
     import gc
     import weakref

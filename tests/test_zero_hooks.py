@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from ds_profutils.engine.hooks import EngineHooks, Listener
+from ds_profutils.engine.hooks import EngineHooks, Listener, running
 from test_zero_attach import Engine, read_records, recorder_for
 
 
@@ -127,6 +127,31 @@ def test_an_exception_from_a_signal_handler_inside_a_hook_reaches_the_training_l
         assert len(hooks.listeners) == 1  # and the listener was not taken for a failed one
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_no_engine_runs_after_its_steps_whatever_left_a_forward():
+    """A forward inside a forward of the module (Lightning's training_step), and a forward a KeyboardInterrupt
+    left (torch calls always-call hooks on an Exception only): after the engine's step, no engine runs, so a
+    collective between steps is the gap's."""
+    engine = Engine()
+    hooks = EngineHooks(engine)
+    hooks.add(Listener())
+    inner = engine.module.forward
+    engine.module.forward = lambda x: inner(x) if x.numel() > 1 else engine.module(torch.ones(2))  # nested
+    engine.train_step()
+    assert running.engine_id is None
+    engine.module.forward = inner
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    handle = engine.module.register_forward_pre_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        engine.forward()
+    assert running.engine_id == id(engine)  # inside, as far as anything could tell
+    handle.remove()
+    engine.train_step()
+    assert running.engine_id is None
 
 
 def test_errors_leaving_the_engine_reach_listeners_that_watch_them_and_go_on_unchanged():

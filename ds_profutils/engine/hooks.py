@@ -321,7 +321,16 @@ class EngineHooks:
         if not self._forwards and running.engine_id == self._engine_id:
             running.engine_id = self._outside
 
+    def _left_forwards(self) -> None:
+        """No forward of this engine runs while its backward or step does: one left by a BaseException (torch
+        calls always-call hooks on an Exception only) or a compiled forward's error is over."""
+        if self._forwards:
+            self._forwards = 0
+            if running.engine_id == self._engine_id:
+                running.engine_id = self._outside
+
     def _around_backward(self, backward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._left_forwards()
         outside, running.engine_id = running.engine_id, self._engine_id
         self._in_backward = True
         try:
@@ -333,6 +342,7 @@ class EngineHooks:
         return result
 
     def _around_step(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._left_forwards()
         outside, running.engine_id = running.engine_id, self._engine_id
         try:
             self._tell("step_started")

@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..._straggler import STRAGGLER_MIN_SPREAD_MS
-from ..live.interval import interval_straggler
+from ..live.interval import interval_straggler, stage_groups
 
 __all__ = ["ANOMALY_LATE_SHARE", "COLUMNS", "MAX_LISTED_RANK", "CaptureDecider", "Plan", "Request", "late_steps",
-           "request_columns", "suspects"]
+           "request_columns", "staged_straggler", "suspects"]
 
 COLUMNS = 5
 """Capture columns per row: request number (0: none), steps, ranks mode, rank mask, last written capture."""
@@ -88,6 +88,17 @@ def _arrivals(rows: Sequence[Sequence[float]], steps: int) -> List[float]:
     return [sum(row[steps:2 * steps]) for row in rows]
 
 
+def staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, List[int]]:
+    """The interval's straggler (its row index, -1: none), tested within each pipeline stage's rows only as the live
+    figure is (a pipeline's stages wait for each other in p2p, not in collectives), and its stage's row indices."""
+    for members in stage_groups(rows, steps):
+        if len(members) > 1:
+            found = interval_straggler([rows[index] for index in members], steps)
+            if found >= 0:
+                return members[found], members
+    return -1, []
+
+
 def suspects(rows: Sequence[Sequence[float]], steps: int, ranks: Sequence[int]) -> Dict[int, str]:
     """The ranks that matter, by global rank with why: the straggler (else the slowest rank, the least arrival
     figure), the rank that waited most for it, and one median rank; at most 3.  ``rows`` are the rows with
@@ -96,7 +107,7 @@ def suspects(rows: Sequence[Sequence[float]], steps: int, ranks: Sequence[int]) 
         return {}
     arrivals = _arrivals(rows, steps)
     order = sorted(range(len(rows)), key=lambda index: (arrivals[index], index))
-    straggler = interval_straggler(rows, steps) if len(rows) > 1 else -1
+    straggler, _ = staged_straggler(rows, steps)
     chosen: Dict[int, str] = {}
     if straggler >= 0:
         chosen[ranks[straggler]] = "straggler: the others waited for it in most of the interval's steps"
@@ -200,8 +211,8 @@ class CaptureDecider:
         only when it was clearly late (:func:`late_steps`) in more than half of the interval's steps."""
         if not rows:
             return None
-        straggler = interval_straggler(rows, steps) if len(rows) > 1 else -1
-        late = late_steps(rows, steps, straggler) if straggler >= 0 else []
+        straggler, stage = staged_straggler(rows, steps)  # late against its own stage's ranks only
+        late = late_steps([rows[index] for index in stage], steps, stage.index(straggler)) if straggler >= 0 else []
         if 2 * len(late) <= steps:
             straggler = -1
         sustained = straggler >= 0 and straggler == self._straggler

@@ -70,7 +70,11 @@ class HostDirectory:
         store = _default_store()
         if store is None:
             return
-        for rank in ranks:
-            key = HOST_KEY.format(rank=rank)
+        keys = [HOST_KEY.format(rank=rank) for rank in ranks]
+        if store.check(keys):  # all there (the usual case): two requests for any number of ranks
+            values = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(key) for key in keys]
+            self._known.update((rank, value.decode("utf-8", "replace")) for rank, value in zip(ranks, values))
+            return
+        for rank, key in zip(ranks, keys):
             if store.check([key]):  # answers at once; a get of a missing key would wait the store's timeout
                 self._known[rank] = store.get(key).decode("utf-8", "replace")

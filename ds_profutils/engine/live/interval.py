@@ -18,7 +18,7 @@ from ..._straggler import STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, step_st
 from ...diagnosis.causes import CAUSE_CODES, Figures, decide_cause
 
 __all__ = ["EVENT_NAMES", "PIPELINE_EVENT_NAMES", "Event", "StepFigures", "interval_cause", "interval_events",
-           "pack_interval", "packed_length", "pipeline_events"]
+           "pack_interval", "packed_length", "pipeline_events", "stage_groups"]
 
 Event = Tuple[str, float, int]
 """``(name, value, global_step)``: what DeepSpeed's ``MonitorMaster.write_events`` takes, and every sink."""
@@ -187,15 +187,20 @@ def interval_cause(rows: Sequence[Sequence[float]], steps: int, straggler: int) 
     return CAUSE_CODES[cause]
 
 
-def _staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, int]:
-    """The interval's straggler (its row index, -1: none) and its cause code, tested within each pipeline stage's
-    rows only, as the report does (stages do different work: a slower stage is no straggler); one group where the
-    rows carry no stage.  With several stages, the first stage that names one."""
+def stage_groups(rows: Sequence[Sequence[float]], steps: int) -> List[List[int]]:
+    """The rows' indices by pipeline stage, one group where the rows carry no stage: ranks are compared within a
+    stage only, as the report does (stages do different work, and wait for each other in p2p, not collectives)."""
     groups: Dict[float, List[int]] = {}
     for index, row in enumerate(rows):
         stage = row[2 * steps + _STAGE]
         groups.setdefault(-1.0 if math.isnan(stage) else stage, []).append(index)
-    for members in groups.values():
+    return list(groups.values())
+
+
+def _staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, int]:
+    """The interval's straggler (its row index, -1: none) and its cause code, tested within each pipeline stage's
+    rows only (:func:`stage_groups`).  With several stages, the first stage that names one."""
+    for members in stage_groups(rows, steps):
         group = [rows[index] for index in members]
         straggler = interval_straggler(group, steps)
         if straggler >= 0:
