@@ -8,10 +8,31 @@ bench_zero_fetch.py, bench_step_metrics.py and bench_live.py are taken on the sa
 from __future__ import annotations
 
 import gc
+import json
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MICRO_BATCH, WIDTH, LAYERS = 8, 128, 12
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ranks_figures(script: Path, args: List[str], timeout: float) -> Dict[int, Any]:
+    """Run ``script`` on 2 ranks under the deepspeed launcher with ``--worker DIR`` and ``args``; each rank's worker
+    writes its figures to ``DIR/rank_{r}.json``, returned by rank.  The exit code is not checked: gloo's teardown
+    abort (-6) after both ranks wrote their figures is no failure of the run; a rank that wrote none is."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from launcher import run_deepspeed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        done = run_deepspeed(script, ["--worker", str(out), *args], timeout=timeout, check=False)
+        files = {rank: out / f"rank_{rank}.json" for rank in (0, 1)}
+        if not all(path.exists() for path in files.values()):
+            raise AssertionError(f"a rank wrote no figures (exit {done.returncode}):\n{done.stdout[-4000:]}")
+        return {rank: json.loads(path.read_text()) for rank, path in files.items()}
 
 
 def mlp_engine(zero_optimization: Dict[str, Any], **sections: Any) -> Tuple[Any, Any, int, Dict[str, Any]]:

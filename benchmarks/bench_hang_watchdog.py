@@ -18,13 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-import tempfile
 from pathlib import Path
 
-from bench_engines import attach_turns, mlp_engine  # benchmarks/ is the script's own folder
+from bench_engines import attach_turns, mlp_engine, ranks_figures  # benchmarks/ is the script's own folder
 
-REPO = Path(__file__).resolve().parent.parent
 TARGET = 1.01
 
 
@@ -49,14 +46,7 @@ def worker(out: Path, turns: int, runs: int) -> None:
 
 
 def bench(turns: int, runs: int) -> float:
-    sys.path.insert(0, str(REPO / "tests"))
-    from launcher import run_deepspeed
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        run_deepspeed(Path(__file__), ["--worker", str(out), "--turns", str(turns), "--runs", str(runs)],
-                      timeout=1800)
-        results = {rank: json.loads((out / f"rank_{rank}.json").read_text()) for rank in (0, 1)}
+    results = ranks_figures(Path(__file__), ["--turns", str(turns), "--runs", str(runs)], timeout=1800)
     print(f"ZeRO-2 training step, 2 ranks (gloo, CPU), {runs} runs of {turns} interleaved turns: step_metrics with "
           "the hang watchdog against without it")
     worst = []

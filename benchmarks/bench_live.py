@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List
 
-from bench_engines import mlp_engine  # benchmarks/ is the script's own folder
+from bench_engines import mlp_engine, ranks_figures  # benchmarks/ is the script's own folder
 
-REPO = Path(__file__).resolve().parent.parent
 TARGET = 1.03
 
 
@@ -78,14 +75,8 @@ def main() -> None:
     if args.worker is not None:
         worker(args.worker, args.turns, args.interval)
         return
-    sys.path.insert(0, str(REPO / "tests"))
-    from launcher import run_deepspeed
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        run_deepspeed(Path(__file__), ["--worker", str(out), "--turns", str(args.turns), "--interval",
-                                       str(args.interval)], timeout=900)
-        results = {rank: json.loads((out / f"rank_{rank}.json").read_text()) for rank in (0, 1)}
+    results = ranks_figures(Path(__file__), ["--turns", str(args.turns), "--interval", str(args.interval)],
+                            timeout=900)
     print(f"ZeRO-2 step, 2 ranks, {args.turns} turns of a {args.interval}-step block off and one with live metrics")
     worst = 0.0
     for rank, seconds in results.items():

@@ -22,13 +22,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
-import tempfile
 from pathlib import Path
 
-from bench_engines import attach_turns, mlp_engine  # benchmarks/ is the script's own folder
+from bench_engines import attach_turns, mlp_engine, ranks_figures  # benchmarks/ is the script's own folder
 
-REPO = Path(__file__).resolve().parent.parent
 STEP_TARGET = 1.02
 
 
@@ -54,18 +51,7 @@ def worker(out: Path, turns: int) -> None:
 
 def one_run(turns: int) -> dict:
     """One launcher job of ``turns`` turns: its result files by rank."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from launcher import run_deepspeed
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        # Not checked: gloo's teardown abort (-6) after both ranks wrote their figures is no failure of the run.
-        done = run_deepspeed(Path(__file__), ["--worker", str(out), "--turns", str(turns)], timeout=120 + 12 * turns,
-                             check=False)
-        files = {rank: out / f"rank_{rank}.json" for rank in (0, 1)}
-        if not all(path.exists() for path in files.values()):
-            raise AssertionError(f"a rank wrote no figures (exit {done.returncode}):\n{done.stdout[-4000:]}")
-        return {rank: json.loads(path.read_text()) for rank, path in files.items()}
+    return ranks_figures(Path(__file__), ["--turns", str(turns)], timeout=120 + 12 * turns)
 
 
 def _ratio(seconds: dict, mode: str) -> float:

@@ -18,13 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-import tempfile
 from pathlib import Path
 
-from bench_engines import attach_turns, mlp_engine  # benchmarks/ is the script's own folder
+from bench_engines import attach_turns, mlp_engine, ranks_figures  # benchmarks/ is the script's own folder
 
-REPO = Path(__file__).resolve().parent.parent
 TARGET = 1.01
 
 
@@ -58,13 +55,8 @@ def main() -> None:
     if args.worker is not None:
         worker(args.worker, args.turns, args.runs)
         return
-    sys.path.insert(0, str(REPO / "tests"))
-    from launcher import run_deepspeed
-
-    with tempfile.TemporaryDirectory() as tmp:
-        run_deepspeed(Path(__file__), ["--worker", tmp, "--turns", str(args.turns), "--runs", str(args.runs)],
-                      timeout=3600)
-        ranks = [json.loads((Path(tmp) / f"rank_{rank}.json").read_text()) for rank in (0, 1)]
+    ranks = list(ranks_figures(Path(__file__), ["--turns", str(args.turns), "--runs", str(args.runs)],
+                               timeout=3600).values())
     print(f"ZeRO-2 training step, 2 ranks (gloo, CPU), monitor_interval 1, {args.runs} runs of {args.turns} "
           "interleaved turns: trace_capture armed and idle against step_metrics alone")
     worst = [max(rank[run]["ratio"] for rank in ranks) for run in range(args.runs)]

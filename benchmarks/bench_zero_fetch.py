@@ -35,14 +35,12 @@ import gc
 import json
 import os
 import statistics
-import sys
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
-from bench_engines import attach_turns, mlp_engine  # benchmarks/ is the script's own folder
+from bench_engines import attach_turns, mlp_engine, ranks_figures  # benchmarks/ is the script's own folder
 
 from deepspeed.runtime.zero.partitioned_param_profiler import PartitionedParameterProfiler as DeepSpeedProfiler
 from deepspeed.utils.timer import SynchronizedWallClockTimer
@@ -51,7 +49,6 @@ from ds_profutils.outputs import fetch_records_file
 from ds_profutils.timer import SynchronizedWallClockTimer as OurTimers
 from ds_profutils.zero3 import PartitionedParameterProfiler
 
-REPO = Path(__file__).resolve().parent.parent
 ENABLED_TARGET, GIVEN_TARGET, DISABLED_TARGET, STEP_TARGET = 0.5, 1.0, 1.0, 1.03
 EVENT = "forward_fetch_wait"
 
@@ -188,14 +185,8 @@ def worker(out: Path, pairs: int) -> None:
 
 
 def bench_training_step(pairs: int) -> float:
-    sys.path.insert(0, str(REPO / "tests"))
-    from launcher import run_deepspeed
-
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        run_deepspeed(Path(__file__), ["--worker", str(out), "--step-pairs", str(pairs)], timeout=900)
-        results = {rank: json.loads((out / f"rank_{rank}.json").read_text()) for rank in (0, 1)}
+    results = ranks_figures(Path(__file__), ["--step-pairs", str(pairs)], timeout=900)
     print(f"(c) ZeRO-3 training step, 2 ranks, {pairs} interleaved turns of off / records / records without memory; "
           f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
     worst = 0.0
