@@ -128,6 +128,8 @@ def _add_diff(subparsers: argparse._SubParsersAction) -> None:
 def _capture_ranks(text: str) -> object:
     """``capture --ranks``: "all", "suspects" or comma-separated global ranks such as ``0,3`` (0..51: a list
     travels in the live exchange as a bit mask)."""
+    from .config.models import MAX_LISTED_RANK
+
     word = text.strip().lower()
     if word in ("all", "suspects"):
         return word
@@ -135,8 +137,8 @@ def _capture_ranks(text: str) -> object:
         ranks = sorted({int(part) for part in word.split(",")})
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected all, suspects or ranks such as 0,3; got {text!r}") from None
-    if not ranks or ranks[0] < 0 or ranks[-1] > 51:
-        raise argparse.ArgumentTypeError(f"ranks 0..51, got {text!r}")
+    if not ranks or ranks[0] < 0 or ranks[-1] > MAX_LISTED_RANK:
+        raise argparse.ArgumentTypeError(f"ranks 0..{MAX_LISTED_RANK}, got {text!r}")
     return ranks
 
 

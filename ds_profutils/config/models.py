@@ -203,6 +203,11 @@ class MemorySnapshotConfig(Section):
         return sorted(set(value))
 
 
+MAX_LISTED_RANK = 51
+"""The highest rank a capture's rank list may name: a listed rank travels in the live exchange as one bit of a
+float64 column (a float holds 52 exact bits)."""
+
+
 def _capture_ranks_input(value: Any) -> Any:
     """``"all"`` is null (every rank); ``"0,3"`` (as the environment spells a list) is ``[0, 3]``."""
     if isinstance(value, str) and value != "suspects":
@@ -215,8 +220,9 @@ def _capture_ranks_input(value: Any) -> Any:
 
 
 def _validate_capture_ranks(ranks: Union[str, List[int], None]) -> Union[str, List[int], None]:
-    if isinstance(ranks, list) and any(rank > 51 for rank in ranks):
-        raise ValueError("global ranks 0..51 (a list travels in the live exchange as a bit mask), \"suspects\", "
+    if isinstance(ranks, list) and any(rank > MAX_LISTED_RANK for rank in ranks):
+        raise ValueError(f"global ranks 0..{MAX_LISTED_RANK} (a list travels in the live exchange as a bit mask), "
+                         "\"suspects\", "
                          "or null for all ranks")
     return ranks if isinstance(ranks, str) else _validate_ranks(ranks)
 

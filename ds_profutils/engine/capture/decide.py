@@ -19,6 +19,7 @@ from statistics import median
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..._straggler import STRAGGLER_MIN_SPREAD_MS
+from ...config.models import MAX_LISTED_RANK
 from ..live.interval import interval_straggler, stage_groups
 
 __all__ = ["ANOMALY_LATE_SHARE", "COLUMNS", "MAX_LISTED_RANK", "CaptureDecider", "Plan", "Request", "late_steps",
@@ -26,8 +27,6 @@ __all__ = ["ANOMALY_LATE_SHARE", "COLUMNS", "MAX_LISTED_RANK", "CaptureDecider",
 
 COLUMNS = 5
 """Capture columns per row: request number (0: none), steps, ranks mode, rank mask, last written capture."""
-MAX_LISTED_RANK = 51
-"""A listed rank travels as one bit of a float64 column: ranks 0..51 (a float holds 52 exact bits)."""
 ANOMALY_LATE_SHARE = 0.25
 """A straggler fires a capture only where, in more than half of the interval's steps (in each of the two
 intervals), it reached the step's collectives at least this share of the step's median time after the
