@@ -189,8 +189,7 @@ def hang_file(output_dir: os.PathLike | str, rank: int) -> Path:
 
 def hang_files(directory: Path) -> Dict[int, Path]:
     """``{rank: path}`` of the hang files in ``directory``."""
-    matches = ((_HANG_PATTERN.fullmatch(path.name), path) for path in directory.iterdir())
-    return dict(sorted((int(match.group(1)), path) for match, path in matches if match))
+    return _rank_files(directory, _HANG_PATTERN)
 
 
 def memory_snapshot_file(output_dir: os.PathLike | str, rank: int, global_step: Optional[int] = None) -> Path:
@@ -201,12 +200,13 @@ def memory_snapshot_file(output_dir: os.PathLike | str, rank: int, global_step: 
 
 def trace_files(directory: Path) -> Dict[int, Path]:
     """``{rank: path}`` of the run traces in ``directory``."""
-    found = {}
-    for path in directory.iterdir():
-        match = _TRACE_PATTERN.fullmatch(path.name)
-        if match:
-            found[int(match.group(1))] = path
-    return dict(sorted(found.items()))
+    return _rank_files(directory, _TRACE_PATTERN)
+
+
+def _rank_files(directory: Path, pattern: "re.Pattern[str]") -> Dict[int, Path]:
+    """``{rank: path}`` of the files in ``directory`` whose name ``pattern`` matches (its group 1: the rank)."""
+    matches = ((pattern.fullmatch(path.name), path) for path in directory.iterdir())
+    return dict(sorted((int(match.group(1)), path) for match, path in matches if match))
 
 
 def fetch_records_files(directory: Path) -> Dict[str, Dict[int, Path]]:

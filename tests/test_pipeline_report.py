@@ -103,8 +103,10 @@ def test_stage_tflops_and_mfu(tmp_path: Path) -> None:
     stages = report["engines"]["main"]["pipeline"]["stages"]
     assert (stages["0"]["tflops_median"], stages["1"]["tflops_median"]) == (pytest.approx(0.04), pytest.approx(0.02))
     assert (stages["0"]["mfu_median"], stages["1"]["mfu_median"]) == (pytest.approx(0.4), pytest.approx(0.2))
-    header = next(line for line in render_text(report).splitlines() if line.startswith("stage  ranks"))
-    assert header.split()[-2:] == ["TFLOP/s", "MFU"]
+    lines = render_text(report).splitlines()
+    at = next(index for index, line in enumerate(lines) if line.startswith("stage  ranks"))
+    assert lines[at].split()[-2:] == ["FLOP/s", "MFU"]
+    assert [line.split()[-3:] for line in lines[at + 1:at + 3]] == [["40.0", "GFLOP/s", "40.0%"], ["20.0", "GFLOP/s", "20.0%"]]
 
 
 def test_diff_compares_each_stage_with_itself(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ds_profutils.report import build_report
-from ds_profutils.report.captures import capture_lines
+from ds_profutils.report.captures import capture_lines, read_captures
 from ds_profutils.report.captures.command import write_request
 from launcher import DIST_SCRIPTS, namespaces_permitted, run_two_nodes
 from profiler_testing import profiler_steps, read_trace
@@ -84,7 +84,7 @@ def test_a_capture_of_every_rank_names_each_ranks_host_in_its_manifest_and_the_r
         trace = read_trace(folder / f"trace_rank_{rank}.json")
         assert (trace["distributedInfo"]["rank"], profiler_steps(trace)) == (rank, [4])
     assert ("    traces on hosts: node-0 ranks [0, 1]; node-1 ranks [2, 3] (each host writes its ranks' traces into "
-            "its own capture_4/)") in capture_lines(two_node_job / "captures")
+            "its own capture_4/)") in capture_lines(read_captures(two_node_job / "captures"))
 
 
 def test_the_report_shows_both_hosts_and_joins_every_ranks_trace(two_node_job):

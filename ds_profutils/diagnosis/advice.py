@@ -16,7 +16,7 @@ from statistics import median
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 __all__ = ["FETCH_WAIT_SHARE", "EXPOSED_REDUCE_SHARE", "LIVE_AT_LIMIT", "MANY_REDUCES", "MANY_SMALL_GATHERS",
-           "MEMORY_ROOM", "RULES", "SMALL_GATHER_FACTOR", "WAITED_SHARE", "advise"]
+           "RULES", "SMALL_GATHER_FACTOR", "WAITED_SHARE", "advise"]
 
 Advice = Dict[str, Any]
 Z = "zero_optimization."
@@ -36,8 +36,6 @@ SMALL_GATHER_FACTOR = 4
 """An all-gather of at most this many times ``stage3_param_persistence_threshold`` elements is a small one."""
 LIVE_AT_LIMIT = 0.95
 """Live parameters at 95 % of ``stage3_max_live_parameters`` or more: the limit is what releases them."""
-MEMORY_ROOM = 0.80
-"""Raise a memory-bounding key only while the peak is under 80 % of the device's capacity (where known)."""
 EXPOSED_REDUCE_SHARE = 0.05
 """Gradient collectives stalling the step for 5 % or more of it, on the rank that waited least (its wait is
 its own collectives', not a late peer's): overlapping them is worth turning on (DeepSpeed's docs:
@@ -117,16 +115,13 @@ def live_parameters(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Opt
     invalidations = sum(row.get("trace_cache_invalidations") or 0 for row in memory["ranks"].values())
     gathered = sum(event["numel"] for name, event in events.items() if name.endswith("_all_gather")) / steps
     refetched = gathered > 2 * model
-    capacity = engine.get("device_memory_bytes")
-    peak = max((row.get("peak_allocated_bytes") or 0 for row in memory["ranks"].values()), default=0)
-    room = capacity is None or peak < MEMORY_ROOM * capacity
-    if live < LIVE_AT_LIMIT * limit or not (refetched or invalidations) or not room:
+    if live < LIVE_AT_LIMIT * limit or not (refetched or invalidations):
         return None
     return _advice(Z + "stage3_max_live_parameters", limit, "raise", 2 * limit,
                    f"live parameters reached {live:,} of the limit {limit:,}; "
                    + (f"{gathered / model:.1f}x the model gathered per step (re-fetches)" if refetched else
                       f"{invalidations} trace-cache invalidations")
-                   + ("" if capacity is not None else "; the device's capacity is not recorded: check the memory peak")
+                   + "; the records hold no device capacity: check the memory peak has room"
                    + f"; raise stage3_max_reuse_distance with it ({config.get(Z + 'stage3_max_reuse_distance')})",
                    "events.forward_all_gather.count", "lower", "live_parameters")
 

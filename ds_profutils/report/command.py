@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import PurePath
 from typing import Any, Callable, Mapping
 
 import orjson
@@ -31,6 +32,8 @@ def _default(value: Any) -> Any:
         return value.rows()
     if isinstance(value, memoryview):
         return value.tolist()
+    if isinstance(value, PurePath):  # a capture's folder
+        return str(value)
     raise TypeError(f"{type(value).__name__} is not part of a report")
 
 
@@ -71,7 +74,7 @@ def _plot(report: Mapping[str, Any], args: argparse.Namespace) -> None:
 def _build(args: argparse.Namespace) -> Mapping[str, Any]:
     """The report with the trace captures (docs/capture.md) listed where there are any (``captures``);
     captures alone make a report too."""
-    captures = [{**capture, "folder": str(capture["folder"])} for capture in read_captures(args.directory)]
+    captures = read_captures(args.directory)  # each folder a Path: a string in the JSON
     try:
         report = build_report(args.directory, args.top)
     except ReportError:
@@ -82,7 +85,7 @@ def _build(args: argparse.Namespace) -> Mapping[str, Any]:
 
 
 def _render(report: Mapping[str, Any], args: argparse.Namespace) -> str:
-    lines = capture_lines(args.directory)
+    lines = capture_lines(report.get("captures", []))
     text = "" if report.get("captures_only") else render_text(report, args.steps, args.ranks)
     return "\n\n".join(part for part in (text, "\n".join(lines)) if part)
 

@@ -73,7 +73,7 @@ def _incomplete(entries: Sequence[Mapping[str, Any]]) -> List[str]:
     one line, not 2,000)."""
     kinds: Dict[Tuple[str, str], List[Mapping[str, Any]]] = {}
     for entry in entries:
-        what = "trace" if entry["kind"] == "trace" else f"records of engine {entry['engine']}"
+        what = {"trace": "trace", "hang": "hang file"}.get(entry["kind"], f"records of engine {entry['engine']}")
         kinds.setdefault((what, entry["reason"]), []).append(entry)
     lines = []
     for (what, reason), found in kinds.items():

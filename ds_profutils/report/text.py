@@ -76,12 +76,6 @@ def _stragglers(engine: Mapping[str, Any]) -> List[str]:
                        f"beyond its own in those steps: {row['attributed_wait_ms']:,.1f} ms")
         if row.get("cause") is not None:
             lines += wrap(f"  {describe_cause(row['cause'], row['cause_figures'], row['work_unit'], row['cause_steps'])}")
-        if row["late_by_gap"]:
-            gaps = [other["gap_ms_median"] for key, other in summary.items()
-                    if key != rank and other["gap_ms_median"] is not None]
-            lines += wrap(f"  Its lateness is its gap between steps (gap median {row['gap_ms_median']:,.1f} ms against "
-                           f"{median(gaps):,.1f} ms on the other ranks; its busy time does not stand out): a slow input "
-                           "pipeline or per-step host work outside forward/backward/step, not slow compute.")
     hosts = engine["hosts_summary"]
     if not named:
         occasional = sorted((rank for rank, row in summary.items() if row["straggler_steps"]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ...outputs import CAPTURE_DIR_PATTERN, CAPTURE_MANIFEST, trace_files
 
@@ -32,9 +32,8 @@ def read_captures(directory: Path) -> List[Dict[str, Any]]:
     return [manifest for _, _, manifest in sorted(found, key=lambda item: (item[0], item[1]))]
 
 
-def capture_lines(directory: Path) -> List[str]:
-    """``report``'s section on the captures in ``directory`` (none: no lines)."""
-    captures = read_captures(directory)
+def capture_lines(captures: Sequence[Mapping[str, Any]]) -> List[str]:
+    """``report``'s section on the captures :func:`read_captures` read (none: no lines)."""
     if not captures:
         return []
     lines = [f"Trace captures ({len(captures)}; merge one with: ds-profutils timeline DIR/capture_S -o FILE.json):"]

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from ..._stages import SLOW_STAGE_RATIO, SLOW_STAGE_STEPS, slow_stage
 from ..records import FileRecords
 from ..steps import StepView, step_view, tflops
+from ...units import flops_rate, share
 from ..tables import percent, rank_ranges, table, wrap
 
 __all__ = ["ideal_bubble_share", "pipeline_lines", "pipeline_report", "staged_view"]
@@ -154,7 +155,7 @@ def pipeline_lines(pipeline: Optional[Mapping[str, Any]]) -> List[str]:
     with_peak = any(row["mfu_median"] is not None for row in stages)
     rows = [(stage, rank_ranges(row["ranks"]), row["step_ms_median"], row["compute_ms_median"], row["p2p_ms_median"],
              row["bubble_ms_median"], percent(row["bubble_share_median"]),
-             *((row["tflops_median"], ) if counted else ()), *((percent(row["mfu_median"]), ) if with_peak else ()))
+             *((flops_rate(row["tflops_median"]), ) if counted else ()), *((share(row["mfu_median"]), ) if with_peak else ()))
             for stage, row in pipeline["stages"].items()]
     slowest = pipeline["slowest_stage"]
     verdict = (f"SLOW STAGE: stage {slowest}" if slowest is not None else "no stage stands out")
@@ -162,9 +163,9 @@ def pipeline_lines(pipeline: Optional[Mapping[str, Any]]) -> List[str]:
     return ["", *wrap(f"Pipeline stages ({pipeline['pipe_stages']} stages, {pipeline['micro_batches']} micro batches; "
                       f"median per train step, ms; compute = forward and backward with the loss; p2p = sends and "
                       f"receives, waiting for the neighbour stage included; bubble = p2p + time outside the "
-                      f"instructions; TFLOP/s = the stage's layers' FLOPs over the iteration; ideal bubble share of "
+                      f"instructions; FLOP/s = the stage's layers' FLOPs over the iteration; ideal bubble share of "
                       f"the 1F1B schedule (p-1)/(m+p-1) = "
                       f"{percent(pipeline['ideal_bubble_share'])}): {verdict}"
                       + (f", slowest stage's compute {imbalance:.2f}x the median stage's" if imbalance else "")),
             *table(("stage", "ranks", "step", "compute", "p2p", "bubble", "bubble share",
-                    *(("TFLOP/s", ) if counted else ()), *(("MFU", ) if with_peak else ())), rows)]
+                    *(("FLOP/s", ) if counted else ()), *(("MFU", ) if with_peak else ())), rows)]
