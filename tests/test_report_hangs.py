@@ -101,3 +101,11 @@ def test_records_and_hang_files_together(tmp_path):
     assert engine_report["steps"].global_steps == [0, 1]
     assert engine_report["hang"]["missing"] == [0] and engine_report["hang"]["waiting"] == [3]
     assert render_text(report).splitlines()[1].startswith("HANG")
+
+
+def test_a_hang_file_that_cannot_be_read_is_named_as_one(tmp_path):
+    world = (0, 1)
+    hang_file(tmp_path, 0, inside=("all_reduce", world, 9), groups=[(world, 9)])
+    (tmp_path / "hang_rank_1.json").write_text('{"schema": 1, "rank"')  # cut by a kill while written
+    text = render_text(build_report(tmp_path))
+    assert "hang file, rank 1 (hang_rank_1.json): not read" in text and "records of engine None" not in text
