@@ -38,7 +38,7 @@ def run(tmp_path, *, ds_config=None, fetch_ms=1.0, busy_ms=100.0, collective_ms=
             row["collectives"] = {reduce_op: {"count": reduces, "time_ms": collective_ms, "exposed_ms": collective_ms,
                                               "stream": "compute", "async": 0, "clock": "host"}}
             if step == 0:
-                row["ds_config"] = ds_config or config()
+                row["ds_config"] = config() if ds_config is None else ds_config
             rows.append(row)
         write_records(tmp_path, rank, rows)
     return build_report(tmp_path)["engines"]["main"]
@@ -55,8 +55,10 @@ def test_a_job_where_nothing_stands_out_gets_no_advice(tmp_path):
 
 
 def test_records_without_config_values_give_no_key_advice(tmp_path):
-    engine = run(tmp_path, ds_config={}, prefetch_numel=100, in_flight=MODEL, fetch_ms=10.0)
-    assert engine["advice"] == []
+    firing = dict(prefetches=7, prefetch_numel=1000, in_flight=int(WAITED_SHARE * 7 * 1000) + 100)
+    assert "prefetch_bucket" in rules(run(tmp_path / "with", ds_config=config(stage3_prefetch_bucket_size=100),
+                                          **firing))  # these figures advise where the value is known
+    assert run(tmp_path / "without", ds_config={}, **firing)["advice"] == []
 
 
 def test_prefetch_bucket_raised_when_the_prefetch_stops_at_a_bucket_and_is_waited_in_flight(tmp_path):

@@ -1,8 +1,9 @@
 """A profiler must never hurt the job, under the deepspeed launcher (2 ranks, gloo, ZeRO-2, step_metrics): one
 job (tests/dist_scripts/isolation_job.py) injects a failure on one rank per phase and runs with
-``DS_PROFUTILS_FOO=1`` in its environment.  Asserted is what load cannot move: no step of either rank after
-warm-up slower than five times the median (a stall is the 60 s process-group timeout), every rank at the
-script's end, which rank's figures are missing, how many exchanges each rank made."""
+``DS_PROFUTILS_FOO=1`` in its environment.  Asserted is what load cannot move: no step of either rank near the
+60 s process-group timeout a stall would take, none after warm-up slower than five times the median where a phase
+has the steps for a median, every rank at the script's end, which rank's figures are missing, how many exchanges
+each rank made."""
 import json
 import subprocess
 from statistics import median
@@ -12,6 +13,9 @@ import pytest
 from launcher import DIST_SCRIPTS, ended_as_documented, run_deepspeed
 
 MARKER = "isolation job: rank {} reached the end"
+STALL_MS = 15_000
+"""No step, warm-up and failures included, takes this long; one rank waiting for another in a gather takes the
+job's 60 s process-group timeout (a first step's FLOP count or a loaded machine's slowest step: seconds)."""
 
 
 def read_only_mount(directory):
@@ -46,8 +50,11 @@ def test_the_job_ends_on_every_rank_and_no_step_stalls(job):
     assert MARKER.format(0) in output and MARKER.format(1) in output
     for rank in (0, 1):
         for phase, times in found[rank]["times"].items():
+            # every step, the failing ones first among them: far below the 60 s a stall in a gather would take
+            assert max(times) < STALL_MS, (rank, phase, times)
             after_warm_up = times[2:]
-            assert max(after_warm_up) <= 5 * median(after_warm_up), (rank, phase, times)
+            if len(after_warm_up) >= 6:  # enough steps for a median that one slow step cannot carry
+                assert max(after_warm_up) <= 5 * median(after_warm_up), (rank, phase, times)
 
 
 def test_a_records_path_that_is_a_directory_is_one_line_on_that_rank_and_live_goes_on(job):
