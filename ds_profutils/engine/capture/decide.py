@@ -14,16 +14,18 @@ by a share of the step, steadily, for two intervals in a row (:data:`ANOMALY_LAT
 from __future__ import annotations
 
 import math
+from bisect import insort
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..._straggler import STRAGGLER_MIN_SPREAD_MS
 from ...config.models import MAX_LISTED_RANK
-from ..live.interval import interval_straggler, stage_groups
+from ..live.decisions import known_rows
+from ..live.interval import staged_straggler
 
 __all__ = ["ANOMALY_LATE_SHARE", "COLUMNS", "MAX_LISTED_RANK", "CaptureDecider", "Plan", "Request", "late_steps",
-           "request_columns", "staged_straggler", "suspects"]
+           "request_columns", "suspects"]
 
 COLUMNS = 5
 """Capture columns per row: request number (0: none), steps, ranks mode, rank mask, last written capture."""
@@ -41,7 +43,6 @@ rank 25% ahead.  A rank slowed by 60 ms from step 40 was ahead by a median 48-61
 of 108 intervals; 8 of its 540 steps fell below 25%.  A quarter of the step sits well clear of both: a rank the
 others wait a quarter of a step for, step after step."""
 _SUSPECTS, _ALL, _LIST = 0, 1, 2
-_NAN = float("nan")
 
 
 @dataclass(frozen=True)
@@ -87,17 +88,6 @@ def _arrivals(rows: Sequence[Sequence[float]], steps: int) -> List[float]:
     return [sum(row[steps:2 * steps]) for row in rows]
 
 
-def staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, List[int]]:
-    """The interval's straggler (its row index, -1: none), tested within each pipeline stage's rows only as the live
-    figure is (a pipeline's stages wait for each other in p2p, not in collectives), and its stage's row indices."""
-    for members in stage_groups(rows, steps):
-        if len(members) > 1:
-            found = interval_straggler([rows[index] for index in members], steps)
-            if found >= 0:
-                return members[found], members
-    return -1, []
-
-
 def suspects(rows: Sequence[Sequence[float]], steps: int, ranks: Sequence[int]) -> Dict[int, str]:
     """The ranks that matter, by global rank with why: the straggler (else the slowest rank, the least arrival
     figure), the rank that waited most for it, and one median rank; at most 3.  ``rows`` are the rows with
@@ -119,6 +109,11 @@ def suspects(rows: Sequence[Sequence[float]], steps: int, ranks: Sequence[int]) 
     if rest:
         chosen[ranks[rest[len(rest) // 2]]] = "median: for comparison"
     return chosen
+
+
+def _sorted_median(values: Sequence[float]) -> float:
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def late_steps(rows: Sequence[Sequence[float]], steps: int, straggler: int) -> List[float]:
@@ -154,7 +149,7 @@ class CaptureDecider:
     busy_until: int = -1  # the last step of the latest capture
     _straggler: int = -1  # the last interval's clearly late straggler (it must last two intervals, not one hiccup)
     _jumped: bool = False  # the last interval's slowest median step was a jump
-    _step_history: List[float] = field(default_factory=list)  # each earlier interval's slowest median step
+    _step_history: List[float] = field(default_factory=list)  # each earlier interval's slowest median step, sorted
 
     def decide(self, index: int, rows: Sequence[Sequence[float]], columns: Sequence[Sequence[float]], steps: int,
                global_step: int, lag: int) -> Union[Plan, str, None]:
@@ -164,16 +159,16 @@ class CaptureDecider:
         is not read yet waits for it): the capture starts at the step after that boundary.  The decision
         depends on the rows alone (not on when a rank read them), so every rank takes the same."""
         first_step = global_step + lag * steps + 1
-        known = [position for position, row in enumerate(rows) if row and not math.isnan(row[0])]
+        known = known_rows(rows)
         figures = [list(rows[position]) for position in known]
         ranks = [self.ranks[position] for position in known]
-        anomaly = self._anomaly(figures, steps, ranks)
+        anomaly = self._anomaly(figures, steps, ranks) if self.settings.on_anomaly else None
         number = int(columns[0][0]) if columns and not math.isnan(columns[0][0]) else 0
         if number > 0:
             if global_step < self.busy_until:
                 return f"a capture is running (steps up to {self.busy_until}); ask again once it is written"
             return self._request(number, columns[0], figures, steps, ranks, first_step)
-        if anomaly is None or not self.settings.on_anomaly or global_step < self.busy_until:
+        if anomaly is None or global_step < self.busy_until:
             return None
         if self.made >= self.settings.max_captures:
             return None
@@ -206,7 +201,7 @@ class CaptureDecider:
 
     def _anomaly(self, rows: List[List[float]], steps: int, ranks: List[int]) -> Optional[tuple]:
         """("straggler" | "step_jump", figures) when this interval's rows show one, else None; keeps the
-        history either rule needs (so it runs on every interval, anomaly captures on or off).  A straggler counts
+        history either rule needs (so it runs on every interval while anomaly captures are on).  A straggler counts
         only when it was clearly late (:func:`late_steps`) in more than half of the interval's steps."""
         if not rows:
             return None
@@ -217,8 +212,10 @@ class CaptureDecider:
         sustained = straggler >= 0 and straggler == self._straggler
         self._straggler = straggler
         slowest = max(median(row[:steps]) for row in rows)
-        history, self._step_history = list(self._step_history), self._step_history + [slowest]
-        jumped = len(history) >= 2 and slowest >= self.settings.step_jump * median(history)
+        history = self._step_history  # sorted: the run's median so far at once, however long the job
+        run_median = _sorted_median(history) if len(history) >= 2 else None
+        insort(history, slowest)
+        jumped = run_median is not None and slowest >= self.settings.step_jump * run_median
         jump_sustained, self._jumped = jumped and self._jumped, jumped
         if sustained:
             return "straggler", {"straggler_rank": ranks[straggler], "intervals": 2,
@@ -227,6 +224,6 @@ class CaptureDecider:
                                                 for rank, value in zip(ranks, _arrivals(rows, steps))}}
         if jump_sustained:
             return "step_jump", {"slowest_median_step_ms": round(slowest, 3), "intervals": 2,
-                                 "run_median_step_ms": round(median(history), 3),
+                                 "run_median_step_ms": round(run_median, 3),
                                  "step_jump": self.settings.step_jump}
         return None

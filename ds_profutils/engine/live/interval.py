@@ -18,7 +18,7 @@ from ..._straggler import STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, step_st
 from ...diagnosis.causes import CAUSE_CODES, Figures, decide_cause
 
 __all__ = ["EVENT_NAMES", "PIPELINE_EVENT_NAMES", "Event", "StepFigures", "interval_cause", "interval_events",
-           "pack_interval", "packed_length", "pipeline_events", "stage_groups"]
+           "pack_interval", "packed_length", "pipeline_events", "stage_groups", "staged_straggler"]
 
 Event = Tuple[str, float, int]
 """``(name, value, global_step)``: what DeepSpeed's ``MonitorMaster.write_events`` takes, and every sink."""
@@ -197,15 +197,23 @@ def stage_groups(rows: Sequence[Sequence[float]], steps: int) -> List[List[int]]
     return list(groups.values())
 
 
-def _staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, int]:
-    """The interval's straggler (its row index, -1: none) and its cause code, tested within each pipeline stage's
-    rows only (:func:`stage_groups`).  With several stages, the first stage that names one."""
+def staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, List[int]]:
+    """The interval's straggler (its row index, -1: none), tested within each pipeline stage's rows only
+    (:func:`stage_groups`), and its stage's row indices.  With several stages, the first stage that names one."""
     for members in stage_groups(rows, steps):
-        group = [rows[index] for index in members]
-        straggler = interval_straggler(group, steps)
-        if straggler >= 0:
-            return members[straggler], interval_cause(group, steps, straggler)
-    return -1, CAUSE_CODES[None]
+        if len(members) > 1:
+            found = interval_straggler([rows[index] for index in members], steps)
+            if found >= 0:
+                return members[found], members
+    return -1, []
+
+
+def _staged_straggler_and_cause(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, int]:
+    """The interval's straggler (:func:`staged_straggler`) and its cause code among its stage's rows."""
+    straggler, members = staged_straggler(rows, steps)
+    if straggler < 0:
+        return -1, CAUSE_CODES[None]
+    return straggler, interval_cause([rows[index] for index in members], steps, members.index(straggler))
 
 
 def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: int,
@@ -233,6 +241,6 @@ def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: in
                                                   if step_sum > 0 else None)
     peak = _largest([total[_PEAK] for total in totals])
     figures["ds_profutils/peak_allocated_gib"] = peak / _GIB if peak is not None else None
-    figures["ds_profutils/straggler_rank"], figures["ds_profutils/straggler_cause"] = _staged_straggler(rows, steps)
+    figures["ds_profutils/straggler_rank"], figures["ds_profutils/straggler_cause"] = _staged_straggler_and_cause(rows, steps)
     figures.update(pipeline_events(totals))
     return [(name, value, global_step) for name, value in figures.items() if value is not None]
