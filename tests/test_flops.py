@@ -33,6 +33,7 @@ def wired(module: torch.nn.Module, **kwargs) -> FlopCounter:
     module.register_forward_pre_hook(lambda mod, args, kw: counter.forward_started(mod, args, kw), with_kwargs=True,
                                      prepend=True)
     module.register_forward_hook(lambda mod, args, output: counter.forward_ended(output))
+    module.register_forward_hook(lambda *_: counter.forward_left(), always_call=True)
     return counter
 
 

@@ -111,6 +111,9 @@ class Listener:
     def forward_ended(self, module: torch.nn.Module, output: Any) -> None:
         """The forward returned ``output`` (whose gradients tell where its backward ends)."""
 
+    def forward_left(self) -> None:
+        """The forward is over, returned or raised (after ``forward_ended`` where it returned)."""
+
     def backward_ended(self) -> None:
         pass
 
@@ -291,16 +294,18 @@ class EngineHooks:
             self.remove()
 
     def _forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        """Listeners hear of the outermost forward only: one inside it (Lightning's ``training_step`` calling the
+        module the engine called) is part of it."""
         if self._active:
-            self._forget_backward_watch()
-            if not self._forwards:  # a nested forward (Lightning's training_step calling the module) keeps it
-                self._outside = running.engine_id
             self._forwards += 1
-            running.engine_id = self._engine_id
+            if self._forwards > 1:
+                return
+            self._forget_backward_watch()
+            self._outside, running.engine_id = running.engine_id, self._engine_id
             self._tell("forward_started", module, args, kwargs)
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self._active:
+        if self._active and self._forwards == 1:
             self._tell("forward_ended", module, output)
             if module.training and torch.is_grad_enabled():
                 self._backward_watch = on_backward_end(output, _nothing, self._torch_style_backward_ended)
@@ -318,8 +323,12 @@ class EngineHooks:
 
     def _forward_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._forwards = max(self._forwards - 1, 0)
-        if not self._forwards and running.engine_id == self._engine_id:
+        if self._forwards:
+            return
+        if running.engine_id == self._engine_id:
             running.engine_id = self._outside
+        if self._active:
+            self._tell("forward_left")
 
     def _left_forwards(self) -> None:
         """No forward of this engine runs while its backward or step does: one left by a BaseException (torch

@@ -204,11 +204,14 @@ class StepRecorder(Listener):
         evaluating = step.fields["mode"] != "train"
         if evaluating:  # no step() follows: what comes next is another engine's or the loop's
             self._pause()
-        if self.memory is not None:
-            if evaluating:
-                self.memory.end()
-            else:
-                self.memory.begin("backward")  # which ends the forward's phase
+        if self.memory is not None and evaluating:
+            self.memory.end()
+        elif self.memory is not None:
+            self.memory.begin("backward")  # which ends the forward's phase
+
+    def forward_left(self) -> None:
+        if self.flops is not None:
+            self.flops.forward_left()
 
     def backward_ended(self) -> None:
         """Without a ``step()`` to come (Accelerate's micro steps before the boundary) the step ends here."""
@@ -329,7 +332,8 @@ class StepRecorder(Listener):
         while self._unwritten and (settled or all(pair.resolved for pair in self._unwritten[0].pairs())):
             line = self._line(self._unwritten[0])  # an interruption while it is built leaves the step queued
             self._unwritten.popleft()
-            self._write(line)
+            self._first_fields = {}  # the file's first record only
+            self.records_file.write(line)
 
     def _line(self, step: StepRecord) -> bytes:
         record = {**self._header, **self._first_fields, **step.fields}
@@ -346,10 +350,6 @@ class StepRecorder(Listener):
         record["events"] = events
         # orjson: a record is built on the step's own time, and the stdlib's encoder was a quarter of it.
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
-
-    def _write(self, line: bytes) -> None:
-        self._first_fields = {}
-        self.records_file.write(line)
 
     def close(self) -> None:
         """Write what is finished, give the coordinator DeepSpeed's profiler back, close the file.

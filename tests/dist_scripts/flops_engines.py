@@ -49,6 +49,7 @@ def wire(engine, counter: FlopCounter) -> None:
     module.register_forward_pre_hook(lambda mod, args, kwargs: counter.forward_started(mod, args, kwargs),
                                      with_kwargs=True, prepend=True)
     module.register_forward_hook(lambda mod, args, output: counter.forward_ended(output))
+    module.register_forward_hook(lambda *_: counter.forward_left(), always_call=True)
     backward = engine.backward
 
     def wrapped(*args, **kwargs):

@@ -7,7 +7,7 @@ leaves it pushed for good: every later operator of the thread goes through its P
 So the mode here (torch's own ``_FlopCounterMode``, with its formulas, decompositions and skips, so
 a count is what FlopCounterMode would count) is only ever pushed where our code holds both ends:
 
-* **a forward of the engine's module**: pushed by the forward pre-hook, popped by a forward hook
+* **a forward of the engine's module**: pushed by the forward pre-hook, popped from the hub's forward hook
   registered with ``always_call`` (torch runs it when the forward raises, too);
 * **each backward node of that forward's graph**: pushed by the node's pre-hook, popped by its
   post-hook.  The autograd engine runs every node under its own thread-local-state guard, which puts

@@ -32,7 +32,8 @@ understated.
 * :meth:`~FlopCounter.forward_started` from a forward pre-hook of the engine's module registered
   with ``with_kwargs=True`` and ahead of DeepSpeed's own (``prepend=True``): the counting mode, when
   a signature is new, takes in the whole forward (ZeRO-3's gathers in DeepSpeed's hooks count no FLOPs);
-  it is popped by a forward hook of the counter's own, registered with ``always_call=True``.
+  it is popped by :meth:`~FlopCounter.forward_left`, told from the hub's ``always_call`` forward hook at the end
+  of the outermost forward (a forward inside it is not told: it is counted by the outer one's mode).
 * :meth:`~FlopCounter.forward_ended` from the module's forward hook, with the forward's output, whose
   backward graph is then watched.
 * :meth:`~FlopCounter.backward_ended` when ``engine.backward()`` returns, when a torch-style backward
@@ -65,7 +66,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import weakref
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 import torch
@@ -183,8 +183,6 @@ class FlopCounter:
         self._window: Optional[_MicroStep] = None  # the train micro step whose backward is awaited
         self._mode: Optional[Any] = None  # the counting mode pushed inside a forward
         self._mode_thread: Optional[int] = None
-        self._forward_hook: Optional[Any] = None
-        self._depth = 0  # forwards of the module in progress (a forward may call the module again: Lightning)
         self._scaling_said = False
 
     @property
@@ -201,14 +199,9 @@ class FlopCounter:
     # ---- the engine's moments ---------------------------------------------------------------------------
 
     def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-        """A forward of ``module`` starts: another forward of the open window, or a new micro step to look up,
-        count or scale.  A forward inside a forward of the module (Lightning's ``training_step`` calling the
-        module that the engine called) is the outer one's: counted by its mode, nothing else changes."""
-        if self._forward_hook is None:
-            self._forward_hook = module.register_forward_hook(_ForwardLeft(self), always_call=True)
-        self._depth += 1
-        if self._depth > 1:
-            return
+        """The engine's (outermost) forward of ``module`` starts: another forward of the open window, or a new micro
+        step to look up, count or scale.  A forward inside it (Lightning's ``training_step`` calling the module that
+        the engine called) is not told (the hooks tell the outermost only): counted by the outer one's mode."""
         if self._mode is not None:
             self._leave_forward()  # a forward a BaseException left without its always-call hook
         grad = torch.is_grad_enabled()
@@ -239,8 +232,7 @@ class FlopCounter:
         """The counted forward returned ``output``: its backward graph is watched; a forward with no backward
         to follow is counted now."""
         micro = self._current
-        if (micro is None or not micro.counting or not micro.forwards or micro.finished or self._mode is None
-                or self._depth > 1):
+        if micro is None or not micro.counting or not micro.forwards or micro.finished or self._mode is None:
             return
         forward = micro.forwards[-1]
         if micro.grad:
@@ -255,7 +247,6 @@ class FlopCounter:
     def backward_ended(self) -> None:
         """A backward ended (or ``engine.step()`` starts): the window ends; its count is kept when the backward
         reached it, otherwise it is dropped (counted again next time)."""
-        self._depth = 0  # no forward runs now: a BaseException that skipped a forward's end is forgotten
         window = self._window
         if window is None or window.finished:
             return
@@ -279,16 +270,17 @@ class FlopCounter:
         return MicroStepFlops(count.flops, count.source, count.backward, micro.tokens, micro.samples, count.hardware,
                               count.uncounted if counted_here else (), count.analytic if counted_here else 0)
 
+    def forward_left(self) -> None:
+        """The engine's outermost forward is over, returned or raised: its counting mode is popped (what follows,
+        the loss and the backward, is counted by the window's backward watch)."""
+        self._leave_forward()
+
     def discard(self) -> None:
-        """Forget the micro step in progress, leave a counting mode still on and take the counter's forward
-        hook off (the hub detaches).  Counts kept so far stay."""
+        """Forget the micro step in progress and leave a counting mode still on (the hub detaches).  Counts kept
+        so far stay."""
         self._leave_forward()
         self._end_window()
         self._current = None
-        self._depth = 0
-        if self._forward_hook is not None:
-            self._forward_hook.remove()
-            self._forward_hook = None
 
     # ---- counting ---------------------------------------------------------------------------------------
 
@@ -345,28 +337,6 @@ class FlopCounter:
                         "\"scaled\": exact for dense layers, low for attention on longer sequences)",
                         len(self._counted))
         return count
-
-
-class _ForwardLeft:
-    """The counter's ``always_call`` forward hook (registered at its first forward): the end of the outermost
-    forward pops the counting mode.  It holds the counter weakly, and a copy of it (deepcopy, pickle: an EMA or
-    teacher copy of the module) is inert: the copy's forwards are not the engine's and must not end its count."""
-
-    def __init__(self, counter: Optional[FlopCounter]) -> None:
-        self._counter = None if counter is None else weakref.ref(counter)
-
-    def __call__(self, _module: torch.nn.Module, _args: Any, _output: Any) -> None:
-        live = None if self._counter is None else self._counter()
-        if live is not None and live._depth > 0:
-            live._depth -= 1
-            if live._depth == 0 and live._mode is not None:
-                live._leave_forward()
-
-    def __deepcopy__(self, memo: Dict[int, Any]) -> "_ForwardLeft":
-        return _ForwardLeft(None)
-
-    def __reduce__(self) -> Tuple[Any, Tuple[None]]:
-        return _ForwardLeft, (None, )
 
 
 def _say_uncounted(uncounted: Mapping[str, int], analytic: bool) -> None:
