@@ -337,6 +337,7 @@ class EngineHooks:
             self._forwards = 0
             if running.engine_id == self._engine_id:
                 running.engine_id = self._outside
+            self._tell("forward_left")
 
     def _around_backward(self, backward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self._left_forwards()
