@@ -7,9 +7,9 @@ downward imports.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Iterable, Optional
 
-__all__ = ["flops_rate", "share"]
+__all__ = ["flops_rate", "rank_ranges", "share"]
 
 _RATE_UNITS = (("TFLOP/s", 1.0), ("GFLOP/s", 1e-3), ("MFLOP/s", 1e-6))
 
@@ -39,3 +39,16 @@ def share(fraction: Optional[float]) -> Optional[str]:
     if fraction == 0:
         return "0%"
     return f"{100 * fraction:#.3g}".rstrip(".") + "%"
+
+
+def rank_ranges(ranks: Iterable[int], separator: str = ", ") -> str:
+    """A set of ranks in a line whatever its size: ``0-3, 5, 7-9`` (``separator`` ``","``: ``0-3,5,7-9``, a record's
+    key for a group), ``none`` for no rank."""
+    ordered = sorted(set(ranks))
+    parts = []
+    for rank in ordered:
+        if parts and rank == parts[-1][1] + 1:
+            parts[-1][1] = rank
+        else:
+            parts.append([rank, rank])
+    return separator.join(str(first) if first == last else f"{first}-{last}" for first, last in parts) or "none"

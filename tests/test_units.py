@@ -32,3 +32,11 @@ def test_a_cpu_jobs_rate_is_not_printed_as_zero_in_the_report_or_the_live_line(t
     assert "107 GFLOP/s  0.107%" in text  # MFU against a peak of 100 TFLOP/s, three significant digits
     line = console_line([("ds_profutils/step_ms", 46.0, 4), ("ds_profutils/tflops", 0.0000588, 4)])
     assert line == "ds_profutils step 4: step 46.0 ms, 58.8 MFLOP/s"
+
+
+def test_rank_ranges_one_function_for_the_reports_lines_and_the_records_group_keys():
+    from ds_profutils.units import rank_ranges
+
+    assert rank_ranges([9, 0, 1, 2, 3, 5, 7, 8, 3]) == "0-3, 5, 7-9"
+    assert rank_ranges((0, 1, 2, 3, 8, 9), ",") == "0-3,8-9" and rank_ranges(range(1024), ",") == "0-1023"
+    assert rank_ranges([]) == "none" and rank_ranges([4]) == "4"

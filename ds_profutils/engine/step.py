@@ -17,6 +17,7 @@ from time import perf_counter_ns
 from typing import Any, Dict, List, Optional
 
 from .._device_clock import Pair, pair_ns, pairs_clock
+from ..units import rank_ranges
 
 __all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord"]
 
@@ -109,7 +110,7 @@ class StepRecord:
     def timing(self) -> Dict[str, Any]:
         """The record's step time and collectives, in ms, on the clock each was measured on.  Without device
         events (no start mark) they are final once the step ended: the first call's dict is returned again (the
-        recorder asks for the totals, then for the line, which may take keys out of it)."""
+        recorder asks for the totals, then for the line; neither changes it)."""
         if self._host_timing is not None:
             return self._host_timing
         step_ns = pair_ns(self.step_pair) if self.step_pair else self.end_ns - self.start_ns
@@ -128,7 +129,7 @@ class StepRecord:
             "collectives": entries,
             "collective_ms": sum(entry["time_ms"] for entry in entries.values()) - self._overlap_ns() / _NS_PER_MS,
             "collective_wait_ms": sum(entry["exposed_ms"] for entry in entries.values()),
-            "collective_seq": {rank_ranges(ranks): span for ranks, span in self.sequences.items()},
+            "collective_seq": {rank_ranges(ranks, ","): span for ranks, span in self.sequences.items()},
         }
         if self.start_mark is None:
             self._host_timing = timing
@@ -166,22 +167,6 @@ class EngineCollectives:
         (an optimizer step's end), in ms; the count starts again."""
         gap_ns, self.gap_collective_ns = self.gap_collective_ns, 0
         return gap_ns / _NS_PER_MS
-
-
-def rank_ranges(ranks: tuple) -> str:
-    """A group's ranks as a short key: ``"0-7"``, ``"0,2,4"``, ``"0-3,8-11"`` (a 1024-rank world stays short)."""
-    parts: List[str] = []
-    start = previous = None
-    for rank in ranks:
-        if previous is not None and rank == previous + 1:
-            previous = rank
-            continue
-        if start is not None:
-            parts.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = rank
-    if start is not None:
-        parts.append(str(start) if start == previous else f"{start}-{previous}")
-    return ",".join(parts)
 
 
 def _total_ms(pairs: List[Pair], host_ns: int) -> float:

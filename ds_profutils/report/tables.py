@@ -5,6 +5,8 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..units import rank_ranges
+
 __all__ = ["cell", "counted", "percent", "rank_ranges", "table", "unread_files", "wrap"]
 
 _WIDTH = 110  # prose is wrapped to this; tables are as wide as their columns
@@ -44,24 +46,6 @@ def cell(value: Any) -> str:
 
 def percent(share: Optional[float]) -> Optional[str]:
     return None if share is None else f"{100 * share:.1f}%"
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """``0-3, 5, 7-9``: a set of ranks in a line whatever its size."""
-    ordered = sorted(set(ranks))
-    if not ordered:
-        return "none"
-    parts, start, previous = [], ordered[0], ordered[0]
-    for rank in ordered[1:] + [None]:
-        if rank is not None and rank == previous + 1:
-            previous = rank
-            continue
-        parts.append(str(start) if start == previous else f"{start}-{previous}")
-        if rank is not None:
-            start = previous = rank
-    return ", ".join(parts)
-
-
 
 
 _FILES_NAMED = 3  # files named one per line in a kind of finding; more of one kind are one line naming the first
