@@ -115,7 +115,7 @@ def test_on_cpu_rss_is_read_once_per_step_boundary_and_deepspeeds_peaks_are_left
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc")
 def test_rss_is_what_psutil_reads_and_a_forked_child_reads_its_own():
     """The kept /proc/self/statm descriptor gives psutil's figure; after a fork it is the child's process."""
-    read = memory._rss_reader()
+    read = memory.rss_reader()
     assert isinstance(read, memory._StatmRss)
     before, ours, after = psutil.Process().memory_info().rss, read(), psutil.Process().memory_info().rss
     assert min(before, after) - 2**20 <= ours <= max(before, after) + 2**20

@@ -258,15 +258,17 @@ class _Monitor:
 def _p2p_counted(op: str, method: Callable[..., Any]) -> Callable[..., Any]:
     """``method`` (a send or receive) marked on the pair's sequence (:data:`P2P_OPS`); a receive from any peer
     (``src`` None) has no pair and is passed through."""
+    import torch.distributed as dist
+
     peer_key = "dst" if op in ("send", "isend") else "src"
+    rank = dist.get_rank()  # wrapped once the process group is up
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         peer = args[1] if len(args) > 1 else kwargs.get(peer_key)
         if peer is None:
             return method(*args, **kwargs)
-        import torch.distributed as dist
-
-        collective = collective_started(op, tuple(sorted((dist.get_rank(), int(peer)))), tensor_bytes(args))
+        peer = int(peer)
+        collective = collective_started(op, (rank, peer) if rank < peer else (peer, rank), tensor_bytes(args))
         try:
             return method(*args, **kwargs)
         finally:

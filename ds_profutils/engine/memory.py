@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Optional
 import psutil
 from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
-__all__ = ["PHASES", "StepMemory"]
+__all__ = ["PHASES", "StepMemory", "rss_reader"]
 
 PHASES = ("forward", "backward", "step")
 _PEAKS = ("allocated_bytes.all.peak", "reserved_bytes.all.peak")  # torch.cuda.memory_stats()'s keys
@@ -71,7 +71,7 @@ class _StatmRss:
 _rss: Optional[Callable[[], int]] = None
 
 
-def _rss_reader() -> Callable[[], int]:
+def rss_reader() -> Callable[[], int]:
     """The cheapest RSS read this system has (one per process): statm where there is one, else psutil's."""
     global _rss
     if _rss is None:
@@ -91,7 +91,7 @@ class StepMemory:
         # RSS where the peaks are DeepSpeed's CPU accelerator's (a subclass keeping an allocator has its own)
         rss = getattr(type(accelerator), "max_memory_allocated", None) is CPU_Accelerator.max_memory_allocated
         self.source = "rss" if rss else "allocator"
-        self._rss = _rss_reader() if self.source == "rss" else None
+        self._rss = rss_reader() if self.source == "rss" else None
         self._phases: Dict[str, tuple] = {}
         self._open: Optional[str] = None
         self._start_rss = 0

@@ -10,7 +10,6 @@ reader (or a kill) never meets half a file.  The format is :data:`ds_profutils.o
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 from ...outputs import HANG_SCHEMA, ProcessIdentity, atomic_path, hang_file
+from ..memory import rss_reader
 from . import sequence
 
 __all__ = ["hang_content", "write_hang_file"]
@@ -45,9 +45,8 @@ def _threads(training_thread: Optional[int]) -> List[Dict[str, Any]]:
 
 def _rss_bytes() -> Optional[int]:
     try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        return rss_reader()()
+    except Exception:  # noqa: BLE001 - the hang file goes out without it
         return None
 
 

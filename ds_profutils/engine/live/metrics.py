@@ -55,8 +55,7 @@ class LiveMetrics:
     """
 
     def __init__(self, settings: LiveSettings, peak_tflops: Optional[float], sinks: Sequence[LiveSink], *,
-                 device: Any = None, defer: Optional[bool] = None, group: Any = None,
-                 rider: Optional[Rider] = None) -> None:
+                 device: Any = None, defer: Optional[bool] = None, group: Any = None) -> None:
         interval = settings.monitor_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"step_metrics.monitor_interval: expected an integer >= 1, got {interval!r}")
@@ -66,7 +65,9 @@ class LiveMetrics:
         if settings.console:
             self.sinks.append(ConsoleSink())
         self._gather = IntervalGather(device, defer, group)
-        self.rider = rider  # its columns travel in every row (a rank's, whether or not its figures came)
+        # set by what rides on the exchange (trace_capture): its columns travel in every row (a rank's, whether or
+        # not its figures came)
+        self.rider: Optional[Rider] = None
         self._steps: List[Union[StepFigures, int]] = []  # an int: a step whose figures never came
         self._fed = False  # figures came for the optimizer step in progress
         self._flags = 0  # this rank's flags, sent with every row from now on
