@@ -37,13 +37,13 @@ from time import perf_counter_ns
 from typing import Any, Callable, Dict, List, Optional
 
 from .._device_clock import DeviceEvents, Pair
-from .hangs.sequence import Collective, collective_ended, collective_resumed, collective_started, tensor_bytes
+from .hangs.sequence import (Collective, collective_ended, collective_resumed, collective_started, group_argument,
+                             tensor_bytes)
 from .hooks import running
 from .step import EngineCollectives
 from .torch_collectives import TorchCollectives
 
-__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "P2P_OPS", "attach_engine", "comms_logger_on",
-           "group_argument"]
+__all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "P2P_OPS", "attach_engine", "comms_logger_on"]
 
 ASYNC_OP_POSITION: Dict[str, int] = {
     "all_reduce": 3,
@@ -275,13 +275,6 @@ def _p2p_counted(op: str, method: Callable[..., Any]) -> Callable[..., Any]:
             collective_ended(collective)
 
     return counted
-
-
-def group_argument(args: tuple, kwargs: Dict[str, Any], position: int) -> Any:
-    """The ``group`` a collective was called with (None: the default group)."""
-    if "group" in kwargs:
-        return kwargs["group"]
-    return args[position] if len(args) > position else None
 
 
 def _is_async(args: tuple, kwargs: Dict[str, Any], position: Optional[int]) -> bool:

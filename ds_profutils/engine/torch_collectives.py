@@ -22,11 +22,11 @@ import sys
 from time import perf_counter_ns
 from typing import Any, Callable, Dict
 
-from .hangs.sequence import collective_ended, collective_started, tensor_bytes, within_collective
+from .hangs.sequence import collective_ended, collective_started, group_argument, tensor_bytes, within_collective
 
-__all__ = ["GROUP_POSITION", "TorchCollectives"]
+__all__ = ["TORCH_GROUP_POSITION", "TorchCollectives"]
 
-GROUP_POSITION: Dict[str, int] = {
+TORCH_GROUP_POSITION: Dict[str, int] = {
     "all_reduce": 2, "all_gather": 2, "all_gather_into_tensor": 2, "reduce_scatter": 3, "reduce_scatter_tensor": 3,
     "broadcast": 2, "reduce": 3, "gather": 3, "scatter": 3, "all_to_all": 2, "all_to_all_single": 4, "barrier": 0,
     "all_gather_object": 2, "gather_object": 3, "broadcast_object_list": 2, "scatter_object_list": 3,
@@ -47,7 +47,7 @@ class TorchCollectives:
         self._on_call = on_call
         self._before: Dict[str, Any] = {}
         self._wrappers: Dict[str, Callable[..., Any]] = {}
-        for op, position in GROUP_POSITION.items():
+        for op, position in TORCH_GROUP_POSITION.items():
             original = getattr(dist, op, None)
             if original is not None:
                 self._before[op] = original
@@ -60,8 +60,7 @@ class TorchCollectives:
         def counted(*args: Any, **kwargs: Any) -> Any:
             if within_collective():
                 return original(*args, **kwargs)
-            group = kwargs["group"] if "group" in kwargs else args[position] if len(args) > position else None
-            collective = collective_started(op, group, tensor_bytes(args))
+            collective = collective_started(op, group_argument(args, kwargs, position), tensor_bytes(args))
             ours = sys._getframe(1).f_globals.get("__name__", "").startswith(OURS)
             began = perf_counter_ns()
             try:

@@ -23,7 +23,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["Collective", "GroupProgress", "collective_ended", "collective_resumed", "collective_started",
-           "group_ranks", "progress", "tensor_bytes", "within_collective"]
+           "group_argument", "group_ranks", "progress", "tensor_bytes", "within_collective"]
 
 
 class Collective:
@@ -87,6 +87,14 @@ def _progress_of(group: Any) -> GroupProgress:
             return _by_ranks.setdefault((), GroupProgress(()))
         found = _by_group[group] = _by_ranks.setdefault(ranks, GroupProgress(ranks))
     return found
+
+
+def group_argument(args: tuple, kwargs: Dict[str, Any], position: int) -> Any:
+    """The ``group`` a collective was called with, ``position`` its place among the positional arguments (None:
+    the default group)."""
+    if "group" in kwargs:
+        return kwargs["group"]
+    return args[position] if len(args) > position else None
 
 
 def tensor_bytes(args: tuple) -> Optional[int]:
