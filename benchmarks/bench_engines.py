@@ -65,8 +65,10 @@ def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Call
     returning the attachment or None), ``turns`` times, the modes interleaved so a neighbour's load hits
     them alike (each mode first, second, ... in turn).  Per mode and turn: attach, collect the garbage
     (attach and close are a job's once, not its steps', so neither is timed), time two steps, call
-    ``before_close`` with the attachment, close it.  The objects existing after the warm-up steps are frozen
-    (``gc.freeze``), so those collections scan only what came after them.  Returns (the second steps' seconds,
+    ``before_close`` with the attachment, close it.  That untimed collection takes the young generations only
+    (attach's and close's garbage is young), so a turn does not pay a full collection of the torch and DeepSpeed
+    heap; the job's heap is left as a job's is (no ``gc.freeze``), full collections coming when the collector's
+    own thresholds say.  Returns (the second steps' seconds,
     the first steps' seconds) per mode: the first step pays what a job pays once per attach (a recorder's first
     record, a new shape's FLOP count), the second is the per-step cost.  ``cpu_seconds``, when given, gets the
     second steps' CPU seconds of this thread per mode: what a loaded machine's waits for a CPU do not stretch
@@ -88,9 +90,6 @@ def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Call
 
     for _ in range(5):
         step()
-    # The heap built so far (torch, DeepSpeed, the engine) is left out of every later collection: the untimed
-    # gc.collect() of each turn then takes ~1 ms instead of ~0.5 s here.  The collector stays on in the steps.
-    gc.freeze()
     modes = list(attach_for)
     seconds: Seconds = {mode: [] for mode in modes}
     first_steps: Seconds = {mode: [] for mode in modes}
@@ -98,7 +97,7 @@ def attach_turns(engine: Any, batch: Any, turns: int, attach_for: Dict[str, Call
         shift = turn % len(modes)
         for mode in modes[shift:] + modes[:shift]:
             attachment = attach_for[mode]()
-            gc.collect()
+            gc.collect(1)
             first_steps[mode].append(step())
             seconds[mode].append(step())
             cpu.setdefault(mode, []).append(last_cpu[0])
