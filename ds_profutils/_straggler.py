@@ -11,12 +11,19 @@ from __future__ import annotations
 from statistics import median
 from typing import Optional, Sequence
 
-__all__ = ["STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_STEP_SHARE", "step_straggler"]
+__all__ = ["STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_STEP_SHARE", "step_straggler", "straggler_threshold"]
 
 STRAGGLER_MIN_SPREAD_MS = 2.0
 """A step has a straggler only when max - min time inside its collectives across ranks is at least this ..."""
 STRAGGLER_STEP_SHARE = 0.10
 """... and at least this share of the step's median step time (noise is not a straggler)."""
+
+
+def straggler_threshold(step_ms: Sequence[float]) -> float:
+    """The spread of time inside collectives a step needs to have a straggler, from its ranks' step times (NaN: a
+    rank without the figure)."""
+    times = [value for value in step_ms if value == value]
+    return max(STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE * median(times) if times else 0.0)
 
 
 def step_straggler(collective_ms: Sequence[float], step_ms: Sequence[float]) -> Optional[int]:
@@ -30,6 +37,4 @@ def step_straggler(collective_ms: Sequence[float], step_ms: Sequence[float]) -> 
     if len(present) < 2:
         return None
     least, least_index = min(present)
-    times = [value for value in step_ms if value == value]
-    threshold = max(STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE * median(times) if times else 0.0)
-    return least_index if max(present)[0] - least >= threshold else None
+    return least_index if max(present)[0] - least >= straggler_threshold(step_ms) else None

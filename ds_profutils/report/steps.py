@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from .._straggler import STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, straggler_threshold
 from ..diagnosis.stragglers import WORK_UNITS, work_unit
 from .chance import binomial_upper_tail
 from .records import FileRecords
@@ -36,10 +37,6 @@ __all__ = ["ARRIVAL_FIGURES", "arrival_ms", "own_gap_ms", "STRAGGLER_LEVEL", "ST
            "StepView", "chance_p_value", "host_stragglers", "is_straggler", "reach", "step_view", "steps_to_name", "tflops",
            "straggler_rule"]
 
-STRAGGLER_MIN_SPREAD_MS = 2.0
-"""A step has a straggler only when max - min time inside its collectives across ranks is at least this ..."""
-STRAGGLER_STEP_SHARE = 0.10
-"""... and at least this share of the step's median step time (noise is not a straggler)."""
 STRAGGLER_LEVEL = 0.025
 """The overall verdict's level, shared by the ranks (each is tested at ``STRAGGLER_LEVEL / ranks``).  The
 largest round level that names a rank which is the straggler of 9 of 10 steps of a 2-rank run
@@ -246,8 +243,7 @@ def _find_stragglers(view: StepView) -> None:
         view.tested_steps += 1
         least, least_rank = min(present)
         spread = max(present)[0] - least
-        step_times = [value for value in view.step_ms.step_column(step_index) if value == value]
-        threshold = max(STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE * median(step_times))
+        threshold = straggler_threshold(view.step_ms.step_column(step_index))
         view.spread_ms.append(spread)
         view.threshold_ms.append(threshold)
         if spread < threshold:

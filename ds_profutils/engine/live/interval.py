@@ -14,7 +14,7 @@ from statistics import median
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..._stages import slow_stage
-from ..._straggler import STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, step_straggler
+from ..._straggler import step_straggler, straggler_threshold
 from ...diagnosis.causes import CAUSE_CODES, Figures, decide_cause
 
 __all__ = ["EVENT_NAMES", "PIPELINE_EVENT_NAMES", "Event", "StepFigures", "interval_cause", "interval_events",
@@ -182,7 +182,7 @@ def interval_cause(rows: Sequence[Sequence[float]], steps: int, straggler: int) 
     work = next((column for column in (_FLOPS, _TOKENS) if not any(math.isnan(t[column]) for t in totals)), None)
     figures = [Figures(busy_ms=(t[_STEP_SUM] - t[_WAIT]) / steps, gap_ms=None if math.isnan(t[_GAP]) else t[_GAP],
                        work=None if work is None else t[work] / steps) for t in totals]
-    threshold = max(STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE * median(median(row[:steps]) for row in rows))
+    threshold = straggler_threshold([median(row[:steps]) for row in rows])
     cause, _ = decide_cause(figures[straggler], figures[:straggler] + figures[straggler + 1:], threshold)
     return CAUSE_CODES[cause]
 
