@@ -146,5 +146,7 @@ def test_causes_and_work_imbalance_within_each_stage_only(tmp_path: Path) -> Non
         write_records(tmp_path, rank, rows)
     engine = build_report(tmp_path)["engines"]["main"]
     assert engine["straggler_ranks"] == [1]
-    assert engine["ranks_summary"][1]["cause"] not in ("compute", "more_work")
+    straggler = engine["ranks_summary"][1]
+    assert straggler["cause"] == "unknown"  # host clocks cannot tell waiting from transfer: nothing else stands out
+    assert (straggler["cause_figures"]["work_ratio"], straggler["cause_figures"]["pace_ratio"]) == (1.0, 1.0)
     assert engine["work_imbalance"] == pytest.approx(1.0)
