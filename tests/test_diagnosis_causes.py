@@ -3,7 +3,7 @@ then the report's per-rank work figures and causes on records written here."""
 import pytest
 
 from ds_profutils.diagnosis.causes import (CAUSE_CODES, MORE_WORK_RATIO, SAME_PACE_RATIO, Figures, decide_cause,
-                                           late_by_gap)
+                                           GAP_OVER_BUSY, late_by_gap)
 from ds_profutils.report import build_report, render_text
 
 from report_testing import iteration_record, write_records
@@ -19,9 +19,13 @@ def cause(own, device_clock=False):
 def test_a_gap_that_stands_out_by_the_threshold_is_the_input_pipeline():
     assert cause(Figures(50.0, 2.0 + THRESHOLD, 100.0)) == "input_pipeline"
     assert cause(Figures(50.0, 2.0 + THRESHOLD - 0.1, 100.0)) == "unknown"
-    # the gap stands out but so does its busy time: not the input pipeline (its busy per unit decides)
-    assert not late_by_gap(Figures(50.0 + THRESHOLD, 80.0, 100.0), [OTHER], THRESHOLD)
-    assert cause(Figures(50.0 + THRESHOLD, 80.0, 100.0)) == "compute"
+    # the gap stands out and so does its busy time: the gap where its excess is GAP_OVER_BUSY times the busy's
+    gap_excess = 78.0
+    busy_below, busy_above = gap_excess / GAP_OVER_BUSY - 0.1, gap_excess / GAP_OVER_BUSY + 0.1
+    assert late_by_gap(Figures(50.0 + busy_below, 2.0 + gap_excess, 100.0), [OTHER], THRESHOLD)
+    assert not late_by_gap(Figures(50.0 + busy_above, 2.0 + gap_excess, 100.0), [OTHER], THRESHOLD)
+    assert cause(Figures(50.0 + busy_above, 2.0 + gap_excess, 100.0)) == "compute"  # its busy per unit decides
+    assert not late_by_gap(Figures(50.0 + THRESHOLD, 2.0 + THRESHOLD, 100.0), [OTHER], THRESHOLD)
 
 
 def test_more_work_at_the_same_pace_is_more_work_and_below_the_ratio_is_not():

@@ -23,12 +23,17 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-__all__ = ["CAUSES", "CAUSE_CODES", "MORE_WORK_RATIO", "SAME_PACE_RATIO", "Figures", "decide_cause", "describe_cause", "late_by_gap"]
+__all__ = ["CAUSES", "CAUSE_CODES", "GAP_OVER_BUSY", "MORE_WORK_RATIO", "SAME_PACE_RATIO", "Figures", "decide_cause", "describe_cause", "late_by_gap"]
 
 MORE_WORK_RATIO = 1.15
 """More work: the straggler's work median is at least this times the others' median.  Below it, work varies as
 batches do (a few percent); a 15 % excess already costs a 2-rank job's step that share, which the straggler
 test's 10 % per-step threshold can see."""
+GAP_OVER_BUSY = 2.0
+"""A straggler whose gap and busy time both stand out is late by its gap (``input_pipeline``) where the gap's excess
+is at least this times the busy time's: on short CPU steps busy time varies by a few ms from step to step, as much
+as the straggler threshold (10 % of the step), while a slow data loader adds its whole delay to the gap (a Trainer
+rank sleeping 80 ms a batch: +160 ms gap, busy +/- 4 ms)."""
 SAME_PACE_RATIO = 1.10
 """Busy time per unit of work at most this times the others' is the same pace (more work then explains the
 lateness); above it the rank computes slower (``compute``).  The straggler test's own 10 % of the step: a pace
@@ -64,11 +69,13 @@ def _others(others: Sequence[Figures], name: str) -> Optional[float]:
 
 
 def late_by_gap(own: Figures, others: Sequence[Figures], threshold_ms: float) -> bool:
-    """Its gap stands out from the others' by a step straggler's threshold while its busy time does not."""
+    """Its gap stands out from the others' by a step straggler's threshold, and its busy time does not: by less than
+    the threshold, or by less than the gap's excess over ``GAP_OVER_BUSY`` (the gap is then most of its lateness)."""
     gap, busy = _others(others, "gap_ms"), _others(others, "busy_ms")
     if None in (gap, busy, own.gap_ms, own.busy_ms):
         return False
-    return own.gap_ms - gap >= threshold_ms and own.busy_ms - busy < threshold_ms
+    gap_excess = own.gap_ms - gap
+    return gap_excess >= threshold_ms and own.busy_ms - busy < max(threshold_ms, gap_excess / GAP_OVER_BUSY)
 
 
 def _ratio(value: Optional[float], other: Optional[float]) -> Optional[float]:
