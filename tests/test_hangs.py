@@ -7,6 +7,8 @@ import json
 import threading
 import time
 
+import torch
+
 from ds_profutils.engine import Attachment
 from ds_profutils.engine.hangs import sequence, watch_engine
 from ds_profutils.engine.hangs.watchdog import POLL_SECONDS
@@ -18,7 +20,7 @@ TIMEOUT_S = 1
 
 def watched(engine, tmp_path, name="main"):
     attachment = Attachment(engine, name, None)
-    watch = watch_engine(engine, name, str(tmp_path), TIMEOUT_S)
+    watch = watch_engine(engine, attachment.hooks, name, str(tmp_path), TIMEOUT_S)
     attachment.add(watch, watch.close)
     return attachment
 
@@ -112,7 +114,7 @@ def test_waiting_on_an_async_collectives_handle_is_being_inside_it_again():
     group = next(group for group in sequence.progress() if group.ranks == (0, 1, 2))
     assert group.current is None and group.last is collective and not sequence.within_collective()
     sequence.collective_resumed(collective)  # the program waits on its handle
-    assert group.current is collective and collective.ended is None and sequence.within_collective()
+    assert group.current is collective and collective.ended_ns is None and sequence.within_collective()
     assert group.seq == collective.seq  # no new sequence number
     sequence.collective_ended(collective)
     assert group.current is None and not sequence.within_collective()
@@ -123,11 +125,16 @@ def test_the_watch_holds_its_engine_weakly(tmp_path):
     a dropped engine alive until a cycle collection, or for good where a cycle is not collected."""
     import weakref
 
+    from ds_profutils.engine.hooks import EngineHooks
+
     engine = Engine()
-    watch = watch_engine(engine, "main", str(tmp_path), 300)
+    hooks = EngineHooks(engine)
+    watch = watch_engine(engine, hooks, "main", str(tmp_path), 300)
+    hooks.add(watch)
     ref = weakref.ref(engine)
-    del engine
-    assert ref() is None and watch.engine is None
+    del engine, hooks  # the hooks' wrappers on the engine hold it (the engine holds them: a cycle)
+    gc.collect()
+    assert ref() is None and watch.where() == {"name": "main", "global_step": None, "phase": "between steps"}
     watch.close()
 
 
@@ -154,3 +161,31 @@ def test_a_pipeline_send_is_on_its_pairs_sequence_while_it_blocks(monkeypatch):
     assert seen == [("send", first, True), ("send", first + 1, True), "from anyone"]
     group = next(group for group in sequence.progress() if group.ranks == (2, 3))
     assert group.current is None and group.last.name == "send" and group.last.nbytes == 16
+
+
+def test_the_phase_the_hooks_keep_follows_forward_backward_and_step():
+    """What a hang file says of where the engine was: written by the hooks at each phase change, read by the
+    watchdog's thread; a torch-style ``loss.backward()`` ends its backward too, an eval forward leaves none to come."""
+    from ds_profutils.engine.hooks import EngineHooks
+
+    engine = Engine()
+    seen = []
+    engine.module.register_forward_pre_hook(lambda module, args: seen.append(hooks.phase))  # after ours
+    step = engine.step
+    engine.step = lambda: (seen.append(hooks.phase), step())
+    hooks = EngineHooks(engine)
+    engine.module.train()
+    out = engine.forward()
+    after_forward = hooks.phase
+    engine.backward()
+    after_backward = hooks.phase
+    engine.step()
+    assert seen == ["forward", "step"] and (after_forward, after_backward, hooks.phase) == (
+        "backward", "between steps", "between steps")
+    engine.eval_forward()
+    assert hooks.phase == "between steps"
+    out = engine.forward(torch.ones(1, requires_grad=True))
+    assert out.requires_grad and hooks.phase == "backward"
+    out.sum().backward()  # torch-style
+    assert hooks.phase == "between steps"
+    hooks.remove()

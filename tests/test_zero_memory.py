@@ -92,23 +92,24 @@ def test_on_deepspeeds_cpu_accelerator_the_figures_are_the_process_rss(tmp_path)
 def test_on_cpu_rss_is_read_once_per_step_boundary_and_deepspeeds_peaks_are_left_alone(tmp_path, monkeypatch):
     """DeepSpeed's CPU accelerator reads RSS afresh for its reset and each of its two peaks (nine reads a
     step); the same figures come from one read per boundary of the step's phases, a phase's peak the larger
-    of its ends.  The optimizer step begins where the backward ended (nothing of the engine runs between
-    ``engine.backward()`` returning and ``engine.step()``): one boundary, one read."""
+    of its ends.  A phase begins where the one before it ended: the optimizer step where the backward ended
+    (nothing of the engine runs between ``engine.backward()`` returning and ``engine.step()``), the next
+    step's forward where the step ended; three reads a step once the first has begun."""
     mib = 2**20
     accelerator = CPU_Accelerator()
     accelerator.max_mem = 7  # another reader's peak: not reset by the records
-    reads = iter([100 * mib, 300 * mib, 400 * mib, 250 * mib, 120 * mib, 130 * mib, 110 * mib, 140 * mib])
+    reads = iter([100 * mib, 300 * mib, 400 * mib, 250 * mib, 120 * mib, 130 * mib, 110 * mib])
     monkeypatch.setattr(memory, "_rss", lambda: next(reads))
     engine = Engine()
     with recorder_for(engine, tmp_path, memory=StepMemory(accelerator)):
         engine.train_step()
         engine.train_step()
     first, second = read_records(tmp_path)
-    # Reads: forward begins (100), forward ends = backward begins (300), backward returns = the optimizer
-    # step begins (400), the step ends (250); the next step reads afresh when its forward begins.
+    # Reads: forward begins (100: the first step after attach), forward ends = backward begins (300), backward
+    # returns = the optimizer step begins (400), the step ends (250) = the next forward begins.
     assert first["memory"] == {"source": "rss", "peak_allocated_bytes": 400 * mib, "peak_reserved_bytes": 400 * mib,
                                "phases": {"forward": 300 * mib, "backward": 400 * mib, "step": 400 * mib}}
-    assert second["memory"]["phases"] == {"forward": 130 * mib, "backward": 130 * mib, "step": 140 * mib}
+    assert second["memory"]["phases"] == {"forward": 250 * mib, "backward": 130 * mib, "step": 130 * mib}
     assert next(reads, None) is None and accelerator.max_mem == 7
 
 

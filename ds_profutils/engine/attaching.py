@@ -165,7 +165,6 @@ class Attachment:
     ``recorder`` is the step recorder (None when neither record section is on, or this rank does not record;
     with ``step_metrics`` on, a rank outside ``ranks`` has one that measures for its listeners and writes no file).
     ``live`` the live metrics (None unless ``"step_metrics"`` is on), which the recorder feeds.
-    The engine's hooks are put on with the first feature that follows its steps.
     """
 
     def __init__(self, engine: Any, name: Optional[str], undo_settings: Optional[Callable[[], None]]) -> None:
@@ -182,11 +181,16 @@ class Attachment:
             _engine_names[engine] = name
             _attached_names[name] = weakref.ref(self)
 
+    @property
+    def hooks(self) -> EngineHooks:
+        """The engine's hooks, put on at the first call (a PipelineEngine's step is its train_batch())."""
+        if self._hooks is None:
+            self._hooks = (PipelineHooks if is_pipeline_engine(self.engine) else EngineHooks)(self.engine)
+        return self._hooks
+
     def add(self, listener: Listener, close: Callable[[], None]) -> None:
         """Have ``listener`` follow the engine's steps until ``close()``, which calls ``close`` first."""
-        if self._hooks is None:  # a PipelineEngine's step is its train_batch()
-            self._hooks = (PipelineHooks if is_pipeline_engine(self.engine) else EngineHooks)(self.engine)
-        self._hooks.add(listener)
+        self.hooks.add(listener)
         self._closers.append(close)
 
     def report_to(self, sink: LiveSink) -> None:
@@ -296,7 +300,7 @@ def attach(engine: Any,
     if capture.enabled:
         attach_capture(attachment, capture, metrics.output_dir, profiler_settings, identity)
     if metrics.enabled and metrics.hang_timeout_s:  # every rank, recording or not (docs/hangs.md)
-        watch = hangs.watch_engine(engine, engine_name, metrics.output_dir, metrics.hang_timeout_s)
+        watch = hangs.watch_engine(engine, attachment.hooks, engine_name, metrics.output_dir, metrics.hang_timeout_s)
         attachment.add(watch, watch.close)
     if profiling is not None:
         attachment.add(profiling, profiling.close)

@@ -32,7 +32,6 @@ last one.
 """
 from __future__ import annotations
 
-import weakref
 from time import perf_counter_ns
 from typing import Any, Callable, Dict, List, Optional
 
@@ -134,9 +133,9 @@ class _Monitor:
         self.accelerator = accelerator  # DeepSpeed's, where the device clock is used
         self.current_stream = accelerator.current_stream if device_events is not None else None
         self._timing_stream: Any = None
-        # Weakly: a recorder reaches its engine, and a dropped engine must not be kept alive by the
-        # process-wide wrappers.
-        self.engines: List["weakref.ref[EngineCollectives]"] = []
+        # Each engine's place only (its id and open record, never the engine): a recorder dropped with its engine
+        # takes its place out (attach_engine's detach, at close or when the recorder is collected).
+        self.engines: List[EngineCollectives] = []
         self._before: Dict[str, Any] = {}  # what the backend instance held under each name wrapped
         self._wrappers: Dict[str, Callable[..., Any]] = {}
         for op in [*ASYNC_OP_POSITION, *ALWAYS_BLOCKING]:
@@ -159,17 +158,16 @@ class _Monitor:
         def counted(*args: Any, **kwargs: Any) -> Any:
             """Every call, recorded or not, takes its group's next sequence number (the hang watchdog's)."""
             collective = collective_started(op, group_argument(args, kwargs, group_position), tensor_bytes(args))
+            recording = self._recording()
+            if recording:
+                return timed(recording, collective, args, kwargs)
             try:
-                recording = self._recording()
-                if not recording:
-                    return method(*args, **kwargs)
-                return timed(recording, collective, *args, **kwargs)
+                return method(*args, **kwargs)
             finally:
                 collective_ended(collective)
 
-        def timed(recording: List[EngineCollectives], collective: Any, *args: Any, **kwargs: Any) -> Any:
-            for engine in recording:
-                engine.step.note_sequence(collective.ranks, collective.seq)
+        def timed(recording: List[EngineCollectives], collective: Collective, args: tuple,
+                  kwargs: Dict[str, Any]) -> Any:
             is_async = _is_async(args, kwargs, async_position)
             events = self.device_events
             stream = self.current_stream() if events is not None else None
@@ -178,11 +176,15 @@ class _Monitor:
             try:
                 result = method(*args, **kwargs)
             except BaseException:
+                collective_ended(collective)
                 if start is not None:
                     events.release(start)
                 raise
+            host_ns = collective_ended(collective) - began  # the marker's end is the call's end
             anchor = recording[0].step.start_mark
             if is_async:
+                for engine in recording:
+                    engine.step.note_sequence(collective.ranks, collective.seq)
                 if result is None:  # nothing to wait for: no interval to time
                     if start is not None:
                         events.release(start)
@@ -192,11 +194,9 @@ class _Monitor:
                     return _TimedWork(result, op, stream, start, recording, events, None, collective)
                 return _TimedWork(result, op, stream, None, recording, events, events.pair(start, end, 0, anchor),
                                   collective)
-            host_ns = perf_counter_ns() - began
             pair = events.pair(start, events.mark(), host_ns, anchor) if events is not None else None
             for engine in recording:
-                if engine.step is not None:
-                    engine.step.add_collective(op, stream, False, host_ns, pair)
+                engine.step.add_collective(op, stream, False, host_ns, pair, collective)
             return result
 
         return counted
@@ -225,17 +225,15 @@ class _Monitor:
         """The engines a collective issued now belongs to: the running one if it records, else (outside
         every engine's calls) every engine recording."""
         now = running.engine_id
-        return [engine for engine in map(weakref.ref.__call__, self.engines)
-                if engine is not None and engine.step is not None and (now is None or engine.engine_id == now)]
+        return [engine for engine in self.engines
+                if engine.step is not None and (now is None or engine.engine_id == now)]
 
     def torch_call(self, op: str, host_ns: int) -> None:
         """A ``torch.distributed`` call of the program's (or a framework's) took ``host_ns``: inside an engine's
         forward, backward or step it is that step's collective; between steps, a wait of every engine's gap."""
         now = running.engine_id
         stream = self.current_stream() if self.current_stream is not None else None
-        for engine in map(weakref.ref.__call__, self.engines):
-            if engine is None:
-                continue
+        for engine in self.engines:
             if now is None:
                 engine.gap_collective_ns += host_ns
             elif engine.engine_id == now and engine.step is not None:
@@ -303,14 +301,13 @@ def attach_engine(engine: EngineCollectives, device_events: Optional[DeviceEvent
 
         _monitor = _Monitor(backend, device_events, get_accelerator())
     monitor = _monitor
-    ref = weakref.ref(engine)
-    monitor.engines.append(ref)
+    monitor.engines.append(engine)
 
     def detach() -> None:
         global _monitor
-        if ref not in monitor.engines:
+        if engine not in monitor.engines:
             return
-        monitor.engines.remove(ref)
+        monitor.engines.remove(engine)
         if not monitor.engines:
             monitor.remove()
             if _monitor is monitor:

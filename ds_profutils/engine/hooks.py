@@ -1,17 +1,13 @@
 """The hooks ``attach`` puts on one engine, once, for every feature that follows the engine's steps.
 
-The fetch recorder, the memory snapshots and the engine-driven profiler all need the same moments:
-a forward starts, a forward ends, ``engine.backward()`` returns, ``engine.step()`` starts and returns,
-and (for the snapshots and the profiler) an error leaves the engine's forward, backward or step.
-:class:`EngineHooks` puts one forward pre-hook (prepended, so it runs before DeepSpeed's own, which
-resets the ZeRO-3 coordinator's counters; with its keyword arguments, so listeners see the whole batch:
-the FLOP counter keys its counts by the input shapes), one forward hook (with the output, whose gradients
-tell the FLOP counter where the backward ends) and wrappers of ``engine.backward`` and
-``engine.step`` -- and of ``engine.forward`` only when a listener watches errors -- and tells each
-listener; ``engine.save_checkpoint`` is wrapped too, to tell how long a save took (the step records name it
-as a part of the gap between steps).  ``backward`` is a moment of its own because Accelerate (and so the
-transformers Trainer) calls ``engine.step()`` only at the gradient-accumulation boundary: the micro steps
-before it end when their backward returns.
+The recorder, the live figures, the hang watchdog, the snapshots and the engine-driven profiler need the
+same moments: a forward starts and ends, ``engine.backward()`` returns, ``engine.step()`` starts and
+returns, and an error leaves one of them.  :class:`EngineHooks` puts one forward pre-hook (prepended:
+before DeepSpeed's own, which resets the ZeRO-3 coordinator's counters; with the keyword arguments, which
+the FLOP counter keys its counts by), one forward hook (the output's gradients tell where the backward
+ends) and wrappers of ``engine.backward``, ``engine.step``, ``engine.save_checkpoint`` (a save is a part of
+the gap between steps) and, where a listener watches errors, ``engine.forward``.  ``backward`` is a moment
+of its own: Accelerate (and so the Trainer) calls ``engine.step()`` at the accumulation boundary only.
 
 The module's hooks hold :class:`EngineHooks` only weakly, and :class:`EngineHooks` holds the engine
 weakly: a copy of the module (``copy.deepcopy``, pickling, ``torch.optim.swa_utils.AveragedModel``: EMA
@@ -22,10 +18,8 @@ Removing them restores exactly what was there: an instance attribute another wra
 engine before is put back, none is left where there was none.  A wrapper put over ours after attach
 keeps calling ours, which then passes calls through untouched.
 
-The hooks also say which engine is running now (:data:`running`): the one whose forward, backward or
-step the process is inside, so a collective issued there is that engine's (two engines' steps
-interleave in actor/critic loops).  It is process-wide, not per thread: DeepSpeed's backward hooks run
-on autograd's threads on behalf of the engine's backward.
+The hooks also say which engine is running now (:data:`running`), so a collective issued there is that
+engine's (actor/critic steps interleave); process-wide, since DeepSpeed's backward hooks run on autograd's threads.
 
 A listener's error never reaches the training loop: it is logged and that listener is stopped
 (:meth:`Listener.stop_after_error`), the engine goes on.  An exception raised by a signal handler
@@ -44,9 +38,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 from torch.autograd.graph import register_multi_grad_hook
 
-__all__ = ["EngineHooks", "Listener", "OptimizerStepListener", "grad_outputs", "on_backward_end", "raised_by_signal_handler", "running"]
+__all__ = ["BETWEEN_STEPS", "EngineHooks", "Listener", "OptimizerStepListener", "grad_outputs", "on_backward_end",
+           "raised_by_signal_handler", "running"]
 
 _ABSENT = object()
+BETWEEN_STEPS = "between steps"
+"""The phase outside the engine's forward, backward and step (:attr:`EngineHooks.phase`)."""
 
 
 def grad_outputs(output: Any) -> List[torch.Tensor]:
@@ -200,12 +197,19 @@ class _ModuleHook:
         return _ModuleHook, (None, self._method)
 
 
+_EVENTS = ("forward_started", "forward_ended", "forward_left", "backward_ended", "step_started", "step_ended",
+           "checkpoint_saved")  # the Listener methods EngineHooks tells
+
+
 class EngineHooks:
-    """The hooks on one engine (held weakly) and the listeners they tell, in the order they were added."""
+    """The hooks on one engine (held weakly) and the listeners they tell, in the order they were added.  ``phase``:
+    "forward", "backward", "step" or :data:`BETWEEN_STEPS` (attribute writes the hang watchdog's thread reads)."""
 
     def __init__(self, engine: Any) -> None:
         self._engine = weakref.ref(engine)
         self.listeners: List[Listener] = []
+        self._told: Dict[str, List[Callable[..., None]]] = {}  # per event, the listeners' methods (no base no-ops)
+        self.phase = BETWEEN_STEPS
         self._active = True
         self._engine_id = id(engine)
         self._outside: Optional[int] = None  # the engine running when this one's (outermost) forward started
@@ -239,8 +243,14 @@ class EngineHooks:
     def add(self, listener: Listener) -> None:
         """Tell ``listener`` from now on (and watch errors if it does)."""
         self.listeners.append(listener)
+        self._listen()
         if listener.watches_errors and not any(name == "forward" for name, _, _ in self._wrapped):
             self._wrap("forward", self._around_call)
+
+    def _listen(self) -> None:
+        """Who is told what, from the listeners now (after each change of them)."""
+        self._told = {event: [getattr(listener, event) for listener in self.listeners
+                              if getattr(type(listener), event) is not getattr(Listener, event)] for event in _EVENTS}
 
     def _wrap(self, attribute: str, around: Callable[..., Any]) -> None:
         engine = self.engine
@@ -260,6 +270,7 @@ class EngineHooks:
         """Take every hook off and restore what the engine held (see the module doc)."""
         self._active = False
         self.listeners = []
+        self._told = {}
         if running.engine_id == self._engine_id:  # removed inside its own forward (a listener failed there)
             running.engine_id = self._outside
         for handle in self._handles:
@@ -275,20 +286,19 @@ class EngineHooks:
                 setattr(engine, attribute, before)
         self._wrapped = []
 
-    # ---- what the engine does ------------------------------------------------------------------------
-
-    def _tell(self, method: str, *args: Any) -> None:
-        for listener in list(self.listeners):
+    def _tell(self, event: str, *args: Any) -> None:
+        for told in self._told.get(event, ()):  # a list replaced, never changed, when a listener is dropped
             try:
-                getattr(listener, method)(*args)
+                told(*args)
             except Exception as exc:
                 if raised_by_signal_handler(exc):
                     raise
-                self._drop(listener, exc)
+                self._drop(told.__self__, exc)
 
     def _drop(self, listener: Listener, exc: Exception) -> None:
         """``listener`` failed: stop it; with none left the engine is DeepSpeed's again at once."""
         self.listeners.remove(listener)
+        self._listen()
         listener.stop_after_error(exc)
         if not self.listeners:
             self.remove()
@@ -302,6 +312,7 @@ class EngineHooks:
                 return
             self._forget_backward_watch()
             self._outside, running.engine_id = running.engine_id, self._engine_id
+            self.phase = "forward"
             self._tell("forward_started", module, args, kwargs)
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -309,11 +320,13 @@ class EngineHooks:
             self._tell("forward_ended", module, output)
             if module.training and torch.is_grad_enabled():
                 self._backward_watch = on_backward_end(output, _nothing, self._torch_style_backward_ended)
+                self.phase = "backward"  # to come
 
     def _torch_style_backward_ended(self) -> None:
         """A backward through this forward's outputs is done: outside ``engine.backward()`` (a torch-style
         ``loss.backward()``) nothing else tells its end."""
         if self._active and not self._in_backward:
+            self.phase = BETWEEN_STEPS
             self._tell("backward_ended")
 
     def _forget_backward_watch(self) -> None:
@@ -327,6 +340,8 @@ class EngineHooks:
             return
         if running.engine_id == self._engine_id:
             running.engine_id = self._outside
+        if self.phase == "forward":  # no backward to come: an eval forward, or one that raised
+            self.phase = BETWEEN_STEPS
         if self._active:
             self._tell("forward_left")
 
@@ -342,23 +357,25 @@ class EngineHooks:
     def _around_backward(self, backward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self._left_forwards()
         outside, running.engine_id = running.engine_id, self._engine_id
-        self._in_backward = True
+        self._in_backward, self.phase = True, "backward"
         try:
             result = self._around_call(backward, *args, **kwargs)
         finally:
             running.engine_id = outside
-            self._in_backward = False
+            self._in_backward, self.phase = False, BETWEEN_STEPS
         self._tell("backward_ended")
         return result
 
     def _around_step(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self._left_forwards()
         outside, running.engine_id = running.engine_id, self._engine_id
+        self.phase = "step"
         try:
             self._tell("step_started")
             result = self._around_call(step, *args, **kwargs)
         finally:
             running.engine_id = outside
+            self.phase = BETWEEN_STEPS
         self._tell("step_ended")  # not on an exception: that step did not finish
         return result
 

@@ -11,10 +11,13 @@ the figures are RSS at the phase boundaries, and the records say ``"source": "rs
 is read here, once per boundary, and a phase's peak is the larger of its two ends: the figures
 DeepSpeed's CPU accelerator would give, for one read of ``/proc`` instead of three (its reset and two
 peaks each read RSS afresh through a new ``psutil.Process``), and its peak statistics are left alone.
-A step has four boundaries, not five: the optimizer step's start is the backward's end reading (in the
-engine's use ``engine.step()`` follows ``engine.backward()`` at once; what a loop allocates or frees
-between the two calls is seen at the step's end only).  Each read is a syscall of several us on a
-loaded machine, and a read at the step's start would tell little the backward's end does not.
+A step reads three boundaries, not five: the forward's end, the backward's end and the step's end.  A
+phase starts where the one before it ended: the optimizer step's start is the backward's end reading (in
+the engine's use ``engine.step()`` follows ``engine.backward()`` at once), the forward's start the last
+step's end reading (what the loop allocates between steps and keeps is seen at the forward's end; the
+first step after attach reads its start).  Each read is a syscall of several us, more right after a
+collective has switched the thread out, and a read at a phase's start tells little the reading just
+before it does not.
 
 The peak statistics are the accelerator's, shared with whoever else reads them: while memory figures
 are on, ``max_memory_allocated()`` read by other code gives the peak since the last phase boundary
@@ -95,7 +98,7 @@ class StepMemory:
         self._phases: Dict[str, tuple] = {}
         self._open: Optional[str] = None
         self._start_rss = 0
-        self._ended_rss: Optional[int] = None  # RSS read where this step's last phase ended (the next one's start)
+        self._ended_rss: Optional[int] = None  # RSS read where the last phase ended (the next one's start)
         self._disturbed = False
         self._one_read = accelerator.device_name() == "cuda"  # memory_stats() holds both peaks there
         if self._rss is None:
@@ -157,7 +160,6 @@ class StepMemory:
         """The step's ``memory`` entry (None if no phase was measured), and a fresh start for the next step."""
         self.end()
         phases, self._phases = self._phases, {}
-        self._ended_rss = None  # the next step's forward reads afresh: the loop's gap lies between
         disturbed, self._disturbed = self._disturbed, False
         if not phases:
             return None

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 
 from .._device_clock import Pair, pair_ns, pairs_clock
 from ..units import rank_ranges
+from .hangs.sequence import Collective
 
 __all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord"]
 
@@ -72,9 +73,12 @@ class StepRecord:
             return True
         return self.forward_done and (not closing or self.fields["mode"] != "train")
 
-    def add_collective(self, op: str, stream: Any, is_async: bool, host_ns: int, pair: Optional[Pair]) -> None:
+    def add_collective(self, op: str, stream: Any, is_async: bool, host_ns: int, pair: Optional[Pair],
+                       marker: Optional[Collective] = None) -> None:
         """One collective of this step: ``host_ns`` and ``pair`` time it on its own stream (``stream``, the
-        stream it was issued on; None on the host clock).  An async one is counted at its wait."""
+        stream it was issued on; None on the host clock).  An async one is counted at its wait (its sequence
+        number noted at its launch); a blocking one's ``marker`` (:mod:`.hangs.sequence`) gives its sequence
+        number (one call on the step path for both)."""
         side = stream is not None and stream != self.compute_stream
         totals = self.collectives.get((op, side))
         if totals is None:
@@ -89,6 +93,8 @@ class StepRecord:
             totals.blocking_ns += host_ns
             if pair is not None:
                 totals.blocking_pairs.append(pair)
+        if marker is not None:
+            self.note_sequence(marker.ranks, marker.seq)
 
     def note_sequence(self, ranks: tuple, seq: int) -> None:
         """A collective of this step had sequence number ``seq`` on the group of ``ranks`` (ranks line up by it)."""

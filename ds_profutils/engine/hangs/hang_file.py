@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from time import perf_counter_ns
 from typing import Any, Dict, Iterable, List, Optional
 
 from ...outputs import HANG_SCHEMA, ProcessIdentity, atomic_path, hang_file
@@ -67,9 +68,10 @@ def _inside_now(groups: Iterable[sequence.GroupProgress]) -> Dict[str, Any]:
     """The collective this rank is inside now (the latest started, where several are) and the last it ended."""
     current = [group.current for group in groups if group.current is not None]
     ended = [group.last for group in groups if group.last is not None]
-    inside = max(current, key=lambda collective: collective.started, default=None)
-    last = max(ended, key=lambda collective: collective.ended or 0.0, default=None)
-    return {"collective": None if inside is None else {**inside.as_dict(), "waiting_s": time.time() - inside.started},
+    inside = max(current, key=lambda collective: collective.started_ns, default=None)
+    last = max(ended, key=lambda collective: collective.ended_ns or 0, default=None)
+    return {"collective": None if inside is None else {**inside.as_dict(),
+                                                       "waiting_s": (perf_counter_ns() - inside.started_ns) / 1e9},
             "last_collective": None if last is None else last.as_dict()}
 
 

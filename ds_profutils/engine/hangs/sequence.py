@@ -20,26 +20,11 @@ from __future__ import annotations
 
 import threading
 import time
+from time import perf_counter_ns
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["Collective", "GroupProgress", "collective_ended", "collective_resumed", "collective_started",
            "group_argument", "group_ranks", "progress", "tensor_bytes", "within_collective"]
-
-
-class Collective:
-    """One collective a rank issued: its name, group (ranks), sequence number there, bytes, and when it started
-    and ended (wall-clock seconds, comparable across hosts roughly; ``ended`` None while inside it)."""
-
-    __slots__ = ("name", "ranks", "seq", "nbytes", "started", "ended")
-
-    def __init__(self, name: str, ranks: Tuple[int, ...], seq: int, nbytes: Optional[int]) -> None:
-        self.name, self.ranks, self.seq, self.nbytes = name, ranks, seq, nbytes
-        self.started = time.time()
-        self.ended: Optional[float] = None
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {"name": self.name, "group": list(self.ranks), "seq": self.seq, "bytes": self.nbytes,
-                "since": self.started, "ended": self.ended}
 
 
 class GroupProgress:
@@ -52,6 +37,29 @@ class GroupProgress:
         self.seq = 0
         self.current: Optional[Collective] = None
         self.last: Optional[Collective] = None
+
+
+class Collective:
+    """One collective a rank issued: its name, group (ranks), sequence number there, bytes, and when it started
+    and ended (``perf_counter_ns``: one clock read at each end, on the step path; :meth:`as_dict` gives wall-clock
+    seconds, comparable across hosts roughly; ``ended_ns`` None while inside it)."""
+
+    __slots__ = ("name", "group", "ranks", "seq", "nbytes", "started_ns", "ended_ns")
+
+    def __init__(self, name: str, group: GroupProgress, nbytes: Optional[int]) -> None:
+        self.name, self.group, self.ranks, self.seq, self.nbytes = name, group, group.ranks, group.seq, nbytes
+        self.started_ns = perf_counter_ns()
+        self.ended_ns: Optional[int] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"name": self.name, "group": list(self.ranks), "seq": self.seq, "bytes": self.nbytes,
+                "since": wall_time(self.started_ns),
+                "ended": None if self.ended_ns is None else wall_time(self.ended_ns)}
+
+
+def wall_time(ns: int) -> float:
+    """``time.time()`` at the ``perf_counter_ns()`` reading ``ns`` (read now, so a clock step since is not in it)."""
+    return time.time() - (perf_counter_ns() - ns) / 1e9
 
 
 _thread = threading.local()  # depth: our wrappers' calls this thread is inside now
@@ -111,34 +119,30 @@ def collective_started(name: str, group: Any, nbytes: Optional[int]) -> Collecti
     """A collective called ``name`` starts on ``group`` (a process group, None for the default, or a ranks tuple
     such as a pipeline p2p pair): it takes the group's next sequence number and is the one this rank is inside
     now.  Give it to :func:`collective_ended` once the call returns (raising or not)."""
-    group_progress = _progress_of(group)
+    group_progress = _by_group.get(group) or _progress_of(group)
     group_progress.seq += 1
-    collective = Collective(name, group_progress.ranks, group_progress.seq, nbytes)
-    group_progress.current = collective
+    collective = group_progress.current = Collective(name, group_progress, nbytes)
     _thread.depth = getattr(_thread, "depth", 0) + 1
     return collective
 
 
-def collective_ended(collective: Collective) -> None:
+def collective_ended(collective: Collective) -> int:
     """``collective``'s call returned (on the thread that started it): it is the group's last ended, and this
-    rank is inside it no more."""
-    collective.ended = time.time()
-    _thread.depth = getattr(_thread, "depth", 1) - 1
-    group_progress = _by_ranks.get(collective.ranks)
-    if group_progress is None:
-        return
+    rank is inside it no more.  Returns when (``perf_counter_ns``): the end of the call's host time."""
+    ended = collective.ended_ns = perf_counter_ns()
+    _thread.depth -= 1  # set by collective_started or collective_resumed on this thread
+    group_progress = collective.group
     group_progress.last = collective
     if group_progress.current is collective:
         group_progress.current = None
+    return ended
 
 
 def collective_resumed(collective: Collective) -> None:
     """This rank waits for ``collective`` again (an ``async_op`` collective's ``wait()``, launched earlier): it is
     the one the rank is inside until the next :func:`collective_ended`; its sequence number stays."""
-    group_progress = _by_ranks.get(collective.ranks)
-    if group_progress is not None:
-        group_progress.current = collective
-    collective.ended = None
+    collective.group.current = collective
+    collective.ended_ns = None
     _thread.depth = getattr(_thread, "depth", 0) + 1
 
 

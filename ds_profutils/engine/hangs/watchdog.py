@@ -7,10 +7,11 @@ step and phase, the collective it is inside (with its sequence number on its gro
 every thread's stack (:mod:`.hang_file`); the report lines the ranks' files up and names the rank that
 never arrived.
 
-The step path pays one timestamp per optimizer step (:meth:`Watchdog.beat`, from :class:`EngineWatch`, a
-listener of the engine's hooks) and a few attribute writes per phase change.  The thread wakes about once a
-second, reads those attributes and the collective wrappers' markers, and touches no device, no collective
-and no lock the step path takes; it writes the file again every timeout while stuck, and once more, saying
+The step path pays one timestamp per optimizer step (:meth:`Watchdog.beat`, from :class:`EngineWatch`, told
+of the engine's optimizer steps by its hooks).  The thread wakes about once a second; when it writes, it reads
+the engine's global step, the phase its hooks keep (:attr:`..hooks.EngineHooks.phase`, attribute writes the
+hooks make anyway) and the collective wrappers' markers, and touches no device, no collective and no lock
+the step path takes; it writes the file again every timeout while stuck, and once more, saying
 ``resolved`` and how long the step took, if the step ends after all.  It ends when the last watched engine
 is closed or collected.
 """
@@ -20,20 +21,17 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, List, Optional
-
-import torch
+from typing import Any, Dict, List, Optional
 
 from ...logging import logger, warning_once
 from ...outputs import ProcessIdentity, hang_file, process_identity
-from ..hooks import Listener
+from ..hooks import BETWEEN_STEPS, EngineHooks, OptimizerStepListener
 from .hang_file import hang_content, write_hang_file
 
 __all__ = ["POLL_SECONDS", "EngineWatch", "Watchdog", "watch_engine"]
 
 POLL_SECONDS = 1.0
 """How often the thread looks: a hang is written at most this late after its timeout."""
-BETWEEN_STEPS = "between steps"
 
 
 class Watchdog:
@@ -100,7 +98,7 @@ class Watchdog:
     def _write(self, watches: List["EngineWatch"], beat: float, writes: int,
                resolved_after_s: Optional[float] = None) -> None:
         since = time.time() - (time.monotonic() - beat)
-        engines = [{"name": watch.name, "global_step": watch.global_step, "phase": watch.phase} for watch in watches]
+        engines = [watch.where() for watch in watches]
         content = hang_content(self.identity, engines, timeout_s=min(watch.timeout_s for watch in watches),
                                since=since, training_thread=self.training_thread,
                                cuda_device=next((w.cuda_device for w in watches if w.cuda_device is not None), None),
@@ -126,46 +124,29 @@ def _forget(watchdog: Watchdog) -> None:
             _watchdog = None
 
 
-class EngineWatch(Listener):
-    """One engine's global step and phase as its hooks see them, and the heartbeat at its optimizer step's end."""
+class EngineWatch(OptimizerStepListener):
+    """One engine watched: the heartbeat at each of its optimizer steps' end; its global step and the phase its
+    ``hooks`` keep, read when a file is written."""
 
-    def __init__(self, engine: Any, name: str, output_dir: Path, timeout_s: float, watchdog: Watchdog) -> None:
-        self._engine = weakref.ref(engine)  # the hooks hold the engine weakly; so does what they tell
+    def __init__(self, engine: Any, hooks: EngineHooks, name: str, output_dir: Path, timeout_s: float,
+                 watchdog: Watchdog) -> None:
+        super().__init__(engine)  # held weakly, as the hooks hold it
+        self._hooks = weakref.ref(hooks)
         self.name = name
         self.output_dir = output_dir
         self.timeout_s = timeout_s
-        self.global_step = engine.global_steps
-        self.phase = BETWEEN_STEPS
         device = getattr(engine, "device", None)
         self.cuda_device: Optional[int] = device.index if getattr(device, "type", None) == "cuda" else None
         self._watchdog = watchdog
-        self._steps_before = 0
 
-    @property
-    def engine(self) -> Any:
-        """The engine (None once collected)."""
-        return self._engine()
+    def optimizer_step_ended(self, global_step: int) -> None:
+        self._watchdog.beat()
 
-    def forward_started(self, module: Any, args: Any, kwargs: Any) -> None:
-        self.global_step = self.engine.global_steps
-        self.phase = "forward"
-
-    def forward_ended(self, module: Any, output: Any) -> None:
-        self.phase = "backward" if module.training and torch.is_grad_enabled() else BETWEEN_STEPS
-
-    def backward_ended(self) -> None:
-        self.phase = BETWEEN_STEPS
-
-    def step_started(self) -> None:
-        self._steps_before = self.engine.global_steps
-        self.phase = "step"
-
-    def step_ended(self) -> None:
-        self.phase = BETWEEN_STEPS
-        steps = self.engine.global_steps
-        if steps != self._steps_before:
-            self.global_step = steps
-            self._watchdog.beat()
+    def where(self) -> Dict[str, Any]:
+        """The engine's name, global step and phase now (read from the watchdog's thread)."""
+        hooks = self._hooks()
+        return {"name": self.name, "global_step": self._global_steps(),
+                "phase": hooks.phase if hooks is not None else BETWEEN_STEPS}
 
     def stop_after_error(self, exc: Exception) -> None:
         logger.error("ds_profutils: the hang watch of engine %r stopped after an error (%s: %s); training goes on",
@@ -190,16 +171,16 @@ def _remove_earlier_file(output_dir: Path, identity: ProcessIdentity) -> None:
         warning_once(f"ds_profutils: cannot remove an earlier run's hang file in {output_dir} ({exc.strerror})")
 
 
-def watch_engine(engine: Any, name: str, output_dir: str, timeout_s: float) -> EngineWatch:
-    """Watch ``engine`` (called ``name``) from now on with the process's watchdog, started if none runs; hang
-    files go to ``output_dir``.  Add the returned listener to the engine's hooks; ``close()`` it at detach."""
+def watch_engine(engine: Any, hooks: EngineHooks, name: str, output_dir: str, timeout_s: float) -> EngineWatch:
+    """Watch ``engine`` (called ``name``, followed by ``hooks``) from now on with the process's watchdog, started if
+    none runs; hang files go to ``output_dir``.  Add the returned listener to ``hooks``; ``close()`` it at detach."""
     global _watchdog
     with _lock:
         watchdog = _watchdog
         fresh = watchdog is None or not watchdog.alive or watchdog._stop.is_set()
         if fresh:
             watchdog = _watchdog = Watchdog(process_identity(), threading.get_ident())
-        watch = EngineWatch(engine, name, Path(output_dir), timeout_s, watchdog)
+        watch = EngineWatch(engine, hooks, name, Path(output_dir), timeout_s, watchdog)
         watchdog.watches.add(watch)
     if fresh:
         _remove_earlier_file(Path(output_dir), watchdog.identity)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ...logging import warning_once
-from ..hooks import EngineHooks, running
+from ..hooks import BETWEEN_STEPS, EngineHooks, running
 from ..recorder import StepRecorder
 from .flops import StageFlops
 from .instructions import InstructionTimes
@@ -89,6 +89,7 @@ class PipelineHooks(EngineHooks):
     def _around_batch(self, train: bool, batch: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         view = _ModeView(train)
         outside, running.engine_id = running.engine_id, self._engine_id
+        self.phase = "forward"  # a batch's forwards and backwards interleave
         try:
             if train:
                 self._tell("step_started")
@@ -101,6 +102,7 @@ class PipelineHooks(EngineHooks):
         finally:
             running.engine_id = outside
             self._times, self._training = None, False
+            self.phase = BETWEEN_STEPS
         self._tell("forward_ended", view, None)
         if train:
             self._tell("step_ended")  # not on an exception: that batch did not finish
