@@ -535,3 +535,30 @@ def test_records_waiting_for_device_times_are_written_when_a_sigterm_ends_the_pr
     assert [r["micro_step"] for r in records] == [0, 1, 2]
     assert {r["clock"] for r in records} == {"host-fallback"}
     assert (tmp_path / "trace_rank_0.json").exists()
+
+
+def test_a_collective_that_raises_ends_its_marker_and_the_next_takes_the_next_sequence_number(tmp_path, backend,
+                                                                                              monkeypatch):
+    """A gloo timeout inside a recorded step: the rank is inside that collective no more (a marker left open would
+    make every later torch.distributed call look like that collective's own, and the rank's sequence numbers
+    drift from its peers'), and the error reaches the program unchanged."""
+    from ds_profutils.engine.hangs import sequence
+
+    def timed_out(self, tensor, op=None, group=None, async_op=False):
+        raise RuntimeError("Timed out waiting for peers")
+
+    monkeypatch.setattr(FakeBackend, "all_reduce", timed_out)
+    engine = Engine()
+    with recorder_for(engine, tmp_path):
+        engine.module.train()
+        engine.forward()
+        with pytest.raises(RuntimeError, match="Timed out"):
+            backend.all_reduce(torch.ones(2), None, (0, 1), False)
+        group = next(group for group in sequence.progress() if group.ranks == (0, 1))
+        assert group.current is None and group.last.ended_ns is not None and not sequence.within_collective()
+        backend.reduce_scatter_tensor(torch.ones(2), torch.ones(2), None, (0, 1), False)
+        assert group.last.seq == group.seq and group.last.name == "reduce_scatter_tensor"
+        engine.backward()
+        engine.step()
+    (record, ) = read_records(tmp_path)
+    assert list(record["collectives"]) == ["reduce_scatter_tensor"]  # the raised call took no time of the step's

@@ -251,3 +251,26 @@ def test_peaks_reset_by_deepspeeds_memory_breakdown_mark_the_records_disturbed(t
         assert record["memory"]["source"] == "allocator" and record["memory"]["disturbed"] is True
     for record in records["plain"]:
         assert record["memory"]["source"] == "allocator" and "disturbed" not in record["memory"]
+
+
+def test_on_cpu_a_forward_reads_its_start_afresh_after_an_unmeasured_step_or_another_engines_reading(tmp_path,
+                                                                                                      monkeypatch):
+    """The forward starts from the last step's end reading only where nothing came between: after a step
+    ``log_interval`` left unmeasured, or another engine's step (RSS is the process's), it reads its own start."""
+    reads = iter(range(100, 200))
+    monkeypatch.setattr(memory, "_rss", lambda: next(reads))
+    engine = Engine()
+    with recorder_for(engine, tmp_path, memory=StepMemory(CPU_Accelerator()), log_interval=2):
+        for _ in range(3):
+            engine.train_step()
+    first, second = read_records(tmp_path)  # global steps 0 and 2; step 1 unmeasured
+    assert first["memory"]["phases"] == {"forward": 101, "backward": 102, "step": 103}  # reads 100-103
+    assert second["memory"]["phases"] == {"forward": 105, "backward": 106, "step": 107}  # 104 afresh, 105-107
+    actor, critic = StepMemory(CPU_Accelerator()), StepMemory(CPU_Accelerator())
+    for step_memory in (actor, critic, actor):
+        step_memory.begin("forward")
+        step_memory.begin("backward")
+        step_memory.end()
+        step_memory.begin("step")
+        step_memory.record()
+    assert next(reads) == 108 + 4 + 4 + 4  # the actor's second forward read afresh after the critic's readings

@@ -158,13 +158,14 @@ class _Monitor:
         def counted(*args: Any, **kwargs: Any) -> Any:
             """Every call, recorded or not, takes its group's next sequence number (the hang watchdog's)."""
             collective = collective_started(op, group_argument(args, kwargs, group_position), tensor_bytes(args))
-            recording = self._recording()
-            if recording:
-                return timed(recording, collective, args, kwargs)
             try:
+                recording = self._recording()
+                if recording:
+                    return timed(recording, collective, args, kwargs)
                 return method(*args, **kwargs)
             finally:
-                collective_ended(collective)
+                if collective.ended_ns is None:  # not ended with the timed call's end (raised, or untimed)
+                    collective_ended(collective)
 
         def timed(recording: List[EngineCollectives], collective: Collective, args: tuple,
                   kwargs: Dict[str, Any]) -> Any:
@@ -176,7 +177,6 @@ class _Monitor:
             try:
                 result = method(*args, **kwargs)
             except BaseException:
-                collective_ended(collective)
                 if start is not None:
                     events.release(start)
                 raise

@@ -14,10 +14,11 @@ peaks each read RSS afresh through a new ``psutil.Process``), and its peak stati
 A step reads three boundaries, not five: the forward's end, the backward's end and the step's end.  A
 phase starts where the one before it ended: the optimizer step's start is the backward's end reading (in
 the engine's use ``engine.step()`` follows ``engine.backward()`` at once), the forward's start the last
-step's end reading (what the loop allocates between steps and keeps is seen at the forward's end; the
-first step after attach reads its start).  Each read is a syscall of several us, more right after a
-collective has switched the thread out, and a read at a phase's start tells little the reading just
-before it does not.
+step's end reading (what the loop allocates between steps and keeps is seen at the forward's end).  The
+forward reads its start afresh where that reading is not the process's latest (another engine's step
+read since) or a step went unmeasured between (``log_interval``), and on the first step after attach.
+Each read is a syscall of several us, more right after a collective has switched the thread out, and a
+read at a phase's start tells little the reading just before it does not.
 
 The peak statistics are the accelerator's, shared with whoever else reads them: while memory figures
 are on, ``max_memory_allocated()`` read by other code gives the peak since the last phase boundary
@@ -72,6 +73,7 @@ class _StatmRss:
 
 
 _rss: Optional[Callable[[], int]] = None
+_latest_reader: Optional[int] = None  # id() of the StepMemory whose RSS reading is the process's latest
 
 
 def rss_reader() -> Callable[[], int]:
@@ -130,13 +132,23 @@ class StepMemory:
             self._reset()
         else:
             if end_rss is None:
-                end_rss = self._ended_rss if self._ended_rss is not None else self._rss()
+                end_rss = self._ended_rss if self._ended_rss is not None and _latest_reader == id(self) else \
+                    self._read_rss()
             self._start_rss = end_rss
         self._open = phase
 
     def end(self) -> None:
         """The open phase ends now."""
         self._end()
+
+    def forget(self) -> None:
+        """A step of the engine goes unmeasured: the next phase does not start from this object's last reading."""
+        self._ended_rss = None
+
+    def _read_rss(self) -> int:
+        global _latest_reader
+        _latest_reader = id(self)
+        return self._rss()
 
     def _end(self) -> Optional[int]:
         """End the open phase; on RSS, the RSS read at its end (where a phase begun at once starts)."""
@@ -151,7 +163,7 @@ class StepMemory:
             else:
                 self._phases[phase] = (accelerator.max_memory_allocated(), accelerator.max_memory_reserved())
             return None
-        rss = self._ended_rss = self._rss()
+        rss = self._ended_rss = self._read_rss()
         peak = max(self._start_rss, rss)
         self._phases[phase] = (peak, peak)  # DeepSpeed's CPU accelerator: reserved is RSS too
         return rss

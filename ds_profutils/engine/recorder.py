@@ -74,10 +74,9 @@ class StepRecorder(Listener):
     rather than start it afresh.  ``coordinator``: the engine's ZeRO-3 parameter coordinator, whose
     fetches the records then hold; None records the steps and collectives of an engine without one.
     ``writes``: False on a rank outside ``ranks`` that measures for ``step_listeners`` only (no file).
-    ``flops``: counts each micro step's FLOPs (None: no ``flops`` fields).  ``config_hash``: the engine's
-    resolved config, hashed (with ``model_numel`` and the world size it tells another job's file apart).  ``profiler_active``: whether
-    the engine-driven torch profiler records now (the step's record then says so).
-    """
+    ``flops``: counts each micro step's FLOPs (None: no ``flops`` fields).  ``config_hash``: the engine's resolved
+    config, hashed (with ``model_numel`` and the world size it tells another job's file apart).
+    ``profiler_active``: whether the engine-driven torch profiler records now (the step's record then says so)."""
 
     def __init__(self, engine: Any, coordinator: Any, settings: PartitionedParamProfilerConfig, *, name: str,
                  identity: ProcessIdentity, dtype: torch.dtype, device_events: Optional[DeviceEvents],
@@ -148,8 +147,6 @@ class StepRecorder(Listener):
             # in this process the run goes on (a repeat starts a segment); a new process started one already
             self._finished_step = int(last.get("global_step", -1)) if self._append else -1
 
-    # ---- step boundaries (EngineHooks) ----------------------------------------------------------------
-
     def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Any) -> None:
         engine = self._engine
         self._finish_open(closing=False)  # an eval forward, or a forward whose step() never came
@@ -162,6 +159,8 @@ class StepRecorder(Listener):
         if self.fetches is not None:
             self.fetches.begin(recorded, self.settings.trace_ranges and ranges_active())
         if not recorded and not self.step_listeners:
+            if self.memory is not None:
+                self.memory.forget()
             return
         if recorded and not self.records_file.opened:
             self._open_file()
@@ -278,8 +277,6 @@ class StepRecorder(Listener):
         if self.device_events is not None and step.start_mark is not None:
             self.device_events.release(step.end_mark)
             step.end_mark = self.device_events.mark()
-
-    # ---- records -------------------------------------------------------------------------------
 
     def _pause(self) -> None:
         """Nothing more is this step's: neither fetches nor collectives."""

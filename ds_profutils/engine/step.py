@@ -161,7 +161,7 @@ class StepRecord:
 class EngineCollectives:
     """One recorded engine's place in the collective wrappers (see the module doc)."""
 
-    __slots__ = ("engine_id", "step", "gap_collective_ns", "__weakref__")
+    __slots__ = ("engine_id", "step", "gap_collective_ns")
 
     def __init__(self, engine: Any) -> None:
         self.engine_id = id(engine)  # what the hooks say is running; never the engine itself (kept alive)

@@ -52,9 +52,9 @@ class Collective:
         self.ended_ns: Optional[int] = None
 
     def as_dict(self) -> Dict[str, Any]:
+        ended = self.ended_ns  # read once: the training thread may resume it meanwhile (an async wait)
         return {"name": self.name, "group": list(self.ranks), "seq": self.seq, "bytes": self.nbytes,
-                "since": wall_time(self.started_ns),
-                "ended": None if self.ended_ns is None else wall_time(self.ended_ns)}
+                "since": wall_time(self.started_ns), "ended": None if ended is None else wall_time(ended)}
 
 
 def wall_time(ns: int) -> float:
