@@ -5,7 +5,6 @@ at once.  One launch per variant (module-scoped fixtures)."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

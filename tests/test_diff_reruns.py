@@ -4,7 +4,6 @@ import json
 import random
 import re
 from pathlib import Path
-from statistics import median
 
 import pytest
 

@@ -10,7 +10,7 @@ from test_step_records import attach_recorder
 
 
 def stack(*functions):
-    return [{"file": f"/job/train.py", "line": 10 + index, "function": name} for index, name in enumerate(functions)]
+    return [{"file": "/job/train.py", "line": 10 + index, "function": name} for index, name in enumerate(functions)]
 
 
 def hang_file(directory, rank, *, inside=None, groups=(), step=6, phase="forward", resolved=False, world=2):

@@ -20,7 +20,6 @@ from ds_profutils.exceptions import InvalidArgumentError
 from ds_profutils.outputs import ProcessIdentity
 from ds_profutils.report import build_report
 from ds_profutils.engine import AttachError, Attachment, StepRecorder
-from ds_profutils.engine.attaching import ATTACHMENT_ATTR
 from ds_profutils.engine.recorder import RECORDER_ATTR
 from launcher import DIST_SCRIPTS, run_deepspeed
 from report_testing import read_records_file
@@ -356,8 +355,6 @@ def test_a_recorder_does_not_keep_a_dropped_engine_alive(tmp_path):
 
 def test_collective_timing_is_removed_with_the_last_recorder_closed_or_collected(tmp_path, monkeypatch):
     import gc
-
-    from ds_profutils.engine import collectives
 
     original = lambda *args, **kwargs: None  # noqa: E731
     backend = types.SimpleNamespace(all_reduce=original)
