@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shlex
 import signal
@@ -23,10 +24,22 @@ DIST_SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on now; the default 29500 collides with any other job here."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port nobody listens on now, below the kernel's ephemeral range (the default 29500 collides with any
+    other job here).  A port the kernel hands out (binding port 0) is free again once checked, and until the job's
+    rendezvous binds it any outgoing connection may take it -- the gloo pairs and store clients of a job the other
+    test worker runs -- which failed a launch with EADDRINUSE; ports below the range are never given to those."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default start
+    while True:
+        port = random.randint(max(low // 2, 1024), low - 1)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # listened on, or lingering: another
+                continue
+            return port
 
 
 def _command(script: os.PathLike | str, args: Sequence[str], num_gpus: int, port: int) -> List[str]:
