@@ -19,11 +19,11 @@ STRAGGLER_STEP_SHARE = 0.10
 """... and at least this share of the step's median step time (noise is not a straggler)."""
 
 
-def straggler_threshold(step_ms: Sequence[float]) -> float:
+def straggler_threshold(step_ms: Sequence[float], share: float = STRAGGLER_STEP_SHARE) -> float:
     """The spread of time inside collectives a step needs to have a straggler, from its ranks' step times (NaN: a
-    rank without the figure)."""
+    rank without the figure): ``share`` of their median, at least STRAGGLER_MIN_SPREAD_MS."""
     times = [value for value in step_ms if value == value]
-    return max(STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE * median(times) if times else 0.0)
+    return max(STRAGGLER_MIN_SPREAD_MS, share * median(times) if times else 0.0)
 
 
 def step_straggler(collective_ms: Sequence[float], step_ms: Sequence[float]) -> Optional[int]:

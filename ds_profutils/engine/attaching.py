@@ -300,7 +300,7 @@ def attach(engine: Any,
     if capture.enabled:
         attach_capture(attachment, capture, metrics.output_dir, profiler_settings, identity)
     if metrics.enabled and metrics.hang_timeout_s:  # every rank, recording or not (docs/hangs.md)
-        watch = hangs.watch_engine(engine, attachment.hooks, engine_name, metrics.output_dir, metrics.hang_timeout_s)
+        watch = hangs.watch_engine(attachment.hooks, engine_name, metrics.output_dir, metrics.hang_timeout_s)
         attachment.add(watch, watch.close)
     if profiling is not None:
         attachment.add(profiling, profiling.close)

@@ -99,8 +99,8 @@ class _TimedWork:
         try:
             result = self._work.wait(*args, **kwargs)
         finally:
-            collective_ended(self._collective)
-        host_ns = perf_counter_ns() - began
+            ended = collective_ended(self._collective)
+        host_ns = ended - began
         events, start = self._events, self._start
         self._start = None
         recording = [engine.step for engine in self._engines if engine.step is not None]
@@ -170,6 +170,7 @@ class _Monitor:
         def timed(recording: List[EngineCollectives], collective: Collective, args: tuple,
                   kwargs: Dict[str, Any]) -> Any:
             is_async = _is_async(args, kwargs, async_position)
+            steps = [engine.step for engine in recording]  # taken now: a signal handler may close a recorder meanwhile
             events = self.device_events
             stream = self.current_stream() if events is not None else None
             start = events.mark() if events is not None else None
@@ -181,10 +182,10 @@ class _Monitor:
                     events.release(start)
                 raise
             host_ns = collective_ended(collective) - began  # the marker's end is the call's end
-            anchor = recording[0].step.start_mark
+            anchor = steps[0].start_mark
+            for step in steps:
+                step.note_sequence(collective.ranks, collective.seq)
             if is_async:
-                for engine in recording:
-                    engine.step.note_sequence(collective.ranks, collective.seq)
                 if result is None:  # nothing to wait for: no interval to time
                     if start is not None:
                         events.release(start)
@@ -195,8 +196,8 @@ class _Monitor:
                 return _TimedWork(result, op, stream, None, recording, events, events.pair(start, end, 0, anchor),
                                   collective)
             pair = events.pair(start, events.mark(), host_ns, anchor) if events is not None else None
-            for engine in recording:
-                engine.step.add_collective(op, stream, False, host_ns, pair, collective)
+            for step in steps:
+                step.add_collective(op, stream, False, host_ns, pair)
             return result
 
         return counted

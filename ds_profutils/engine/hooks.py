@@ -103,7 +103,7 @@ class Listener:
     watches_errors = False  # True: also told of errors leaving forward, backward and step
 
     def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-        """A forward of the engine's module starts with these inputs (FLOPs and tokens are read from them)."""
+        """The engine's module's outermost forward starts with these inputs (FLOPs and tokens are read from them)."""
 
     def forward_ended(self, module: torch.nn.Module, output: Any) -> None:
         """The forward returned ``output`` (whose gradients tell where its backward ends)."""
@@ -326,6 +326,7 @@ class EngineHooks:
         """A backward through this forward's outputs is done: outside ``engine.backward()`` (a torch-style
         ``loss.backward()``) nothing else tells its end."""
         if self._active and not self._in_backward:
+            self._left_forwards()
             self.phase = BETWEEN_STEPS
             self._tell("backward_ended")
 
@@ -335,19 +336,17 @@ class EngineHooks:
             self._backward_watch = None
 
     def _forward_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._forwards = max(self._forwards - 1, 0)
-        if self._forwards:
-            return
-        if running.engine_id == self._engine_id:
-            running.engine_id = self._outside
-        if self.phase == "forward":  # no backward to come: an eval forward, or one that raised
-            self.phase = BETWEEN_STEPS
-        if self._active:
-            self._tell("forward_left")
+        if self._forwards > 1:
+            self._forwards -= 1
+        elif self._forwards:
+            if self.phase == "forward":  # no backward to come: an eval forward, or one that raised
+                self.phase = BETWEEN_STEPS
+            self._left_forwards()
 
     def _left_forwards(self) -> None:
-        """No forward of this engine runs while its backward or step does: one left by a BaseException (torch
-        calls always-call hooks on an Exception only) or a compiled forward's error is over."""
+        """The outermost forward is over: it returned or raised, or (no forward of this engine runs while its
+        backward or step does) one left by a BaseException (torch calls always-call hooks on an Exception only) or a
+        compiled forward's error is."""
         if self._forwards:
             self._forwards = 0
             if running.engine_id == self._engine_id:

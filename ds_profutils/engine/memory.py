@@ -53,7 +53,7 @@ class _StatmRss:
     """The process's RSS from ``/proc/self/statm``, read through one descriptor kept open for the process.
 
     What psutil reads (``memory_info().rss`` is statm's second field, in pages), without opening the file
-    each time: profiled on a ZeRO-3 step, the five reads a recorded step makes cost 60-200 us each
+    each time: profiled on a ZeRO-3 step, each read of a recorded step cost 60-200 us
     through psutil (an ``open`` of a ``/proc`` file is slow on virtual machines) and 6-9 us here.
     /proc/self is resolved when opened, so a forked child opens its own.
     """

@@ -336,7 +336,7 @@ class StepRecorder(Listener):
         record = {**self._header, **self._first_fields, **step.fields}
         events = step.fetches.entries() if step.fetches is not None else {}
         timing = step.timing()
-        record["step_time_ms"] = timing["step_time_ms"]  # read, not taken: a line built again gets it too
+        record["step_time_ms"] = timing["step_time_ms"]  # first of the timing's keys in the line (update keeps it)
         record["fetch_wait_ms"] = fetch_wait_ms(events)
         record.update(timing)
         for part in step.parts:

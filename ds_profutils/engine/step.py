@@ -18,7 +18,6 @@ from typing import Any, Dict, List, Optional
 
 from .._device_clock import Pair, pair_ns, pairs_clock
 from ..units import rank_ranges
-from .hangs.sequence import Collective
 
 __all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord"]
 
@@ -73,12 +72,9 @@ class StepRecord:
             return True
         return self.forward_done and (not closing or self.fields["mode"] != "train")
 
-    def add_collective(self, op: str, stream: Any, is_async: bool, host_ns: int, pair: Optional[Pair],
-                       marker: Optional[Collective] = None) -> None:
+    def add_collective(self, op: str, stream: Any, is_async: bool, host_ns: int, pair: Optional[Pair]) -> None:
         """One collective of this step: ``host_ns`` and ``pair`` time it on its own stream (``stream``, the
-        stream it was issued on; None on the host clock).  An async one is counted at its wait (its sequence
-        number noted at its launch); a blocking one's ``marker`` (:mod:`.hangs.sequence`) gives its sequence
-        number (one call on the step path for both)."""
+        stream it was issued on; None on the host clock).  An async one is counted at its wait."""
         side = stream is not None and stream != self.compute_stream
         totals = self.collectives.get((op, side))
         if totals is None:
@@ -93,8 +89,6 @@ class StepRecord:
             totals.blocking_ns += host_ns
             if pair is not None:
                 totals.blocking_pairs.append(pair)
-        if marker is not None:
-            self.note_sequence(marker.ranks, marker.seq)
 
     def note_sequence(self, ranks: tuple, seq: int) -> None:
         """A collective of this step had sequence number ``seq`` on the group of ``ranks`` (ranks line up by it)."""
@@ -116,7 +110,7 @@ class StepRecord:
     def timing(self) -> Dict[str, Any]:
         """The record's step time and collectives, in ms, on the clock each was measured on.  Without device
         events (no start mark) they are final once the step ended: the first call's dict is returned again (the
-        recorder asks for the totals, then for the line; neither changes it)."""
+        recorder asks for the totals, then for the line; neither may change it)."""
         if self._host_timing is not None:
             return self._host_timing
         step_ns = pair_ns(self.step_pair) if self.step_pair else self.end_ns - self.start_ns

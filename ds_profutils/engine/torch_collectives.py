@@ -19,7 +19,6 @@ but not timed: they are not the job's waits.
 from __future__ import annotations
 
 import sys
-from time import perf_counter_ns
 from typing import Any, Callable, Dict
 
 from .hangs.sequence import collective_ended, collective_started, group_argument, tensor_bytes, within_collective
@@ -60,14 +59,12 @@ class TorchCollectives:
         def counted(*args: Any, **kwargs: Any) -> Any:
             if within_collective():
                 return original(*args, **kwargs)
-            collective = collective_started(op, group_argument(args, kwargs, position), tensor_bytes(args))
             ours = sys._getframe(1).f_globals.get("__name__", "").startswith(OURS)
-            began = perf_counter_ns()
+            collective = collective_started(op, group_argument(args, kwargs, position), tensor_bytes(args))
             try:
                 return original(*args, **kwargs)
             finally:
-                host_ns = perf_counter_ns() - began
-                collective_ended(collective)
+                host_ns = collective_ended(collective) - collective.started_ns  # the marker's ends are the call's
                 if not ours:
                     self._on_call(name, host_ns)
 

@@ -7,7 +7,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..units import rank_ranges
 
-__all__ = ["cell", "counted", "percent", "rank_ranges", "table", "unread_files", "wrap"]
+__all__ = ["cell", "counted", "percent", "table", "unread_files", "wrap"]
 
 _WIDTH = 110  # prose is wrapped to this; tables are as wide as their columns
 

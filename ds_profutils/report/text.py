@@ -14,7 +14,8 @@ from ..diagnosis.causes import describe_cause
 from .hangs import hang_lines
 from .pipeline import pipeline_lines
 from .steps import ARRIVAL_FIGURES, StepView
-from .tables import counted, percent, rank_ranges, table, unread_files, wrap
+from ..units import rank_ranges
+from .tables import counted, percent, table, unread_files, wrap
 from ..units import flops_rate, share
 
 __all__ = ["render_text"]

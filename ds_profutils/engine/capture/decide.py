@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from ..._straggler import STRAGGLER_MIN_SPREAD_MS
+from ..._straggler import straggler_threshold
 from ...config.models import MAX_LISTED_RANK
 from ..live.decisions import known_rows
 from ..live.interval import staged_straggler
 
-__all__ = ["ANOMALY_LATE_SHARE", "COLUMNS", "MAX_LISTED_RANK", "CaptureDecider", "Plan", "Request", "late_steps",
+__all__ = ["ANOMALY_LATE_SHARE", "COLUMNS", "CaptureDecider", "Plan", "Request", "late_steps",
            "request_columns", "suspects"]
 
 COLUMNS = 5
@@ -127,11 +127,10 @@ def late_steps(rows: Sequence[Sequence[float]], steps: int, straggler: int) -> L
         own = rows[straggler][steps + index]
         others = [row[steps + index] for position, row in enumerate(rows)
                   if position != straggler and not math.isnan(row[steps + index])]
-        times = [row[index] for row in rows if not math.isnan(row[index])]
-        if math.isnan(own) or not others or not times:
+        if math.isnan(own) or not others:
             continue
         ahead = min(others) - own
-        if ahead >= max(STRAGGLER_MIN_SPREAD_MS, ANOMALY_LATE_SHARE * median(times)):
+        if ahead >= straggler_threshold([row[index] for row in rows], ANOMALY_LATE_SHARE):
             late.append(ahead)
     return late
 

@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from ...config.models import MAX_LISTED_RANK
 from ...logging import logger
 from ...outputs import CAPTURE_MANIFEST, CAPTURE_REFUSED, CAPTURE_REQUEST, atomic_path
-from .decide import MAX_LISTED_RANK, Plan, Request
+from .decide import Plan, Request
 
 __all__ = ["take_request", "write_manifest", "write_refusal"]
 

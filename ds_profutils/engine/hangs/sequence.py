@@ -86,14 +86,13 @@ def group_ranks(group: Any) -> Tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(group))
 
 
-def _progress_of(group: Any) -> GroupProgress:
-    found = _by_group.get(group)
-    if found is None:
-        try:
-            ranks = group_ranks(group)
-        except Exception:  # noqa: BLE001 - a group torch cannot tell (no process group): counted, never raised
-            return _by_ranks.setdefault((), GroupProgress(()))
-        found = _by_group[group] = _by_ranks.setdefault(ranks, GroupProgress(ranks))
+def _first_seen(group: Any) -> GroupProgress:
+    """The progress of a group met for the first time (two groups over the same ranks share one)."""
+    try:
+        ranks = group_ranks(group)
+    except Exception:  # noqa: BLE001 - a group torch cannot tell (no process group): counted, never raised
+        return _by_ranks.setdefault((), GroupProgress(()))
+    found = _by_group[group] = _by_ranks.setdefault(ranks, GroupProgress(ranks))
     return found
 
 
@@ -119,7 +118,7 @@ def collective_started(name: str, group: Any, nbytes: Optional[int]) -> Collecti
     """A collective called ``name`` starts on ``group`` (a process group, None for the default, or a ranks tuple
     such as a pipeline p2p pair): it takes the group's next sequence number and is the one this rank is inside
     now.  Give it to :func:`collective_ended` once the call returns (raising or not)."""
-    group_progress = _by_group.get(group) or _progress_of(group)
+    group_progress = _by_group.get(group) or _first_seen(group)
     group_progress.seq += 1
     collective = group_progress.current = Collective(name, group_progress, nbytes)
     _thread.depth = getattr(_thread, "depth", 0) + 1

@@ -9,8 +9,8 @@ never arrived.
 
 The step path pays one timestamp per optimizer step (:meth:`Watchdog.beat`, from :class:`EngineWatch`, told
 of the engine's optimizer steps by its hooks).  The thread wakes about once a second; when it writes, it reads
-the engine's global step, the phase its hooks keep (:attr:`..hooks.EngineHooks.phase`, attribute writes the
-hooks make anyway) and the collective wrappers' markers, and touches no device, no collective and no lock
+the engine's global step, the phase its hooks keep (:attr:`..hooks.EngineHooks.phase`, a few attribute writes
+on the step path) and the collective wrappers' markers, and touches no device, no collective and no lock
 the step path takes; it writes the file again every timeout while stuck, and once more, saying
 ``resolved`` and how long the step took, if the step ends after all.  It ends when the last watched engine
 is closed or collected.
@@ -128,8 +128,8 @@ class EngineWatch(OptimizerStepListener):
     """One engine watched: the heartbeat at each of its optimizer steps' end; its global step and the phase its
     ``hooks`` keep, read when a file is written."""
 
-    def __init__(self, engine: Any, hooks: EngineHooks, name: str, output_dir: Path, timeout_s: float,
-                 watchdog: Watchdog) -> None:
+    def __init__(self, hooks: EngineHooks, name: str, output_dir: Path, timeout_s: float, watchdog: Watchdog) -> None:
+        engine = hooks.engine
         super().__init__(engine)  # held weakly, as the hooks hold it
         self._hooks = weakref.ref(hooks)
         self.name = name
@@ -171,16 +171,16 @@ def _remove_earlier_file(output_dir: Path, identity: ProcessIdentity) -> None:
         warning_once(f"ds_profutils: cannot remove an earlier run's hang file in {output_dir} ({exc.strerror})")
 
 
-def watch_engine(engine: Any, hooks: EngineHooks, name: str, output_dir: str, timeout_s: float) -> EngineWatch:
-    """Watch ``engine`` (called ``name``, followed by ``hooks``) from now on with the process's watchdog, started if
-    none runs; hang files go to ``output_dir``.  Add the returned listener to ``hooks``; ``close()`` it at detach."""
+def watch_engine(hooks: EngineHooks, name: str, output_dir: str, timeout_s: float) -> EngineWatch:
+    """Watch the engine ``hooks`` follow (called ``name``) from now on with the process's watchdog, started if none
+    runs; hang files go to ``output_dir``.  Add the returned listener to ``hooks``; ``close()`` it at detach."""
     global _watchdog
     with _lock:
         watchdog = _watchdog
         fresh = watchdog is None or not watchdog.alive or watchdog._stop.is_set()
         if fresh:
             watchdog = _watchdog = Watchdog(process_identity(), threading.get_ident())
-        watch = EngineWatch(engine, hooks, name, Path(output_dir), timeout_s, watchdog)
+        watch = EngineWatch(hooks, name, Path(output_dir), timeout_s, watchdog)
         watchdog.watches.add(watch)
     if fresh:
         _remove_earlier_file(Path(output_dir), watchdog.identity)

@@ -18,7 +18,7 @@ from ..._straggler import step_straggler, straggler_threshold
 from ...diagnosis.causes import CAUSE_CODES, Figures, decide_cause
 
 __all__ = ["EVENT_NAMES", "PIPELINE_EVENT_NAMES", "Event", "StepFigures", "interval_cause", "interval_events",
-           "pack_interval", "packed_length", "pipeline_events", "stage_groups", "staged_straggler"]
+           "pack_interval", "packed_length", "pipeline_events", "staged_straggler"]
 
 Event = Tuple[str, float, int]
 """``(name, value, global_step)``: what DeepSpeed's ``MonitorMaster.write_events`` takes, and every sink."""
@@ -187,7 +187,7 @@ def interval_cause(rows: Sequence[Sequence[float]], steps: int, straggler: int) 
     return CAUSE_CODES[cause]
 
 
-def stage_groups(rows: Sequence[Sequence[float]], steps: int) -> List[List[int]]:
+def _stage_groups(rows: Sequence[Sequence[float]], steps: int) -> List[List[int]]:
     """The rows' indices by pipeline stage, one group where the rows carry no stage: ranks are compared within a
     stage only, as the report does (stages do different work, and wait for each other in p2p, not collectives)."""
     groups: Dict[float, List[int]] = {}
@@ -199,8 +199,8 @@ def stage_groups(rows: Sequence[Sequence[float]], steps: int) -> List[List[int]]
 
 def staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, List[int]]:
     """The interval's straggler (its row index, -1: none), tested within each pipeline stage's rows only
-    (:func:`stage_groups`), and its stage's row indices.  With several stages, the first stage that names one."""
-    for members in stage_groups(rows, steps):
+    (:func:`_stage_groups`), and its stage's row indices.  With several stages, the first stage that names one."""
+    for members in _stage_groups(rows, steps):
         if len(members) > 1:
             found = interval_straggler([rows[index] for index in members], steps)
             if found >= 0:

@@ -202,8 +202,6 @@ class FlopCounter:
         """The engine's (outermost) forward of ``module`` starts: another forward of the open window, or a new micro
         step to look up, count or scale.  A forward inside it (Lightning's ``training_step`` calling the module that
         the engine called) is not told (the hooks tell the outermost only): counted by the outer one's mode."""
-        if self._mode is not None:
-            self._leave_forward()  # a forward a BaseException left without its always-call hook
         grad = torch.is_grad_enabled()
         window = self._window
         if grad and window is not None and not window.reached and not window.finished:

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any, List, Mapping
 
 from .reading import FRAMES_SHOWN
-from ..tables import rank_ranges, wrap
+from ...units import rank_ranges
+from ..tables import wrap
 
 __all__ = ["hang_lines"]
 

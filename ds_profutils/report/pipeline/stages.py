@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from ..._stages import SLOW_STAGE_RATIO, SLOW_STAGE_STEPS, slow_stage
 from ..records import FileRecords
 from ..steps import StepView, step_view, tflops
-from ...units import flops_rate, share
-from ..tables import percent, rank_ranges, table, wrap
+from ...units import flops_rate, rank_ranges, share
+from ..tables import percent, table, wrap
 
 __all__ = ["ideal_bubble_share", "pipeline_lines", "pipeline_report", "staged_view"]
 
