@@ -17,14 +17,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MICRO_BATCH, WIDTH, LAYERS = 8, 128, 12
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start their jobs with
 
 
 def ranks_figures(script: Path, args: List[str], timeout: float) -> Dict[int, Any]:
     """Run ``script`` on 2 ranks under the deepspeed launcher with ``--worker DIR`` and ``args``; each rank's worker
     writes its figures to ``DIR/rank_{r}.json``, returned by rank.  The exit code is not checked: gloo's teardown
     abort (-6) after both ranks wrote their figures is no failure of the run; a rank that wrote none is."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from launcher import run_deepspeed
+    from launcher import run_deepspeed  # tests/, on the path below
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

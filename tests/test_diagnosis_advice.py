@@ -100,8 +100,10 @@ def test_live_parameters_raised_at_the_limit_with_refetches_or_invalidations(tmp
     live = int(LIVE_AT_LIMIT * limit)
     advice = rules(run(tmp_path / "a", ds_config=at, live=live, gathers=3))["live_parameters"]  # 3x the model
     assert advice["key"] == Z + "stage3_max_live_parameters" and advice["suggest"] == 2 * limit
-    assert "stage3_max_reuse_distance" in advice["why"]
-    assert "live_parameters" in rules(run(tmp_path / "b", ds_config=at, live=live, invalidations=2))
+    assert "stage3_max_reuse_distance" in advice["why"] and "3.0x the model gathered per step" in advice["why"]
+    assert "the records hold no device capacity: check the memory peak has room" in advice["why"]
+    invalidated = rules(run(tmp_path / "b", ds_config=at, live=live, invalidations=2))["live_parameters"]
+    assert f"{2 * 2 * STEPS} trace-cache invalidations" in invalidated["why"]  # 2 a step, on both ranks
     assert "live_parameters" not in rules(run(tmp_path / "c", ds_config=at, live=live - 1, gathers=3))
     assert "live_parameters" not in rules(run(tmp_path / "d", ds_config=at, live=live, gathers=2))
 

@@ -20,7 +20,7 @@ TIMEOUT_S = 1
 
 def watched(engine, tmp_path, name="main"):
     attachment = Attachment(engine, name, None)
-    watch = watch_engine(engine, attachment.hooks, name, str(tmp_path), TIMEOUT_S)
+    watch = watch_engine(attachment.hooks, name, str(tmp_path), TIMEOUT_S)
     attachment.add(watch, watch.close)
     return attachment
 
@@ -129,7 +129,7 @@ def test_the_watch_holds_its_engine_weakly(tmp_path):
 
     engine = Engine()
     hooks = EngineHooks(engine)
-    watch = watch_engine(engine, hooks, "main", str(tmp_path), 300)
+    watch = watch_engine(hooks, "main", str(tmp_path), 300)
     hooks.add(watch)
     ref = weakref.ref(engine)
     hooks.remove()  # the hooks' wrappers on the engine hold it (a cycle while attached); the watch must not
@@ -175,7 +175,7 @@ def test_the_phase_the_hooks_keep_follows_forward_backward_and_step():
     engine.step = lambda: (seen.append(hooks.phase), step())
     hooks = EngineHooks(engine)
     engine.module.train()
-    out = engine.forward()
+    engine.forward()
     after_forward = hooks.phase
     engine.backward()
     after_backward = hooks.phase

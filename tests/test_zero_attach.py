@@ -337,6 +337,10 @@ def test_an_interruption_inside_the_lines_encoding_leaves_the_whole_record_for_c
     recorder.close()
     (record, ) = read_records(tmp_path)
     assert record["global_step"] == 0 and record["step_time_ms"] > 0
+    # the whole record: the step's timing, its fetch events and the waits they add up to
+    assert {"collectives", "collective_ms", "collective_wait_ms", "collective_seq", "fetch_wait_ms",
+            "events"} <= set(record)
+    assert record["exposed_wait_ms"] == record["fetch_wait_ms"] + record["collective_wait_ms"] > 0
 
 
 def test_a_recorder_does_not_keep_a_dropped_engine_alive(tmp_path):

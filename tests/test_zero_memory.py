@@ -256,21 +256,25 @@ def test_peaks_reset_by_deepspeeds_memory_breakdown_mark_the_records_disturbed(t
 def test_on_cpu_a_forward_reads_its_start_afresh_after_an_unmeasured_step_or_another_engines_reading(tmp_path,
                                                                                                       monkeypatch):
     """The forward starts from the last step's end reading only where nothing came between: after a step
-    ``log_interval`` left unmeasured, or another engine's step (RSS is the process's), it reads its own start."""
-    reads = iter(range(100, 200))
+    ``log_interval`` left unmeasured, or another engine's step (RSS is the process's), it reads its own start.
+    RSS falls at every read here, so a phase's peak is its start: the figure says which reading began it."""
+    reads = iter(range(200, 100, -1))
     monkeypatch.setattr(memory, "_rss", lambda: next(reads))
     engine = Engine()
     with recorder_for(engine, tmp_path, memory=StepMemory(CPU_Accelerator()), log_interval=2):
         for _ in range(3):
             engine.train_step()
     first, second = read_records(tmp_path)  # global steps 0 and 2; step 1 unmeasured
-    assert first["memory"]["phases"] == {"forward": 101, "backward": 102, "step": 103}  # reads 100-103
-    assert second["memory"]["phases"] == {"forward": 105, "backward": 106, "step": 107}  # 104 afresh, 105-107
+    assert first["memory"]["phases"] == {"forward": 200, "backward": 199, "step": 198}  # reads 200-197
+    assert second["memory"]["phases"] == {"forward": 196, "backward": 195, "step": 194}  # 196 afresh, not 197
     actor, critic = StepMemory(CPU_Accelerator()), StepMemory(CPU_Accelerator())
+    figures = []
     for step_memory in (actor, critic, actor):
         step_memory.begin("forward")
         step_memory.begin("backward")
         step_memory.end()
         step_memory.begin("step")
-        step_memory.record()
-    assert next(reads) == 108 + 4 + 4 + 4  # the actor's second forward read afresh after the critic's readings
+        figures.append(step_memory.record()["phases"])
+    # the actor 192-189, the critic 188-185, then the actor's forward reads its start afresh (184), not 189
+    assert [phases["forward"] for phases in figures] == [192, 188, 184]
+    assert next(reads) == 180
