@@ -326,7 +326,6 @@ class EngineHooks:
         """A backward through this forward's outputs is done: outside ``engine.backward()`` (a torch-style
         ``loss.backward()``) nothing else tells its end."""
         if self._active and not self._in_backward:
-            self._left_forwards()
             self.phase = BETWEEN_STEPS
             self._tell("backward_ended")
 

@@ -9,7 +9,7 @@ a count is what FlopCounterMode would count) is only ever pushed where our code 
 
 * **a forward of the engine's module**: pushed by the forward pre-hook, popped from the hub's forward hook
   registered with ``always_call`` (torch runs it when the forward raises an Exception, too; after a
-  BaseException, at the engine's next backward or step, or the end of a torch-style backward);
+  BaseException, at the engine's next backward or step);
 * **each backward node of that forward's graph**: pushed by the node's pre-hook, popped by its
   post-hook.  The autograd engine runs every node under its own thread-local-state guard, which puts
   the thread's dispatch modes back as they were when the node ends -- also when it raises -- so no
