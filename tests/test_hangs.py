@@ -189,3 +189,16 @@ def test_the_phase_the_hooks_keep_follows_forward_backward_and_step():
     out.sum().backward()  # torch-style
     assert hooks.phase == "between steps"
     hooks.remove()
+
+
+def test_a_step_that_ends_just_before_the_job_closes_is_written_resolved(tmp_path):
+    """A Trainer job whose last step was slow: the step ends, the job closes at once (before the thread's next look),
+    and the process may end; the file must not stay a HANG of a job that finished."""
+    engine = Engine()
+    path = tmp_path / "hang_rank_0.json"
+    attachment = watched(engine, tmp_path)
+    assert wait_for(path.exists, TIMEOUT_S + 3 * POLL_SECONDS)  # stuck before its first step
+    engine.train_step()
+    attachment.close()  # at once: no look of the thread's own comes between
+    hang = json.loads(path.read_text())
+    assert hang["resolved"] and hang["resolved_after_s"] >= TIMEOUT_S and not watchdog_threads()

@@ -12,7 +12,8 @@ of the engine's optimizer steps by its hooks).  The thread wakes about once a se
 the engine's global step, the phase its hooks keep (:attr:`..hooks.EngineHooks.phase`, a few attribute writes
 on the step path) and the collective wrappers' markers, and touches no device, no collective and no lock
 the step path takes; it writes the file again every timeout while stuck, and once more, saying
-``resolved`` and how long the step took, if the step ends after all.  It ends when the last watched engine
+``resolved`` and how long the step took, if the step ends after all (also just before the job closes: closing
+the last engine waits for the thread's last look).  It ends when the last watched engine
 is closed or collected.
 """
 from __future__ import annotations
@@ -32,6 +33,8 @@ __all__ = ["POLL_SECONDS", "EngineWatch", "Watchdog", "watch_engine"]
 
 POLL_SECONDS = 1.0
 """How often the thread looks: a hang is written at most this late after its timeout."""
+JOIN_SECONDS = 5.0
+"""How long closing the last engine waits for the thread's last look (a hang file being written ends first)."""
 
 
 class Watchdog:
@@ -42,6 +45,8 @@ class Watchdog:
         self.training_thread = training_thread
         self.watches: "weakref.WeakSet[EngineWatch]" = weakref.WeakSet()
         self.beat_at = time.monotonic()  # the last optimizer step's end (or the start), written by the step path
+        self._stuck_since: Optional[float] = None  # the thread's: the beat a hang file was written for, or None
+        self._writes = 0  # the files written for it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ds_profutils-hang-watchdog", daemon=True)
 
@@ -55,36 +60,51 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
 
+    def join(self) -> None:
+        """Wait (a bounded while) for the stopped thread's last look: a step that ended just before the last engine
+        closed is written resolved before the process may end (the thread is a daemon)."""
+        if self._thread is not threading.current_thread() and self._thread.is_alive():
+            self._thread.join(JOIN_SECONDS)
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
     def _run(self) -> None:
-        stuck_since: Optional[float] = None  # the beat a hang file was written for (None: not stuck)
         written_at = 0.0
-        writes = 0
+        watches: List[EngineWatch] = []  # the engines of the last look: a resolved file at the end names them
         while not self._stop.wait(POLL_SECONDS):
             try:
                 with _lock:  # attach and close change the set; the step path never takes this lock
-                    watches = list(self.watches)
+                    current = list(self.watches)
             except RuntimeError:  # an engine collected while copied (the set's own callback): look again
                 continue
-            if not watches and self._ended():
+            if not current and self._ended():
                 break
-            beat, now = self.beat_at, time.monotonic()
+            watches = current
             try:
-                if stuck_since is not None and beat != stuck_since:
-                    self._write(watches, stuck_since, writes, resolved_after_s=beat - stuck_since)
-                    stuck_since, writes = None, 0
+                self._resolve(watches)
+                beat, now = self.beat_at, time.monotonic()
                 timeout = min(watch.timeout_s for watch in watches)
-                if now - beat >= timeout and (stuck_since is None or now - written_at >= timeout):
-                    writes += 1
-                    self._write(watches, beat, writes)
-                    stuck_since, written_at = beat, now
+                if now - beat >= timeout and (self._stuck_since is None or now - written_at >= timeout):
+                    self._writes += 1
+                    self._write(watches, beat, self._writes)
+                    self._stuck_since, written_at = beat, now
             except Exception as exc:  # noqa: BLE001 - the watchdog never stops the job; it says so once
-                warning_once(f"ds_profutils: the hang watchdog could not write its file ({type(exc).__name__}: "
-                             f"{exc}); training goes on")
+                _said(exc)
+        try:
+            self._resolve(watches)  # a step that ended just before the last engine closed: no later look comes
+        except Exception as exc:  # noqa: BLE001
+            _said(exc)
         _forget(self)
+
+    def _resolve(self, watches: List["EngineWatch"]) -> None:
+        """Where a hang file was written and an optimizer step has ended since, write it once more, resolved."""
+        beat, stuck_since = self.beat_at, self._stuck_since
+        if stuck_since is None or beat == stuck_since or not watches:
+            return
+        self._write(watches, stuck_since, self._writes, resolved_after_s=beat - stuck_since)
+        self._stuck_since, self._writes = None, 0
 
     def _ended(self) -> bool:
         """Whether no engine is watched (the last closed or collected): then the thread ends, and no watch is
@@ -111,6 +131,11 @@ class Watchdog:
         else:
             logger.warning("ds_profutils: the step ended after all, %.0f s after the one before (%s says resolved)",
                            resolved_after_s, path)
+
+
+def _said(exc: Exception) -> None:
+    warning_once(f"ds_profutils: the hang watchdog could not write its file ({type(exc).__name__}: {exc}); training "
+                 "goes on")
 
 
 _lock = threading.Lock()  # taken at attach and close, and by the thread as it ends; never on the step path
@@ -154,11 +179,14 @@ class EngineWatch(OptimizerStepListener):
         self.close()
 
     def close(self) -> None:
-        """Watch this engine no more; the thread ends with the last engine."""
+        """Watch this engine no more; the thread ends with the last engine (after its last look)."""
         with _lock:
             self._watchdog.watches.discard(self)
-            if not self._watchdog.watches:
+            last = not self._watchdog.watches
+            if last:
                 self._watchdog.stop()
+        if last:
+            self._watchdog.join()
 
 
 def _remove_earlier_file(output_dir: Path, identity: ProcessIdentity) -> None:
