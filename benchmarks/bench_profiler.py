@@ -19,7 +19,6 @@ seconds, and only candidates measured side by side see the same machine.
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import statistics
 import tempfile
@@ -36,17 +35,15 @@ Samples = Dict[str, List[float]]
 
 
 def interleaved_samples(candidates: Dict[str, Callable[[], float]], repeats: int) -> Samples:
-    """Seconds of every candidate in every repeat, in a rotated order so none always runs first."""
+    """Seconds of every candidate in every repeat, in a rotated order so none always runs first; the garbage
+    collector on, as in a training job (a collection lands on whichever candidate runs, and the medians over
+    repeats keep the ratios)."""
     samples: Samples = {name: [] for name in candidates}
     names = list(candidates)
-    gc.disable()
-    try:
-        for repeat in range(repeats):
-            shift = repeat % len(names)
-            for name in names[shift:] + names[:shift]:
-                samples[name].append(candidates[name]())
-    finally:
-        gc.enable()
+    for repeat in range(repeats):
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(candidates[name]())
     return samples
 
 
