@@ -21,19 +21,22 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 DIST_SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
+_PORTS = random.SystemRandom()  # free_port's draws (see there)
 
 
 def free_port() -> int:
     """A TCP port nobody listens on now, below the kernel's ephemeral range (the default 29500 collides with any
     other job here).  A port the kernel hands out (binding port 0) is free again once checked, and until the job's
     rendezvous binds it any outgoing connection may take it -- the gloo pairs and store clients of a job the other
-    test worker runs -- which failed a launch with EADDRINUSE; ports below the range are never given to those."""
+    test worker runs -- which failed a launch with EADDRINUSE; ports below the range are never given to those.  The
+    draws come from the system's entropy: the module ``random`` follows the seed a test set in its worker (a Trainer
+    built in-process seeds it with 42), and two workers seeded alike drew the same ports in the same order."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768  # Linux's default start
     while True:
-        port = random.randint(max(low // 2, 1024), low - 1)
+        port = _PORTS.randint(max(low // 2, 1024), low - 1)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
