@@ -35,6 +35,8 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import Any, Callable, Dict, List, Optional
 
+from deepspeed.comm import comm  # its backend (``cdb``) and comms logger, read when used: init_distributed sets them
+
 from .._device_clock import DeviceEvents, Pair
 from .hangs.sequence import (Collective, collective_ended, collective_resumed, collective_started, group_argument,
                              tensor_bytes)
@@ -292,8 +294,6 @@ def attach_engine(engine: EngineCollectives, device_events: Optional[DeviceEvent
     by the last one removes them.  Without a backend (``init_distributed`` not called) nothing is timed.
     """
     global _monitor
-    from deepspeed.comm import comm
-
     backend = comm.cdb
     if backend is None:
         return lambda: None
@@ -320,6 +320,4 @@ def attach_engine(engine: EngineCollectives, device_events: Optional[DeviceEvent
 def comms_logger_on() -> bool:
     """Whether DeepSpeed's own comms logger records now (each step's record says so: it synchronizes the
     device after every collective, which lengthens the step)."""
-    from deepspeed.comm import comm
-
     return bool(getattr(comm.comms_logger, "enabled", False))

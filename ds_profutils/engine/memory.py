@@ -37,6 +37,7 @@ On CUDA a boundary reads the statistics once: ``memory_stats()`` gives both peak
 from __future__ import annotations
 
 import os
+from operator import itemgetter
 from typing import Any, Callable, Dict, Optional
 
 import psutil
@@ -175,11 +176,12 @@ class StepMemory:
         disturbed, self._disturbed = self._disturbed, False
         if not phases:
             return None
+        allocated = {phase: phases[phase][0] for phase in PHASES if phase in phases}
         entry = {
             "source": self.source,
-            "peak_allocated_bytes": max(allocated for allocated, _ in phases.values()),
-            "peak_reserved_bytes": max(reserved for _, reserved in phases.values()),
-            "phases": {phase: phases[phase][0] for phase in PHASES if phase in phases},
+            "peak_allocated_bytes": max(allocated.values()),
+            "peak_reserved_bytes": max(map(itemgetter(1), phases.values())),
+            "phases": allocated,
         }
         if disturbed:
             entry["disturbed"] = True

@@ -326,7 +326,8 @@ class StepRecorder(Listener):
         """Write the queued records whose device times are known (all of them when ``settled``)."""
         if self.device_events is not None:
             self.device_events.poll()
-        while self._unwritten and (settled or all(pair.resolved for pair in self._unwritten[0].pairs())):
+        host_clock = self.device_events is None  # every time is final once taken
+        while self._unwritten and (settled or host_clock or all(pair.resolved for pair in self._unwritten[0].pairs())):
             line = self._line(self._unwritten[0])  # an interruption while it is built leaves the step queued
             self._unwritten.popleft()
             self._first_fields = {}  # the file's first record only

@@ -115,20 +115,24 @@ class StepRecord:
             return self._host_timing
         step_ns = pair_ns(self.step_pair) if self.step_pair else self.end_ns - self.start_ns
         entries = {}
+        inside_total_ms = exposed_total_ms = 0.0
         for (op, side), totals in self.collectives.items():
             blocking_ms = _total_ms(totals.blocking_pairs, totals.blocking_ns)
             inside_ms = blocking_ms + _total_ms(totals.async_pairs, totals.async_ns)
+            exposed_ms = 0.0 if side else blocking_ms
+            inside_total_ms += inside_ms
+            exposed_total_ms += exposed_ms
             pairs = totals.blocking_pairs + totals.async_pairs
             entries[op + SIDE_STREAM_SUFFIX if side else op] = {
                 "count": totals.count, "async": totals.async_count, "time_ms": inside_ms,
-                "exposed_ms": 0.0 if side else blocking_ms, "stream": "side" if side else "compute",
+                "exposed_ms": exposed_ms, "stream": "side" if side else "compute",
                 "clock": pairs_clock(pairs) if pairs else "host"
             }
         timing = {
             "step_time_ms": step_ns / _NS_PER_MS,
             "collectives": entries,
-            "collective_ms": sum(entry["time_ms"] for entry in entries.values()) - self._overlap_ns() / _NS_PER_MS,
-            "collective_wait_ms": sum(entry["exposed_ms"] for entry in entries.values()),
+            "collective_ms": inside_total_ms - self._overlap_ns() / _NS_PER_MS,
+            "collective_wait_ms": exposed_total_ms,
             "collective_seq": {rank_ranges(ranks, ","): span for ranks, span in self.sequences.items()},
         }
         if self.start_mark is None:

@@ -149,14 +149,15 @@ class LiveMetrics:
                 self._stop_at = effect if self._stop_at is None else min(self._stop_at, effect)
                 warning_once("ds_profutils: live metrics stop on every rank (a rank's live figures failed); "
                              "training and the step records go on")
-            if self._gather.rank == 0:  # rank 0's alone: an error here must not skip its next exchange
-                try:
-                    events = self._events(rows, steps, global_step)
-                except Exception as exc:  # noqa: BLE001 - profiling must never break the training run
-                    warning_once(f"ds_profutils: live events of an interval could not be made ({type(exc).__name__}: "
-                                 f"{exc}); the exchange and training go on")
-                    continue
-                self._write(events)
+            if self._gather.rank != 0 or not self.sinks:  # the events are rank 0's, made for its sinks alone
+                continue
+            try:  # an error here must not skip rank 0's next exchange
+                events = self._events(rows, steps, global_step)
+            except Exception as exc:  # noqa: BLE001 - profiling must never break the training run
+                warning_once(f"ds_profutils: live events of an interval could not be made ({type(exc).__name__}: "
+                             f"{exc}); the exchange and training go on")
+                continue
+            self._write(events)
 
     def _events(self, rows: Rows, steps: int, global_step: int) -> List[Event]:
         """The events from the rows that have figures; the straggler named by its global rank, and no
