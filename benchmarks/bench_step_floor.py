@@ -56,6 +56,7 @@ class Floor:
         for name, method in self._engine_methods.items():
             setattr(engine, name, self._marked(method, name == "step"))
         self._backend_methods = {op: getattr(self._backend, op) for op in COLLECTIVES}
+        self._backend_held = {op: op in vars(self._backend) for op in COLLECTIVES}  # else the class's method
         self._torch_functions = {op: getattr(dist, op) for op in COLLECTIVES}
         for op in COLLECTIVES:
             setattr(self._backend, op, self._timed(op, self._backend_methods[op]))
@@ -130,7 +131,10 @@ class Floor:
         for name in self._engine_methods:
             delattr(self._engine, name)
         for op in COLLECTIVES:
-            setattr(self._backend, op, self._backend_methods[op])
+            if self._backend_held[op]:
+                setattr(self._backend, op, self._backend_methods[op])
+            else:
+                delattr(self._backend, op)
             setattr(self._dist, op, self._torch_functions[op])
         self._file.close()
         os.close(self._statm)
