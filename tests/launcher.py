@@ -254,21 +254,21 @@ def run_two_nodes(script: os.PathLike | str,
         log = open(workdir / f"node_{node}.log", "w")
         nodes.append((subprocess.Popen(["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c", shell],
                                        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    _finish_nodes(nodes, workdir, timeout, port)
+    _finish_nodes(nodes, workdir, timeout, port, ranks_per_node=slots)
 
 
-def _finish_nodes(nodes: List, workdir: Path, timeout: float, port: int) -> None:
+def _finish_nodes(nodes: List, workdir: Path, timeout: float, port: int, ranks_per_node: int) -> None:
     """Wait for every node's process, remove the job's shared memory, and fail with the output tail of
-    each node that exited non-zero."""
+    each node that did not end as documented (:func:`ended_as_documented`, its ``ranks_per_node`` ranks)."""
     try:
-        failures = _wait_for_nodes(nodes, workdir, timeout)
+        failures = _wait_for_nodes(nodes, workdir, timeout, ranks_per_node)
     finally:
         _remove_shared_memory(port)
     if failures:
         raise AssertionError("\n\n".join(failures))
 
 
-def _wait_for_nodes(nodes: List, workdir: Path, timeout: float) -> List[str]:
+def _wait_for_nodes(nodes: List, workdir: Path, timeout: float, ranks_per_node: int) -> List[str]:
     """Wait for each node's runner; return what each one that failed printed last."""
     failures = []
     for node, (process, log) in enumerate(nodes):
@@ -278,8 +278,9 @@ def _wait_for_nodes(nodes: List, workdir: Path, timeout: float) -> List[str]:
             process.kill()
             code = "timeout"
         log.close()
-        if code != 0:
-            tail = "\n".join((workdir / f"node_{node}.log").read_text().splitlines()[-40:])
+        output = (workdir / f"node_{node}.log").read_text()
+        if code != 0 and (code == "timeout" or not ended_as_documented(output, code, JOB_END, ranks_per_node)):
+            tail = "\n".join(output.splitlines()[-40:])
             failures.append(f"node {node} exited {code}:\n{tail}")
     return failures
 
@@ -297,7 +298,7 @@ def run_ranks_as_nodes(script: os.PathLike | str, args: Sequence[str], workdir: 
         log = open(workdir / f"node_{node}.log", "w")
         processes.append((subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, env=env, stdout=log,
                                            stderr=subprocess.STDOUT), log))
-    _finish_nodes(processes, workdir, timeout, port)
+    _finish_nodes(processes, workdir, timeout, port, ranks_per_node=1)
 
 
 TEARDOWN_ABORT = "terminate called without an active exception"
