@@ -42,6 +42,7 @@ def main() -> None:
         trainer.train(resume_from_checkpoint=str(checkpoints / f"checkpoint-{CHECKPOINT_AT}"))
     (args.out / f"{args.phase}_rank_{torch.distributed.get_rank()}.json").write_text(
         json.dumps({"global_steps": trainer.model_wrapped.global_steps}))
+    print(f"job end: rank {torch.distributed.get_rank()}", flush=True)  # read by run_deepspeed (tests/launcher.py)
     # The documented shutdown: gloo's threads left to interpreter teardown can abort the exit
     # ("terminate called without an active exception", docs/integrations.md).
     trainer.end()

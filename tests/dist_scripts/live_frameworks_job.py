@@ -158,6 +158,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    print(f"job end: rank {os.environ.get('RANK', 0)}", flush=True)  # run_deepspeed's check reads it (tests/launcher.py)
-    if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU"); Lightning leaves it to us
+    print(f"job end: rank {os.environ.get('RANK', 0)}", flush=True)  # read by tests/launcher.py
+    if torch.distributed.is_initialized():  # the documented shutdown (README, "On CPU"); Lightning's is ours to do
         torch.distributed.destroy_process_group()
