@@ -7,6 +7,7 @@ bench_zero_fetch.py, bench_step_metrics.py and bench_live.py are taken on the sa
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import sys
@@ -33,6 +34,23 @@ def ranks_figures(script: Path, args: List[str], timeout: float) -> Dict[int, An
         if not all(path.exists() for path in files.values()):
             raise AssertionError(f"a rank wrote no figures (exit {done.returncode}):\n{done.stdout[-4000:]}")
         return {rank: json.loads(path.read_text()) for rank, path in files.items()}
+
+
+def turns_and_runs_main(description: str, worker: Callable[[Path, int], None], bench: Callable[[int, int], Any],
+                        modes: str) -> None:
+    """The command line of a benchmark of ``--turns`` interleaved turns of ``modes`` in each of ``--runs`` launcher
+    jobs: ``bench(turns, runs)`` starts them; under the launcher (``--worker DIR``) each rank runs
+    ``worker(DIR, turns)``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--turns", type=int, default=200, help=f"interleaved turns of {modes} per run")
+    parser.add_argument("--runs", type=int, default=3, help="launcher jobs (the figure: the median of theirs)")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        worker(args.worker, args.turns)
+    else:
+        bench(args.turns, args.runs)
 
 
 def mlp_engine(zero_optimization: Dict[str, Any], **sections: Any) -> Tuple[Any, Any, int, Dict[str, Any]]:

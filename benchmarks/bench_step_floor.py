@@ -18,7 +18,6 @@ whatever its code.  Per run, the worst rank's median ratio; the figure is the me
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -28,7 +27,8 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, Callable, Dict, List
 
-from bench_engines import attach_turns, mlp_engine, ranks_figures  # benchmarks/ is the script's own folder
+# benchmarks/ is the script's own folder
+from bench_engines import attach_turns, mlp_engine, ranks_figures, turns_and_runs_main
 
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_gather", "reduce")
 """The collectives a ZeRO-2 step issues, and their like."""
@@ -174,16 +174,7 @@ def bench(turns: int, runs: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=200, help="interleaved turns of the two modes per run")
-    parser.add_argument("--runs", type=int, default=3, help="launcher jobs (the figure: the median of theirs)")
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker is not None:
-        worker(args.worker, args.turns)
-        return
-    bench(args.turns, args.runs)
+    turns_and_runs_main(__doc__.splitlines()[0], worker, bench, "the two modes")
 
 
 if __name__ == "__main__":

@@ -18,13 +18,13 @@ training thread's CPU time, which a loaded machine does not stretch the way it s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 from pathlib import Path
 
-from bench_engines import attach_turns, mlp_engine, ranks_figures  # benchmarks/ is the script's own folder
+# benchmarks/ is the script's own folder
+from bench_engines import attach_turns, mlp_engine, ranks_figures, turns_and_runs_main
 
 STEP_TARGET = 1.02
 
@@ -97,16 +97,7 @@ def bench(turns: int, runs: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=200, help="interleaved turns of the three modes per run")
-    parser.add_argument("--runs", type=int, default=3, help="launcher jobs (the verdict: the median of their figures)")
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker is not None:
-        worker(args.worker, args.turns)
-        return
-    bench(args.turns, args.runs)
+    turns_and_runs_main(__doc__.splitlines()[0], worker, bench, "the three modes")
 
 
 if __name__ == "__main__":
