@@ -1,7 +1,9 @@
 """A profiler must never hurt the job (issue 32 item 1, issue 37 item 1), in one process: the records file's
 one behaviour for every output failure, and the live exchange's rows when a rank has no figures or asks every
 rank to stop.  Across ranks under the launcher: test_isolation_launcher.py."""
+import errno
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -48,6 +50,64 @@ def test_a_write_error_keeps_what_was_written_and_names_it(tmp_path, ds_caplog):
     assert records.failed and path.read_bytes() == b'{"step": 0}\n'
     assert ds_caplog.text.count("cannot be written") == 1
     assert f"{path} keeps the 12 bytes of step records written before" in ds_caplog.text
+
+
+class FillingDisk:
+    """A records file on a disk with ``room`` bytes left: a write past it is cut short (as the kernel does, with
+    no error), the next one raises ENOSPC; ``room`` may grow again (space returns)."""
+
+    def __init__(self, file, room):
+        self.file, self.room = file, room
+
+    def write(self, data):
+        if self.room == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written = self.file.write(data[:self.room])
+        self.room -= written
+        return written
+
+    def fileno(self):
+        return self.file.fileno()
+
+    def close(self):
+        self.file.close()
+
+
+def test_a_record_the_disk_fills_inside_is_cut_off_and_the_next_starts_a_whole_line(tmp_path, ds_caplog):
+    path = tmp_path / "zero_fetch_rank_0.jsonl"
+    records = RecordsFile(path, "step records", 0)
+    records.open(append=False)
+    records.write(b'{"step": 0}\n')
+    disk = records._file = FillingDisk(records._file, room=5)
+    records.write(b'{"step": 1}\n')  # 5 bytes of it fit
+    records.write(b'{"step": 2}\n')
+    disk.room = 100  # space returns
+    records.write(b'{"step": 3}\n')
+    records.close()
+    assert path.read_bytes() == b'{"step": 0}\n{"step": 3}\n'
+    assert ds_caplog.text.count("is full (No space left on device)") == 1 and "has space again" in ds_caplog.text
+
+
+@pytest.mark.parametrize("tail", [b'{"step": 1, "ti', b'x' * 70_000], ids=["part of a record", "longer than a read"])
+def test_a_file_resumed_after_a_cut_record_starts_on_a_whole_line(tmp_path, ds_caplog, tail):
+    path = tmp_path / "zero_fetch_rank_0.jsonl"
+    path.write_bytes(b'{"step": 0}\n' + tail)  # a job stopped while its disk was full
+    records = RecordsFile(path, "step records", 0)
+    records.open(append=True)
+    records.write(b'{"step": 2}\n')
+    records.close()
+    assert path.read_bytes() == b'{"step": 0}\n{"step": 2}\n'
+    assert f"{path} ended in {len(tail)} bytes of a record cut short (a full disk); they are cut off" in ds_caplog.text
+
+
+def test_a_file_resumed_on_a_whole_line_is_left_as_it_was(tmp_path, ds_caplog):
+    path = tmp_path / "zero_fetch_rank_0.jsonl"
+    path.write_bytes(b'{"step": 0}\n')
+    records = RecordsFile(path, "step records", 0)
+    records.open(append=True)
+    records.write(b'{"step": 1}\n')
+    records.close()
+    assert path.read_bytes() == b'{"step": 0}\n{"step": 1}\n' and "cut short" not in ds_caplog.text
 
 
 class Kept:

@@ -4,7 +4,11 @@ An output directory that cannot be created (a path under a file, a read-only mou
 be opened or written: on the rank concerned one line names the directory, the cause and what is already
 on disk, and recording stops on that rank; training goes on, the step's figures still reach the live
 metrics, the job's exit code is unchanged, no traceback.  A full disk (ENOSPC) pauses writing instead:
-the records of the steps meanwhile are lost, writing resumes with the first one that fits again.
+the records of the steps meanwhile are lost, writing resumes with the first one that fits again.  The file
+holds whole lines only: a disk that fills in the middle of a record takes part of it (a short write, no
+error yet), and that part is cut off again, so the next record does not start inside it; a file appended
+to (a resume) that ends in such a part, left by a job that stopped before the disk had room again, has it
+cut off first.
 
 A resume into an output directory holding another job's records (a different ``model_numel``,
 ``world_size`` or engine config hash in the file's last record) would append to them: that file is moved
@@ -15,6 +19,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -45,6 +50,7 @@ class RecordsFile:
         self.rank = rank
         self.failed = False  # recording is off on this rank
         self._file: Any = None
+        self._size = 0  # the file's length: where a record cut short by a full disk is cut back to
         self._paused = False  # the disk was full at the last write
 
     @property
@@ -64,9 +70,25 @@ class RecordsFile:
         if self.failed:
             return
         try:
-            self._file = open(self.path, "ab" if append else "wb", buffering=0)
+            self._file = open(self.path, "a+b" if append else "wb", buffering=0)  # a+: its end is read
+            self._size = os.fstat(self._file.fileno()).st_size
+            if append:
+                self._end_on_a_whole_line()
         except OSError as exc:
             self._fail("cannot be written", exc)
+
+    def _end_on_a_whole_line(self) -> None:
+        """Cut off a record the disk had no room for the rest of (see the module doc), said once."""
+        fd, whole = self._file.fileno(), self._size
+        while whole and os.pread(fd, 1, whole - 1) != b"\n":
+            chunk = os.pread(fd, min(whole, 1 << 16), max(whole - (1 << 16), 0))
+            newline = chunk.rfind(b"\n")
+            whole = whole - len(chunk) + newline + 1 if newline >= 0 else whole - len(chunk)
+        if whole != self._size:
+            os.ftruncate(fd, whole)
+            logger.warning(f"ds_profutils: {self.path} ended in {self._size - whole} bytes of a record cut short "
+                           "(a full disk); they are cut off, the records before them stay")
+            self._size = whole
 
     def start(self, append: bool, resumed: bool, header: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
         """Open at a run's first forward: add to the file within this process (``append``) or on a resume
@@ -106,7 +128,12 @@ class RecordsFile:
         if self._file is None:
             return
         try:
-            self._file.write(line)
+            written = self._file.write(line)
+            if written != len(line):  # the disk filled inside the record: the next write would say ENOSPC
+                fd = self._file.fileno()
+                os.ftruncate(fd, self._size)
+                os.lseek(fd, self._size, os.SEEK_SET)  # a file started afresh writes at its position
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 if not self._paused:
@@ -116,6 +143,7 @@ class RecordsFile:
                 return
             self._fail("cannot be written", exc)
             return
+        self._size += written
         if self._paused:
             self._paused = False
             logger.warning(f"ds_profutils: {self.path.parent} has space again: {self.what} of rank {self.rank} go on "
