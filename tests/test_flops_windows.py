@@ -55,6 +55,9 @@ class TorchEngine:
         return 1
 
     def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
     def backward(self, loss):
@@ -145,6 +148,28 @@ def test_an_error_inside_a_counted_forward_or_backward_leaves_no_mode(tmp_path):
         assert modes_on_thread() == []
     assert read_records(tmp_path)[-1]["flops"] == reference(
         lambda: engine.module(torch.randn(4, 32)).pow(2).mean().backward())
+
+
+def test_a_keyboard_interrupt_caught_inside_a_counted_forward_leaves_no_mode(tmp_path):
+    """Ctrl-C in a notebook, or a program's own "on Ctrl-C, evaluate and save": torch calls always-call forward
+    hooks on an Exception only, so the forward is left where the interrupt leaves the engine."""
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    engine = TorchEngine(Blocks())
+    x = torch.randn(8, 32)
+    with attached(engine, tmp_path):
+        handle = engine.module.blocks[2].register_forward_hook(interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            engine(x)  # a new shape: its forward runs inside the counting mode
+        handle.remove()
+        assert modes_on_thread() == []
+        with torch.no_grad():
+            engine(x)  # the program's evaluation, before it goes on training
+        train_step(engine, x)
+    assert [record["flops"] for record in read_records(tmp_path)] == [
+        reference(lambda: engine.module(x)), reference(lambda: engine.module(x).pow(2).mean().backward())]
 
 
 class StepModule(Blocks):

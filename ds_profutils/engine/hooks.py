@@ -5,9 +5,11 @@ same moments: a forward starts and ends, ``engine.backward()`` returns, ``engine
 returns, and an error leaves one of them.  :class:`EngineHooks` puts one forward pre-hook (prepended:
 before DeepSpeed's own, which resets the ZeRO-3 coordinator's counters; with the keyword arguments, which
 the FLOP counter keys its counts by), one forward hook (the output's gradients tell where the backward
-ends) and wrappers of ``engine.backward``, ``engine.step``, ``engine.save_checkpoint`` (a save is a part of
-the gap between steps) and, where a listener watches errors, ``engine.forward``.  ``backward`` is a moment
-of its own: Accelerate (and so the Trainer) calls ``engine.step()`` at the accumulation boundary only.
+ends) and wrappers of ``engine.forward`` (torch calls an always-call forward hook on an ``Exception`` only:
+a forward a ``KeyboardInterrupt`` leaves, caught by the program, ends there, so no counting mode or running
+engine stays behind it), ``engine.backward``, ``engine.step`` and ``engine.save_checkpoint`` (a save is a
+part of the gap between steps).  ``backward`` is a moment of its own: Accelerate (and so the Trainer) calls
+``engine.step()`` at the accumulation boundary only.
 
 The module's hooks hold :class:`EngineHooks` only weakly, and :class:`EngineHooks` holds the engine
 weakly: a copy of the module (``copy.deepcopy``, pickling, ``torch.optim.swa_utils.AveragedModel``: EMA
@@ -232,6 +234,7 @@ class EngineHooks:
             # also when the forward raises: no later collective is this engine's by mistake
             module.register_forward_hook(_ModuleHook(self, "_forward_left"), always_call=True),
         ]
+        self._wrap("forward", self._around_call)
         self._wrap("backward", self._around_backward)
         self._wrap("step", self._around_step)
 
@@ -244,8 +247,6 @@ class EngineHooks:
         """Tell ``listener`` from now on (and watch errors if it does)."""
         self.listeners.append(listener)
         self._listen()
-        if listener.watches_errors and not any(name == "forward" for name, _, _ in self._wrapped):
-            self._wrap("forward", self._around_call)
 
     def _listen(self) -> None:
         """Who is told what, from the listeners now (after each change of them)."""
@@ -337,17 +338,16 @@ class EngineHooks:
     def _forward_left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._forwards > 1:
             self._forwards -= 1
-        elif self._forwards:
-            if self.phase == "forward":  # no backward to come: an eval forward, or one that raised
-                self.phase = BETWEEN_STEPS
+        else:
             self._left_forwards()
 
     def _left_forwards(self) -> None:
-        """The outermost forward is over: it returned or raised, or (no forward of this engine runs while its
-        backward or step does) one left by a BaseException (torch calls always-call hooks on an Exception only) or a
-        compiled forward's error is."""
+        """The outermost forward is over: it returned or raised (a BaseException: as it leaves the engine's call), or
+        (no forward of this engine runs while its backward or step does) a compiled forward's error left it."""
         if self._forwards:
             self._forwards = 0
+            if self.phase == "forward":  # no backward to come: an eval forward, or one that raised
+                self.phase = BETWEEN_STEPS
             if running.engine_id == self._engine_id:
                 running.engine_id = self._outside
             self._tell("forward_left")
@@ -389,6 +389,7 @@ class EngineHooks:
         try:
             return call(*args, **kwargs)
         except BaseException as exc:
+            self._left_forwards()  # an Exception left the forward in the always-call hook already, not a BaseException
             for listener in list(self.listeners):
                 if listener.watches_errors:
                     try:
