@@ -2,6 +2,7 @@
 import os
 import signal
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -168,6 +169,23 @@ def test_export_errors_are_logged_not_raised(tmp_path, monkeypatch, ds_caplog):
     result = profiler(output_dir=str(tmp_path), **SCHEDULE)(lambda: [step_profiler() for _ in range(8)] and "done")()
     assert result == "done"
     assert "was not written (OSError: [Errno 28] No space left on device); training goes on" in ds_caplog.text
+    assert not list((tmp_path / "rank_0").iterdir())
+    _assert_idle()
+
+
+def test_a_trace_the_exporter_could_not_write_is_named_and_leaves_no_file(tmp_path, monkeypatch, ds_caplog):
+    """Kineto on a full disk: "Failed to write to log file!" on stderr, no exception, no trace, its own temporary
+    file left empty."""
+
+    def full_disk(self, path, use_python_export=False):
+        open(f"{path}.tmp", "wb").close()
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", full_disk)
+    monkeypatch.setattr(writer.shutil, "disk_usage", lambda path: SimpleNamespace(total=10, used=10, free=0))
+    result = profiler(output_dir=str(tmp_path), **SCHEDULE)(lambda: [step_profiler() for _ in range(8)] and "done")()
+    assert result == "done"
+    assert "was not written (OSError: [Errno 28] the trace exporter wrote no file (No space left on device)); " \
+           "training goes on" in ds_caplog.text
     assert not list((tmp_path / "rank_0").iterdir())
     _assert_idle()
 

@@ -23,7 +23,10 @@ written (:mod:`.signals` holds them), so no exception of a program's handler is 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -37,6 +40,19 @@ __all__ = ["RunWriter", "show_comms_summary"]
 
 _ALL_RANKS = [-1]  # log_dist: every rank logs
 _writers: Dict[Tuple[str, int], "RunWriter"] = {}  # (output_dir, rank) -> this process's last writer there
+
+
+def _export(profile: Any, temporary: Path) -> None:
+    """Export the cycle's trace to ``temporary``.  Kineto says a failed write (a full disk) on stderr only and leaves
+    its own ``<temporary>.tmp`` and no trace: that is raised here, with the disk's state, and its file removed."""
+    profile.export_chrome_trace(str(temporary))
+    if temporary.exists():
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(f"{temporary}.tmp")
+    full = shutil.disk_usage(temporary.parent).free == 0
+    raise OSError(errno.ENOSPC if full else errno.EIO, "the trace exporter wrote no file" +
+                  (f" ({os.strerror(errno.ENOSPC)})" if full else ""))
 
 
 def _cause(exc: BaseException) -> str:
@@ -137,7 +153,7 @@ class RunWriter:
         with self._written(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(path, self.identity) as temporary:
-                profile.export_chrome_trace(str(temporary))
+                _export(profile, temporary)
                 if renames:
                     try:
                         rename_trace_events(temporary, renames, self.identity)
