@@ -2,6 +2,7 @@
 modules: no counting mode outlives our code, two forwards and one backward are one window, recompute is hardware
 FLOPs only, and operators without a formula are named with an analytic attention term."""
 import gc
+import time
 import weakref
 
 import pytest
@@ -170,6 +171,29 @@ def test_a_keyboard_interrupt_caught_inside_a_counted_forward_leaves_no_mode(tmp
         train_step(engine, x)
     assert [record["flops"] for record in read_records(tmp_path)] == [
         reference(lambda: engine.module(x)), reference(lambda: engine.module(x).pow(2).mean().backward())]
+
+
+def test_a_no_grad_forward_between_a_forward_and_its_backward_is_part_of_that_micro_step(tmp_path):
+    """DPO's order: TRL computes the reference logits (the same engine under no_grad) after the policy's forward.
+    One record per step, holding the whole micro step's time (the reference forward's 50 ms too) and the FLOPs of
+    the forward and backward the step trains (no backward reaches the reference forward, as a teacher's)."""
+    engine = TorchEngine(Blocks())
+    x = torch.randn(8, 32)
+    engine.module.blocks[0].register_forward_hook(lambda *_: None if torch.is_grad_enabled() else time.sleep(0.05))
+    with attached(engine, tmp_path):
+        for _ in range(2):
+            loss = engine(x).pow(2).mean()
+            with torch.no_grad():
+                engine(x)
+            assert modes_on_thread() == []
+            engine.backward(loss)
+            engine.step()
+    records = read_records(tmp_path)
+    assert [(record["mode"], record["global_step"]) for record in records] == [("train", 0), ("train", 1)]
+    assert [record["flops"] for record in records] == [
+        reference(lambda: engine.module(x).pow(2).mean().backward())] * 2
+    assert all(record["step_time_ms"] >= 50 for record in records)
+    assert records[1]["eval_ms"] == 0.0 and records[1]["iteration_ms"] >= records[1]["step_time_ms"]
 
 
 class StepModule(Blocks):

@@ -1,15 +1,15 @@
 """The per-step records of one engine on one rank (record schema 3, docs/zero_fetch.md).
 
 The recorder decides the step boundaries and writes the records; each step's figures are held by a
-:class:`~.step.StepRecord` it opens: the step's clocks and its collectives (:mod:`.collectives`) for
-an engine of any ZeRO stage, and, where ZeRO-3 fetches are recorded, what the step learned about
-them (``fetches``: a :class:`ds_profutils.zero3.CoordinatorFetches`, whose profiler sits in the
-engine's parameter coordinator and whose ``recording`` flag the recorder switches per step).
-Step boundaries are ours, not DeepSpeed's: DeepSpeed resets its counters at the *next* forward, so a
-record is opened when a forward starts (that is when the step numbers are read) and finished when
-``engine.step()`` returns -- or, for an eval forward, when its forward ends.  Steps that
-``log_interval`` skips run with ``recording`` off: one attribute test per fetch event, what
-DeepSpeed's own disabled profiler costs.
+:class:`~.step.StepRecord` it opens: the step's clocks and its collectives (:mod:`.collectives`) for an engine
+of any ZeRO stage, and, where ZeRO-3 fetches are recorded, what the step learned about them (``fetches``: a
+:class:`ds_profutils.zero3.CoordinatorFetches`, whose profiler sits in the engine's parameter coordinator and
+whose ``recording`` flag the recorder switches per step).  Step boundaries are ours, not DeepSpeed's (it resets
+its counters at the *next* forward): a record is opened when a forward starts (the step numbers are read then)
+and finished when ``engine.step()`` returns, or an eval forward ends; a forward under ``no_grad`` while a train
+forward awaits its backward is part of that micro step (:meth:`~.step.StepRecord.awaits_backward`).  Steps that
+``log_interval`` skips run with ``recording`` off: one attribute test per fetch event, what DeepSpeed's own
+disabled profiler costs.
 
 A record is written once its device times are known (at once on the host clock).  Each is one line
 written by one ``write`` call on an unbuffered file: every finished step is on disk, and a kill never
@@ -17,9 +17,8 @@ leaves half a line.  A train step interrupted before ``engine.step()`` returned 
 
 Beyond the step itself (docs/step_records.md): the record that ends an optimizer step carries the whole
 iteration and its gap, with the gap's eval forwards and checkpoint saves (:mod:`.throughput.totals`); with
-a :class:`~.throughput.flops.FlopCounter` each micro step its FLOPs, tokens and samples; and after each
-optimizer step the ``step_listeners`` get its :class:`~.live.StepFigures` (live metrics), also on a rank that
-writes no file.
+a :class:`~.throughput.flops.FlopCounter` each micro step its FLOPs, tokens and samples; and after each optimizer
+step the ``step_listeners`` get its :class:`~.live.StepFigures` (live metrics), also on a rank writing no file.
 
 Restarts: the file is opened at the first forward.  A process whose engine starts above global step 0
 (a resume) appends to what an earlier process wrote; one that starts at step 0 replaces it, saying so.
@@ -116,6 +115,7 @@ class StepRecorder(Listener):
         self._first_fields = {"ds_config": effective_values(engine)}  # on the first record this process writes
         self._engine = engine
         self._open: Optional[StepRecord] = None
+        self._side_forward = False  # a forward under no_grad runs inside the open train micro step (forward_started)
         self._waits_at_open = 0
         self._micro_steps = MicroSteps()
         self._unwritten: Deque[StepRecord] = deque()
@@ -149,6 +149,9 @@ class StepRecorder(Listener):
 
     def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Any) -> None:
         engine = self._engine
+        if self._open is not None and module.training and not torch.is_grad_enabled() and self._open.awaits_backward():
+            self._side_forward = True  # DPO's reference logits after the policy's forward: that micro step's time
+            return
         self._finish_open(closing=False)  # an eval forward, or a forward whose step() never came
         self._write_ready()
         global_step = engine.global_steps
@@ -194,7 +197,7 @@ class StepRecorder(Listener):
 
     def forward_ended(self, module: torch.nn.Module, output: Any) -> None:
         step = self._open
-        if step is None:
+        if step is None or self._side_forward:
             return
         if self.flops is not None:
             self.flops.forward_ended(output)
@@ -209,6 +212,7 @@ class StepRecorder(Listener):
             self.memory.begin("backward")  # which ends the forward's phase
 
     def forward_left(self) -> None:
+        self._side_forward = False
         if self.flops is not None:
             self.flops.forward_left()
 
@@ -350,11 +354,9 @@ class StepRecorder(Listener):
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
 
     def close(self) -> None:
-        """Write what is finished, give the coordinator DeepSpeed's profiler back, close the file.
-
-        An eval forward that ended is written; a train step whose ``step()`` did not return is not.
-        Device times are awaited for at most ``SETTLE_SECONDS``; later ones are written as host times.
-        """
+        """Write what is finished (an eval forward that ended; no train step whose ``step()`` did not return), give
+        the coordinator DeepSpeed's profiler back, close the file.  Device times are awaited ``SETTLE_SECONDS`` at
+        most; later ones are written as host times."""
         if self.closed:  # stopped after an error: the collective wrappers (sequence numbers) stayed until now
             self._detach_collectives()
             return

@@ -72,6 +72,12 @@ class StepRecord:
             return True
         return self.forward_done and (not closing or self.fields["mode"] != "train")
 
+    def awaits_backward(self) -> bool:
+        """A train forward returned and neither its backward nor a ``step()`` came yet: a forward under ``no_grad``
+        now (DPO's reference logits after the policy's forward) is part of this micro step, its time, collectives
+        and fetches too (its FLOPs are not: no backward reaches it, as a teacher's forward)."""
+        return self.forward_done and not (self.backward_done or self.step_done) and self.fields["mode"] == "train"
+
     def add_collective(self, op: str, stream: Any, is_async: bool, host_ns: int, pair: Optional[Pair]) -> None:
         """One collective of this step: ``host_ns`` and ``pair`` time it on its own stream (``stream``, the
         stream it was issued on; None on the host clock).  An async one is counted at its wait."""
