@@ -361,6 +361,31 @@ def test_a_collective_belongs_to_the_engine_whose_forward_backward_or_step_runs(
             {"all_gather_into_tensor": 1, "all_reduce": 1, "reduce_scatter_tensor": 1}] * 2, name
 
 
+def test_a_collective_of_the_programs_loop_between_steps_is_a_wait_of_the_gap(tmp_path, backend, monkeypatch):
+    """A loss all-reduce through deepspeed.comm after engine.step() (as DeepSpeed's examples log): a rank that
+    arrives early waits there, in its gap, as in a framework's torch.distributed call; a checkpoint save's own
+    collectives are the save's time, no wait of the gap."""
+    tensor, wait_s = torch.ones(2), 0.03
+
+    def waiting(*args, **kwargs):
+        time.sleep(wait_s)  # for a late peer
+
+    monkeypatch.setattr(backend, "all_reduce", waiting)  # before attach: what the wrapper calls
+    engine = Engine()
+    engine.save_checkpoint = lambda *args: backend.all_reduce(tensor, None, None, False)  # a barrier of the save
+    with recorder_for(engine, tmp_path):
+        for step in range(4):
+            engine.train_step()
+            if step < 2:
+                backend.all_reduce(tensor, None, None, False)
+            else:
+                engine.save_checkpoint("checkpoint")
+    records = read_records(tmp_path)
+    waits = [record["gap_collective_ms"] for record in records]
+    assert waits[0] == waits[3] == 0 and all(wait >= wait_s * 1e3 for wait in waits[1:3]), waits
+    assert records[3]["save_ms"] >= wait_s * 1e3 and all(record["collectives"] == {} for record in records)
+
+
 def test_collective_timing_gives_back_a_wrapper_that_was_there_before(tmp_path, backend):
     def theirs(*args, **kwargs):
         return None

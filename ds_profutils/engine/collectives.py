@@ -158,16 +158,21 @@ class _Monitor:
         group_position = GROUP_POSITION[op]
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            """Every call, recorded or not, takes its group's next sequence number (the hang watchdog's)."""
+            """Every call, recorded or not, takes its group's next sequence number (the hang watchdog's).  One the
+            program issues between steps (a loss all-reduce in its loop) is a wait of every engine's gap."""
             collective = collective_started(op, group_argument(args, kwargs, group_position), tensor_bytes(args))
+            between_steps = False
             try:
                 recording = self._recording()
                 if recording:
                     return timed(recording, collective, args, kwargs)
+                between_steps = running.engine_id is None
                 return method(*args, **kwargs)
             finally:
                 if collective.ended_ns is None:  # not ended with the timed call's end (raised, or untimed)
-                    collective_ended(collective)
+                    ended = collective_ended(collective)
+                    if between_steps:
+                        self.gap_wait(ended - collective.started_ns)
 
         def timed(recording: List[EngineCollectives], collective: Collective, args: tuple,
                   kwargs: Dict[str, Any]) -> Any:
@@ -231,15 +236,21 @@ class _Monitor:
         return [engine for engine in self.engines
                 if engine.step is not None and (now is None or engine.engine_id == now)]
 
+    def gap_wait(self, host_ns: int) -> None:
+        """A collective between steps (outside every engine's calls, no record open) took ``host_ns``."""
+        for engine in self.engines:
+            engine.gap_collective_ns += host_ns
+
     def torch_call(self, op: str, host_ns: int) -> None:
         """A ``torch.distributed`` call of the program's (or a framework's) took ``host_ns``: inside an engine's
         forward, backward or step it is that step's collective; between steps, a wait of every engine's gap."""
         now = running.engine_id
+        if now is None:
+            self.gap_wait(host_ns)
+            return
         stream = self.current_stream() if self.current_stream is not None else None
         for engine in self.engines:
-            if now is None:
-                engine.gap_collective_ns += host_ns
-            elif engine.engine_id == now and engine.step is not None:
+            if engine.engine_id == now and engine.step is not None:
                 engine.step.add_collective(op, stream, False, host_ns, None)
 
     def remove(self) -> None:

@@ -8,7 +8,8 @@ Nothing in it depends on ZeRO-3: without fetches a record holds the step time an
 A collective belongs to the engine whose forward, backward or step is running when it is issued
 (actor and critic steps interleave in RLHF loops), told by :mod:`.hooks`; one issued outside every
 engine's calls (a loss all-reduce in the program's loop) belongs to every engine recording then, as
-no engine can be told from another there.  :class:`EngineCollectives` is the engine's place in the
+no engine can be told from another there, and with none recording (between steps) it is a wait of every
+engine's gap (``gap_collective_ns``).  :class:`EngineCollectives` is the engine's place in the
 process-wide wrappers: its ``step`` is the record collectives go to, None while nothing is recorded.
 """
 from __future__ import annotations
