@@ -7,7 +7,8 @@ import pytest
 from stream_clock import StreamClockAccelerator
 
 from ds_profutils._device_clock import DeviceEvents
-from ds_profutils.engine.pipeline import InstructionTimes
+from ds_profutils.engine.hooks import BETWEEN_STEPS
+from ds_profutils.engine.pipeline import InstructionTimes, PipelineHooks
 
 
 def test_device_times_by_kind_and_grouped() -> None:
@@ -47,3 +48,34 @@ def test_host_clock_without_device_events() -> None:
     times = InstructionTimes(None)
     assert times.run("ForwardPass", lambda engine, value: value, None, {"value": 7}) == 7
     assert times.pairs() == [] and times.fields(1000.0)["compute_ms"] > 0
+
+
+def test_a_stage_is_in_the_phase_of_the_instruction_it_runs() -> None:
+    """What the hang watchdog says of a stuck stage (docs/hangs.md): one stuck in a backward pass, or waiting for
+    its gradient, is in its backward, not in the batch's forward; between batches, between steps."""
+    kinds = [type(name, (), {}) for name in ("LoadMicroBatch", "ForwardPass", "SendActivation", "RecvGrad",
+                                             "BackwardPass", "SendGrad", "ReduceGrads", "OptimizerStep")]
+    seen = []
+
+    class Stage:
+        """DeepSpeed's dispatch: ``_exec_schedule`` calls ``self._INSTRUCTION_MAP[type(command)]`` on the engine."""
+
+        def __init__(self) -> None:
+            self._INSTRUCTION_MAP = {kind: lambda engine, kind=kind: seen.append((kind.__name__, hooks.phase))
+                                     for kind in kinds}
+
+        def train_batch(self) -> None:
+            for kind in kinds:
+                self._INSTRUCTION_MAP[kind](self)
+
+        def eval_batch(self) -> None:
+            pass
+
+    stage = Stage()
+    hooks = PipelineHooks(stage)
+    stage.train_batch()
+    assert seen == [("LoadMicroBatch", "forward"), ("ForwardPass", "forward"), ("SendActivation", "forward"),
+                    ("RecvGrad", "backward"), ("BackwardPass", "backward"), ("SendGrad", "backward"),
+                    ("ReduceGrads", "step"), ("OptimizerStep", "step")]
+    assert hooks.phase == BETWEEN_STEPS
+    hooks.remove()

@@ -26,6 +26,11 @@ __all__ = ["PipelineHooks", "is_pipeline_engine"]
 
 _MAP = "_INSTRUCTION_MAP"
 _ABSENT = object()
+_PHASES = {"LoadMicroBatch": "forward", "ForwardPass": "forward", "SendActivation": "forward",
+           "RecvActivation": "forward", "BackwardPass": "backward", "SendGrad": "backward", "RecvGrad": "backward",
+           "ReduceTiedGrads": "step", "ReduceGrads": "step", "OptimizerStep": "step"}
+"""The phase each instruction of DeepSpeed's schedule is part of (what the hang watchdog says a stage stuck in it
+is in); another kind leaves the phase as it was."""
 
 
 def is_pipeline_engine(engine: Any) -> bool:
@@ -65,7 +70,11 @@ class PipelineHooks(EngineHooks):
         setattr(engine, _MAP, self._map)
 
     def _timed(self, kind: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        phase = _PHASES.get(kind)
+
         def timed(engine: Any, **kwargs: Any) -> Any:
+            if phase is not None:
+                self.phase = phase
             times = self._times
             if times is None:
                 return function(engine, **kwargs)
@@ -89,7 +98,7 @@ class PipelineHooks(EngineHooks):
     def _around_batch(self, train: bool, batch: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         view = _ModeView(train)
         outside, running.engine_id = running.engine_id, self._engine_id
-        self.phase = "forward"  # a batch's forwards and backwards interleave
+        self.phase = "forward"  # until its first instruction says which (_PHASES)
         try:
             if train:
                 self._tell("step_started")
