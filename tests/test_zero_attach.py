@@ -207,10 +207,13 @@ def test_a_train_step_interrupted_in_its_backward_is_absent_not_torn(tmp_path):
     assert text.endswith("\n") and [r["micro_step"] for r in read_records(tmp_path)] == [0]
 
 
-def test_at_close_a_micro_step_whose_backward_returned_is_whole_unless_a_step_began(tmp_path):
+@pytest.mark.parametrize("boundary", [None, False], ids=["engine cannot say", "before the boundary"])
+def test_at_close_a_micro_step_whose_backward_returned_is_whole_unless_a_step_began(tmp_path, boundary):
     """Accelerate calls step() only at the accumulation boundary: a backward that returned ends its micro step.
     One whose step() began and did not return (an exception in the optimizer) is not whole."""
     engine = Engine()
+    if boundary is not None:
+        engine.is_gradient_accumulation_boundary = lambda: boundary  # Accelerate sets it before each backward
     recorder = recorder_for(engine, tmp_path)
     engine.forward()
     engine.backward()
@@ -230,6 +233,20 @@ def test_at_close_a_micro_step_whose_backward_returned_is_whole_unless_a_step_be
         engine.step()
     recorder.close()
     assert read_records(tmp_path / "raising") == []
+
+
+def test_at_close_a_step_cut_short_between_its_backward_and_its_optimizer_step_is_not_whole(tmp_path):
+    """A hang or a signal after engine.backward() at the accumulation boundary, before engine.step(): that step did
+    not finish, as on the ranks the collectives inside their step() held (a report would take those for the ones
+    that ended early)."""
+    engine = Engine()
+    engine.is_gradient_accumulation_boundary = lambda: True
+    recorder = recorder_for(engine, tmp_path)
+    engine.train_step()
+    engine.forward()
+    engine.backward()
+    recorder.close()
+    assert [record["global_step"] for record in read_records(tmp_path)] == [0]
 
 
 def test_a_step_that_raises_is_not_recorded(tmp_path):

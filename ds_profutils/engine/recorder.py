@@ -51,7 +51,7 @@ from .hooks import Listener
 from .live import StepFigures
 from .memory import StepMemory
 from .records_file import RecordsFile
-from .step import EngineCollectives, MicroSteps, StepRecord
+from .step import EngineCollectives, MicroSteps, StepRecord, optimizer_step_due
 from .throughput.flops import FlopCounter
 from .throughput.totals import OptimizerStepTotals
 
@@ -295,7 +295,7 @@ class StepRecorder(Listener):
             return
         self._pause()
         memory = self.memory.record() if self.memory is not None else None
-        if not step.complete(closing):
+        if not step.complete(closing, closing and optimizer_step_due(self._engine)):
             if self.device_events is not None:
                 self.device_events.release(step.start_mark, step.end_mark)
             return  # a count in progress goes on: the next forward may be this micro step's (two forwards)

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 from .._device_clock import Pair, pair_ns, pairs_clock
 from ..units import rank_ranges
 
-__all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord"]
+__all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord", "optimizer_step_due"]
 
 SIDE_STREAM_SUFFIX = "@side-stream"
 """Appended to a collective called from a stream other than the one the step's forward started on
@@ -63,13 +63,14 @@ class StepRecord:
         self.sequences: Dict[tuple, List[int]] = {}  # per group (its ranks): the step's first and last sequence number
         self._host_timing: Optional[Dict[str, Any]] = None  # timing() once the step ended, where no device time comes
 
-    def complete(self, closing: bool) -> bool:
+    def complete(self, closing: bool, step_due: bool = False) -> bool:
         """Whether this record holds a whole step: its ``step()`` returned, or its forward ended and no
         ``step()`` was to come -- an eval or no-grad forward, or a second forward started before one ``step()``
         (a micro step before the accumulation boundary, which ended when its backward returned).  At
         close, a train forward whose backward never returned was cut short (SIGTERM in its backward,
-        an exception): not a whole step."""
-        if self.step_done or self.backward_done:
+        an exception), and so was one whose backward returned at the boundary (``step_due``) without the
+        optimizer step that was to follow (a hang or a signal between the two): not a whole step."""
+        if self.step_done or (self.backward_done and not step_due):
             return True
         return self.forward_done and (not closing or self.fields["mode"] != "train")
 
@@ -161,6 +162,15 @@ class StepRecord:
                 overlap += min(end, reach) - start
             reach = end if reach is None else max(reach, end)
         return overlap
+
+
+def optimizer_step_due(engine: Any) -> bool:
+    """Whether the engine's next ``step()`` takes an optimizer step (DeepSpeed's accumulation boundary; Accelerate
+    sets it per micro step); False where the engine cannot say."""
+    try:
+        return bool(engine.is_gradient_accumulation_boundary())
+    except Exception:  # noqa: BLE001 - an engine without it: the record stays whole, as it was
+        return False
 
 
 class EngineCollectives:
