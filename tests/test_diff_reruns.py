@@ -72,7 +72,7 @@ def test_several_runs_per_side_by_commas_or_a_file_are_tested_between_runs(tmp_p
     new = [write_run(tmp_path / f"new{i}", busy_ms=24.0, seed=10 + i) for i in range(3)]
     listing = tmp_path / "new.txt"
     listing.write_text("# NEW's reruns\n" + "\n".join(map(str, new)) + "\n\n")
-    assert main(["diff", ",".join(map(str, base)), f"@{listing}", "--json"]) == 0
+    assert main(["diff", ", ".join(map(str, base)), f"@{listing}", "--json"]) == 0  # spaces as typed after commas
     diff = json.loads(capsys.readouterr().out)
     assert [notes["directory"] for notes in diff["base"]] == list(map(str, base))
     assert [notes["directory"] for notes in diff["new"]] == list(map(str, new))
@@ -120,3 +120,40 @@ def test_runs_without_fetch_events_get_no_fetch_wait_row_or_column(tmp_path):
             path.write_text("".join(json.dumps(dict(row, events={})) + "\n" for row in rows))
     text = render_diff(build_diff(tmp_path / "base2", tmp_path / "new2"))
     assert "fetch wait" not in text and "collective wait change" in text and "gap change" in text
+
+
+def sized_run(directory: Path, model_numel: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank in (0, 1):
+        write_records(directory, rank, [row for step in range(30) for row in iteration_record(
+            rank, step, busy_ms=20.0 + rng.uniform(0, 1), model_numel=model_numel)])
+    return directory
+
+
+@pytest.mark.parametrize("order", ["rerun first", "other model first"])
+def test_a_side_whose_runs_are_no_reruns_of_one_configuration_is_said_whatever_their_order(tmp_path, order):
+    """A side pools its runs as reruns of one configuration: a run of another model (or world size) among them is
+    named, on the side that has it, whichever run comes first."""
+    rerun, other = sized_run(tmp_path / "rerun", 1_000_000, 1), sized_run(tmp_path / "other", 999_999, 2)
+    base_runs = [rerun, other] if order == "rerun first" else [other, rerun]
+    diff = build_diff(base_runs, [sized_run(tmp_path / "new1", 1_000_000, 3), sized_run(tmp_path / "new2", 1_000_000, 4)])
+    (warning, ) = [warning for warning in diff["warnings"] if "no rerun" in warning]
+    first, second = (str(run) for run in base_runs)
+    assert warning.startswith(f"BASE: {second} is no rerun of {first} (engine main: model_numel ")
+    assert "WARNING: BASE: " in render_diff(diff)
+
+
+def test_an_engine_some_runs_of_a_side_lack_is_named_with_those_runs_not_as_on_one_side_only(tmp_path):
+    """A rerun of BASE recorded another engine only (a critic, say): BASE's main is not in every run, so it is not
+    compared, and NEW's main is no engine of NEW alone."""
+    runs = [ranked_run(tmp_path / f"base{index}", seed=index) for index in range(2)]
+    other = tmp_path / "critic_only"
+    other.mkdir()
+    for rank in (0, 1):
+        write_records(other, rank, [row for step in range(30) for row in iteration_record(rank, step)], engine="critic")
+    diff = build_diff([*runs, other], [ranked_run(tmp_path / f"new{index}", seed=5 + index) for index in range(2)])
+    assert diff["unmatched"] == {"base": [], "new": []} and diff["engines"] == {}
+    assert diff["partial"] == {"base": {"main": [str(other)], "critic": [str(runs[0]), str(runs[1])]}, "new": {}}
+    text = " ".join(render_diff(diff).split())
+    assert f"Not compared: engine main, missing from BASE's run {other}" in text and "Only in NEW" not in text

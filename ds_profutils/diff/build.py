@@ -176,6 +176,14 @@ def _run_notes(side: Mapping[str, Any]) -> Any:
     return notes[0] if len(notes) == 1 else notes
 
 
+def _not_a_rerun(label: str, found: Mapping[str, Any]) -> str:
+    """The warning for a run of a side whose settings differ from the side's first run's."""
+    where = "the traces" if found["scope"] is None else f"engine {found['scope']}"
+    changes = "; ".join(f"{change['setting']} {change['base']} -> {change['new']}" for change in found["differences"])
+    return (f"{label}: {found['run']} is no rerun of {found['of']} ({where}: {changes}): the side's test pools runs "
+            "of different configurations")
+
+
 def build_diff(base_directories: Sequence[Path], new_directories: Sequence[Path], top: int = 10) -> Dict[str, Any]:
     """Every figure ``ds-profutils diff`` shows, as data; each side one run directory or several (a sequence; a
     single path is one run).  Raises :class:`ds_profutils.report.build.ReportError` (naming the directory) where a
@@ -193,6 +201,8 @@ def build_diff(base_directories: Sequence[Path], new_directories: Sequence[Path]
                 f"{setting['new']:,}): this compares two different jobs"
                 for name, engine in engines.items() for setting in engine["settings"]
                 if setting["setting"] == "model_numel" and setting["base"] is not None and setting["new"] is not None]
+    warnings += [_not_a_rerun(label, found) for label, side in (("BASE", base), ("NEW", new))
+                 for found in side["not_reruns"]]
     return {
         "warnings": warnings,
         "test": {"text": significance_rule(),
@@ -207,9 +217,11 @@ def build_diff(base_directories: Sequence[Path], new_directories: Sequence[Path]
         "base": _run_notes(base),
         "new": _run_notes(new),
         "matched_by": matched_by,
-        "unmatched": {"base": [name for name in base["engines"] if name not in {b for b, _ in pairs}]
-                      + base["partial_engines"],
-                      "new": [name for name in new["engines"] if name not in {n for _, n in pairs}] + new["partial_engines"]},
+        "unmatched": {"base": [name for name in base["engines"] if name not in {b for b, _ in pairs}
+                               and name not in new["partial_engines"]],
+                      "new": [name for name in new["engines"] if name not in {n for _, n in pairs}
+                              and name not in base["partial_engines"]]},
+        "partial": {"base": base["partial_engines"], "new": new["partial_engines"]},
         "engines": engines,
         "trace_settings": settings_differences(base["settings"].get(None, {}), new["settings"].get(None, {}))
         if None in base["settings"] and None in new["settings"] else [],

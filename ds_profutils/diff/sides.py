@@ -13,6 +13,7 @@ from statistics import median
 from typing import Any, Dict, List, Mapping, Sequence
 
 from ..report.build import ReportError
+from .settings import settings_differences
 from .summary import summarize_run
 
 __all__ = ["read_side", "run_directories"]
@@ -31,7 +32,7 @@ def run_directories(argument: str) -> List[Path]:
         if not names:
             raise ReportError(f"the list of runs {listing} names no directory")
     else:
-        names = [name for name in argument.split(",") if name]
+        names = [name.strip() for name in argument.split(",") if name.strip()]  # "A, B" as typed
         if not names:
             raise ReportError(f"no run directory in {argument!r}")
     return [Path(name) for name in names]
@@ -77,15 +78,28 @@ def _engine(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     }
 
 
+def _not_reruns(runs: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """The side's runs whose settings differ from its first run's (per engine both have, and the traces'): a side
+    is reruns of one configuration, and its test pools them."""
+    first = runs[0]
+    return [{"run": run["directory"], "of": first["directory"], "scope": scope,
+             "differences": settings_differences(first["settings"][scope], run["settings"][scope])}
+            for run in runs[1:] for scope in first["settings"] if scope in run["settings"]
+            and settings_differences(first["settings"][scope], run["settings"][scope])]
+
+
 def read_side(directories: Sequence[Path], top_ops: int) -> Dict[str, Any]:
     """One side's runs summarized and merged: per engine in every run, :func:`_engine`; the first run's traces and
-    settings (a side is one configuration); the runs' notes."""
+    settings (a side is one configuration: ``not_reruns`` says where its runs differ); the runs' notes."""
     runs = [summarize_run(directory, top_ops) for directory in directories]
     names = [name for name in runs[0]["engines"] if all(name in run["engines"] for run in runs)]
     return {
         "runs": runs,
         "engines": {name: _engine([run["engines"][name] for run in runs]) for name in names},
-        "partial_engines": [name for name in dict.fromkeys(n for run in runs for n in run["engines"]) if name not in names],
+        # per engine in some of the side's runs only, the runs without it
+        "partial_engines": {name: [run["directory"] for run in runs if name not in run["engines"]]
+                            for name in dict.fromkeys(n for run in runs for n in run["engines"]) if name not in names},
+        "not_reruns": _not_reruns(runs),
         "traces": runs[0]["traces"],
         "settings": runs[0]["settings"],
     }

@@ -310,6 +310,8 @@ def render_diff(diff: Mapping[str, Any], max_ranks: int = 8) -> str:
     for run in ("base", "new"):
         if diff["unmatched"][run]:
             lines += wrap(f"Only in {run.upper()}, not compared: engine {', '.join(diff['unmatched'][run])}")
+        for name, missing in diff["partial"][run].items():
+            lines += wrap(f"Not compared: engine {name}, missing from {run.upper()}'s run {', '.join(missing)}")
     lines += _settings(diff["trace_settings"], "Trace settings")
     for name, engine in diff["engines"].items():
         lines += _engine(name, engine, max_ranks)
