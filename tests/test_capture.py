@@ -297,6 +297,26 @@ def test_check_config_names_a_capture_rank_outside_the_world_and_what_runs_witho
     assert "note: trace_capture runs the live exchange every 10 steps" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("ranks", ["x", 3, ["a", 1]])
+def test_a_capture_ranks_value_of_no_allowed_shape_is_one_line_naming_the_key(tmp_path, capsys, ranks):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"trace_capture": {"enabled": True, "ranks": ranks}}))
+    assert cli_main(["check-config", str(path)]) != 0
+    assert capsys.readouterr().err == (f"{path}: trace_capture.ranks: {json.dumps(ranks)} is not allowed; expected "
+                                       '"suspects", "all" or null (every rank), or global ranks: a list of integers '
+                                       'or "0,3"\n')
+
+
+def test_check_config_checks_the_step_metrics_output_dir_a_capture_writes_to(tmp_path, capsys):
+    """A capture with its output_dir null writes to step_metrics' output_dir, checked even with step_metrics off."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"trace_capture": {"enabled": True}, "step_metrics": {"output_dir": str(blocker)}}))
+    assert cli_main(["check-config", str(path)]) != 0
+    assert capsys.readouterr().err.startswith(f"{path}: trace_capture.output_dir (null: step_metrics.output_dir): ")
+
+
 def test_capture_says_plainly_when_no_job_took_the_request_and_withdraws_it(tmp_path, capsys):
     assert cli_main(["capture", str(tmp_path), "--steps", "2", "--ranks", "0,3", "--wait", "1"]) == 1
     assert "no job took the request within 1 s" in capsys.readouterr().err

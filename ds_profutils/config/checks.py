@@ -107,14 +107,21 @@ def _output_dir_problem(key: str, directory: str) -> Optional[ConfigProblem]:
 
 
 def output_dir_problems(config: ProfUtilsConfig) -> List[ConfigProblem]:
-    """Each enabled section's ``output_dir`` that cannot be created or written (a disabled one writes nothing)."""
+    """Each enabled section's ``output_dir`` that cannot be created or written (a disabled one writes nothing); a
+    null one (trace_capture's) is step_metrics' output_dir, named under step_metrics' key where that is on."""
     problems = []
     for name in SECTIONS:
         section = getattr(config, name)
-        if getattr(section, "output_dir", None) is not None and section.enabled:
-            problem = _output_dir_problem(f"{name}.output_dir", section.output_dir)
-            if problem is not None:
-                problems.append(problem)
+        if not hasattr(section, "output_dir") or not section.enabled:
+            continue
+        key, directory = f"{name}.output_dir", section.output_dir
+        if directory is None:
+            if config.step_metrics.enabled:
+                continue
+            key, directory = f"{name}.output_dir (null: step_metrics.output_dir)", config.step_metrics.output_dir
+        problem = _output_dir_problem(key, directory)
+        if problem is not None:
+            problems.append(problem)
     return problems
 
 

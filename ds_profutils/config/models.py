@@ -209,14 +209,18 @@ float64 column (a float holds 52 exact bits)."""
 
 
 def _capture_ranks_input(value: Any) -> Any:
-    """``"all"`` is null (every rank); ``"0,3"`` (as the environment spells a list) is ``[0, 3]``."""
+    """``"all"`` is null (every rank); ``"0,3"`` (as the environment spells a list) is ``[0, 3]``.  Anything else
+    is refused here, in one message for the key (the union's branches would each name themselves)."""
     if isinstance(value, str) and value != "suspects":
         text = value.strip().lower()
         if text in ("all", "null"):
             return None
         if text and all(part.strip().isdigit() for part in text.split(",")):
             return [int(part) for part in text.split(",")]
-    return _rank_list_input(value)
+    value = _rank_list_input(value)
+    if value is None or value == "suspects" or (isinstance(value, list) and all(type(rank) is int for rank in value)):
+        return value
+    raise ValueError('"suspects", "all" or null (every rank), or global ranks: a list of integers or "0,3"')
 
 
 def _validate_capture_ranks(ranks: Union[str, List[int], None]) -> Union[str, List[int], None]:
