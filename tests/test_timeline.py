@@ -151,3 +151,12 @@ def test_no_trace_is_a_clear_message(tmp_path, capsys):
     assert main(["timeline", str(tmp_path), "-o", str(tmp_path / "out.json")]) == 1
     assert "no trace to merge" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()
+
+
+def test_an_output_that_is_one_of_the_traces_is_refused_and_the_trace_kept(traces, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(traces, run, ignore=shutil.ignore_patterns("rank_*"))
+    kept = (run / "trace_rank_0.json").read_bytes()
+    assert main(["timeline", str(run), "-o", str(run / "trace_rank_0.json")]) == 1
+    assert "trace_rank_0.json is one of the traces it merges; name another file with -o" in capsys.readouterr().err
+    assert (run / "trace_rank_0.json").read_bytes() == kept

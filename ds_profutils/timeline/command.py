@@ -27,7 +27,11 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         _error(problem)
         return 1
-    scans = [scan_trace(path, rank) for rank, path in trace_files(directory).items()]
+    traces = trace_files(directory)
+    if any(os.path.exists(args.output) and os.path.samefile(args.output, path) for path in traces.values()):
+        _error(f"{args.output} is one of the traces it merges; name another file with -o")
+        return 1
+    scans = [scan_trace(path, rank) for rank, path in traces.items()]
     world = newest_world_size((scan.path, (scan.base_ns or 0) / 1e9, scan.world_size) for scan in scans)
     for scan in [scan for scan in scans if earlier_run(scan.world_size, world)]:
         scans.remove(scan)
