@@ -136,6 +136,60 @@ def test_a_run_resumed_from_an_earlier_checkpoint_continues_the_trace_latest_win
     assert later["ProfilerStep#2"] == first["ProfilerStep#2"] and later["ProfilerStep#6"] > first["ProfilerStep#7"]
 
 
+@pytest.mark.parametrize("new_process", [False, True])
+def test_a_resume_leaves_out_the_earlier_cycles_from_its_first_step_not_from_its_first_warmup(tmp_path, new_process):
+    """Steps 0-11 profiled (cycles 2-3, 6-7, 10-11), then a restart from the checkpoint at step 7: its first warmup
+    is step 8, but step 7 is trained again too, so the cycle 6-7 is the earlier run's no more."""
+    from ds_profutils.torch_profiler import writer as writer_module
+
+    engine = AccumulatingEngine(profiler_config(tmp_path))
+    with ds_profutils.attach(engine, config=engine.config):
+        engine.train(12)
+    if new_process:
+        writer_module._writers.clear()
+    resumed = AccumulatingEngine(profiler_config(tmp_path), global_steps=7)
+    with ds_profutils.attach(resumed, config=resumed.config):
+        resumed.train(4)  # global steps 7-10: wait 7, warmup 8, active 9-10
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [2, 3, 9, 10]
+
+
+@pytest.mark.parametrize("new_process", [False, True])
+def test_a_job_from_step_0_starts_afresh_however_late_its_first_window(tmp_path, new_process):
+    from ds_profutils.torch_profiler import writer as writer_module
+
+    engine = AccumulatingEngine(profiler_config(tmp_path))
+    with ds_profutils.attach(engine, config=engine.config):
+        engine.train(8)  # cycles 2-3 and 6-7
+    if new_process:
+        writer_module._writers.clear()
+    again = AccumulatingEngine(profiler_config(tmp_path, skip_first=4))
+    with ds_profutils.attach(again, config=again.config):
+        again.train(8)  # skip 0-3, wait 4, warmup 5, active 6-7
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [6, 7]
+
+
+def test_a_restart_takes_up_the_cycles_of_the_run_it_resumes_not_an_earlier_jobs(tmp_path):
+    """A job, the same job again from step 0 in the same output_dir (its first cycle's files stay there), then a
+    restart of the second from its checkpoint at step 4, each in a new process."""
+    from ds_profutils.torch_profiler import writer as writer_module
+
+    for _ in range(2):
+        writer_module._writers.clear()
+        engine = AccumulatingEngine(profiler_config(tmp_path))
+        with ds_profutils.attach(engine, config=engine.config):
+            engine.train(4)  # cycle 2-3
+    second = {e["name"]: e["ts"] for e in read_trace(tmp_path / "trace_rank_0.json")["traceEvents"]
+              if e.get("name", "").startswith("ProfilerStep#")}
+    writer_module._writers.clear()
+    resumed = AccumulatingEngine(profiler_config(tmp_path), global_steps=4)
+    with ds_profutils.attach(resumed, config=resumed.config):
+        resumed.train(4)  # global steps 4-7: active 6-7
+    trace = read_trace(tmp_path / "trace_rank_0.json")
+    assert profiler_steps(trace) == [2, 3, 6, 7]
+    assert {e["name"]: e["ts"] for e in trace["traceEvents"] if e.get("name") == "ProfilerStep#2"} == {
+        "ProfilerStep#2": second["ProfilerStep#2"]}  # the second job's, the one resumed
+
+
 def test_an_engine_dropped_without_close_gives_the_profiler_to_the_next(tmp_path, ds_caplog):
     engine = AccumulatingEngine(profiler_config(tmp_path / "first", active=4))
     ds_profutils.attach(engine, config=engine.config)

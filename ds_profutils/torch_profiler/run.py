@@ -100,6 +100,7 @@ class ProfilerRun:
         # close() alive (an attached engine's run is then ended by the next one to start, or at exit).
         self._engine: Optional[weakref.ref] = None if engine is None else weakref.ref(engine)  # its steps end ours
         self._engine_steps: Optional[int] = None if engine is None else engine.global_steps
+        self._first_global_step = self._engine_steps  # where the run began (a resume's files go on from there)
         self._names_engine: Optional[weakref.ref] = self._engine  # its global_steps name ours; None: our count
         self._opened: List[Tuple[str, int]] = []  # (name, step number) of this window's step ranges
         self._recorded = False
@@ -260,7 +261,10 @@ class ProfilerRun:
     def _prepare(self) -> None:
         if self._writer is None:  # the rank that names the files is read now, not at decoration
             identity = process_identity()
-            self._writer = RunWriter.of(self.settings, identity, self._global_step())
+            first = self._global_step()  # an engine seen at the call's first steps: the run began about here
+            if first is not None and self._first_global_step is not None:
+                first = self._first_global_step
+            self._writer = RunWriter.of(self.settings, identity, first)
             self.signals.label = f"rank {identity.rank} (pid {identity.pid})"
         self._recording.prepare()
 
@@ -352,7 +356,7 @@ class ProfilerRun:
     def _metadata(self) -> Dict[str, Any]:
         identity = self._writer.identity
         return {"host": identity.host, "rank": identity.rank, "world_size": identity.world_size, "pid": identity.pid,
-                "step_numbering": "call" if self._names_engine is None else "global",
+                "run_id": self._writer.run_id, "step_numbering": "call" if self._names_engine is None else "global",
                 "profiled_ranks": self.settings.ranks}
 
     def _open_step(self) -> None:

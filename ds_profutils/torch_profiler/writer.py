@@ -27,6 +27,7 @@ import errno
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -53,6 +54,16 @@ def _export(profile: Any, temporary: Path) -> None:
     full = shutil.disk_usage(temporary.parent).free == 0
     raise OSError(errno.ENOSPC if full else errno.EIO, "the trace exporter wrote no file" +
                   (f" ({os.strerror(errno.ENOSPC)})" if full else ""))
+
+
+def _metadata_of(path: Path) -> Dict[str, Any]:
+    """The ``ds_profutils`` metadata in a trace's head; empty where it has none or cannot be read."""
+    try:
+        metadata = read_layout(path).header.get("ds_profutils", {})
+        metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
+    except (OSError, ValueError):  # not one of ours, or cut short
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
 
 
 def _cause(exc: BaseException) -> str:
@@ -97,16 +108,14 @@ class RunWriter:
 
     def _take_up(self, first_step: int) -> None:
         """A new process resuming at global step ``first_step``: the earlier processes' cycles of earlier
-        global steps, from their own files (newest last), go on in the run trace."""
+        global steps, from their own files (newest last), go on in the run trace -- those of the run that
+        trace holds (its ``run_id``; a job started afresh in the same directory left others there)."""
+        self.run_id = _metadata_of(self.trace.path).get("run_id") or self.run_id
         found = []
         for path in sorted(cycle_dir(self.settings.output_dir, self.identity.rank).glob("*.pt.trace.json")):
-            try:
-                metadata = read_layout(path).header.get("ds_profutils", {})
-                metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
-            except (OSError, ValueError):
-                continue  # not one of ours, or cut short
-            if not isinstance(metadata, dict):
-                continue
+            metadata = _metadata_of(path)
+            if metadata.get("run_id", self.run_id) != self.run_id:
+                continue  # another job's, before this run started the files afresh
             for entry in metadata.get("cycles", []):
                 if metadata.get("step_numbering") == "global" and entry.get("steps"):
                     found.append({**entry, "trace": str(path)})
@@ -128,6 +137,7 @@ class RunWriter:
         self._unmerged: List[Path] = []  # cycle traces written, not yet in the run trace (a failed splice)
         self.failed: List[Path] = []
         self.last_global_step: Optional[int] = None  # of the last cycle written; None: none, or steps per call
+        self.run_id = uuid.uuid4().hex[:12]  # in every file's metadata: a restart goes on with this run's cycles
 
     @contextlib.contextmanager
     def _written(self, path: Path) -> Iterator[None]:
