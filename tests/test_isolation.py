@@ -190,6 +190,23 @@ def test_an_attached_engine_dropped_without_close_is_freed_and_leaves_inert_hook
     assert len(read_records(tmp_path)) == 1
 
 
+def test_a_resume_that_trains_longer_or_profiles_otherwise_is_the_same_job():
+    """The Trainer fills the LR schedule's length from max_steps (raised to train on after a resume), and a resume
+    may switch logging or profiling on: the same job's records go on; a change of what a step does is another."""
+    from ds_profutils.engine.records_file import config_hash
+
+    def engine(**changes):
+        resolved = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}, "steps_per_print": 10,
+                    "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 10, "warmup_num_steps": 1}}}
+        return SimpleNamespace(_config=SimpleNamespace(_param_dict={**resolved, **changes}))
+
+    first = config_hash(engine())
+    assert config_hash(engine(scheduler={"type": "WarmupDecayLR", "params": {"total_num_steps": 14}})) == first
+    assert config_hash(engine(steps_per_print=1, wall_clock_breakdown=True, step_metrics={"enabled": True})) == first
+    assert config_hash(engine(zero_optimization={"stage": 2})) != first
+    assert config_hash(engine(train_micro_batch_size_per_gpu=8)) != first
+
+
 @pytest.mark.parametrize("earlier, moved", [({"model_numel": 999, "world_size": 4}, True),
                                             ({"model_numel": 123, "world_size": 8}, True),
                                             ({"model_numel": 123, "world_size": 4, "engine_config_hash": "x"}, False),

@@ -12,7 +12,9 @@ cut off first.
 
 A resume into an output directory holding another job's records (a different ``model_numel``,
 ``world_size`` or engine config hash in the file's last record) would append to them: that file is moved
-aside to ``<name>.prev-<n>.jsonl``, which the readers' name pattern skips, and the job says so once.
+aside to ``<name>.prev-<n>.jsonl``, which the readers' name pattern skips, and the job says so once.  The hash
+leaves out what a resume of one job may change without changing its steps: the LR schedule (the Trainer
+fills its length from ``max_steps``, raised to train on), logging, monitors and the profiling sections.
 """
 from __future__ import annotations
 
@@ -23,21 +25,29 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from ..config import SECTIONS
 from ..logging import log_dist, logger
 from ..outputs import last_record
 
-__all__ = ["JOB_KEYS", "RecordsFile", "config_hash"]
+__all__ = ["JOB_KEYS", "NOT_THE_JOB", "RecordsFile", "config_hash"]
 
 JOB_KEYS = ("model_numel", "world_size", "engine_config_hash")
 """Header fields that tell one job from another (not the time: a resume starts later by design)."""
 
 
+NOT_THE_JOB = ("scheduler", "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "tensorboard", "wandb",
+               "csv_monitor", "comet", "comms_logger", "flops_profiler", *SECTIONS)
+"""Top-level ds_config keys a resume may change without becoming another job (see the module doc)."""
+
+
 def config_hash(engine: Any) -> Optional[str]:
-    """A short hash of the engine's resolved ds_config (DeepSpeed's parsed dict), None where it has none."""
+    """A short hash of the engine's resolved ds_config (DeepSpeed's parsed dict) less :data:`NOT_THE_JOB`, None
+    where it has none."""
     resolved = getattr(getattr(engine, "_config", None), "_param_dict", None)
     if not isinstance(resolved, dict):
         return None
-    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    job = {key: value for key, value in resolved.items() if key not in NOT_THE_JOB}
+    return hashlib.sha256(json.dumps(job, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class RecordsFile:
