@@ -235,13 +235,14 @@ def test_settings_that_differ_are_listed(tmp_path):
     new = write_run(tmp_path / "new", ranks=4, memory_bytes=lambda rank, step: MIB, dtype="bfloat16")
     for directory, version, pid in ((base, "12.4", 4242), (new, "12.8", 4343)):
         write_trace(directory / "trace_rank_0.json", {step: 20.0 for step in range(3)})
-        text = (directory / "trace_rank_0.json").read_text().replace('"pid": 1,', f'"pid": {pid},', 1)
+        text = (directory / "trace_rank_0.json").read_text().replace('"pid": 1,',
+                                                                     f'"pid": {pid}, "run_id": "r{pid}",', 1)
         (directory / "trace_rank_0.json").write_text(text.replace('{"distributedInfo"', '{"cuda_runtime_version": '
                                                                   f'"{version}", "distributedInfo"', 1))
     diff = build_diff(base, new)
     differing = {row["setting"]: (row["base"], row["new"]) for row in diff["engines"]["main"]["settings"]}
     assert differing == {"world size": (2, 4), "ranks with records": (2, 4), "dtype": ("float32", "bfloat16")}
-    # The process of each trace differs too: not a setting.
+    # The process of each trace, and the run its files belong to, differ too: not settings.
     assert diff["trace_settings"] == [{"setting": "cuda_runtime_version", "base": "12.4", "new": "12.8"}]
     text = " ".join(render_diff(diff).split())
     assert "Settings that differ: world size 2 -> 4; ranks with records 2 -> 4; dtype float32 -> bfloat16" in text

@@ -325,3 +325,22 @@ def test_step_profiler_is_idle_again_after_a_run(tmp_path):
     assert profiler_calls._current is None
     assert ds_profutils.step_profiler is step_profiler
     step_profiler()  # no run: nothing happens
+
+
+def test_a_checkpoint_loaded_inside_the_decorated_call_continues_the_earlier_processs_files(tmp_path):
+    """A new process whose decorated train() loads the checkpoint of global step 4 (``engine.load_checkpoint()``)
+    before its first step: the run began at step 4, so it takes up the earlier process's cycle of steps 2-3."""
+    from ds_profutils.torch_profiler import writer as writer_module
+
+    schedule = dict(enabled=True, output_dir=str(tmp_path), skip_first=1, wait=0, warmup=1, active=2)
+    engine = FakeEngine()
+    profiler(config=engine, **schedule)(_engine_loop)(engine, 8)  # global steps 0-3: cycle 2-3
+    writer_module._writers.clear()  # a new process
+
+    def resumed_loop(engine, micro_steps):
+        engine.global_steps = 4  # the checkpoint, loaded inside the call
+        _engine_loop(engine, micro_steps)
+
+    resumed = FakeEngine()
+    profiler(config=resumed, **schedule)(resumed_loop)(resumed, 8)  # the load's jump ends the call's first step
+    assert profiler_steps(read_trace(tmp_path / "trace_rank_0.json")) == [2, 3, 5, 6]

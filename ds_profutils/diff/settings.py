@@ -24,7 +24,7 @@ _RECORD_SETTINGS = ("schema", "dtype", "max_live_parameters")
 # Trace head keys that name the file, its process or its clock, not the run's set-up.
 _TRACE_PER_FILE = frozenset({"baseTimeNanoseconds", "displayTimeUnit", "host_name", "trace_id", "traceName",
                              "distributedInfo.rank", "distributedInfo.pg_config", "distributedInfo.pg_count",
-                             "ds_profutils.rank", "ds_profutils.host", "ds_profutils.pid"})
+                             "ds_profutils.rank", "ds_profutils.host", "ds_profutils.pid", "ds_profutils.run_id"})
 
 
 def _first_record(path: Path) -> Optional[Mapping[str, Any]]:

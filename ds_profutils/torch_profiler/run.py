@@ -100,7 +100,9 @@ class ProfilerRun:
         # close() alive (an attached engine's run is then ended by the next one to start, or at exit).
         self._engine: Optional[weakref.ref] = None if engine is None else weakref.ref(engine)  # its steps end ours
         self._engine_steps: Optional[int] = None if engine is None else engine.global_steps
-        self._first_global_step = self._engine_steps  # where the run began (a resume's files go on from there)
+        # an attached engine's run begins at its first forward, after any checkpoint was loaded: a restart's files go
+        # on from this step (a decorated call may load one inside: there the first warmup's step stands for it)
+        self._began_at = self._engine_steps if engine_driven else None
         self._names_engine: Optional[weakref.ref] = self._engine  # its global_steps name ours; None: our count
         self._opened: List[Tuple[str, int]] = []  # (name, step number) of this window's step ranges
         self._recorded = False
@@ -261,9 +263,9 @@ class ProfilerRun:
     def _prepare(self) -> None:
         if self._writer is None:  # the rank that names the files is read now, not at decoration
             identity = process_identity()
-            first = self._global_step()  # an engine seen at the call's first steps: the run began about here
-            if first is not None and self._first_global_step is not None:
-                first = self._first_global_step
+            first = self._global_step()
+            if first is not None and self._began_at is not None:
+                first = self._began_at
             self._writer = RunWriter.of(self.settings, identity, first)
             self.signals.label = f"rank {identity.rank} (pid {identity.pid})"
         self._recording.prepare()
