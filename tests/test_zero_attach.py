@@ -249,6 +249,25 @@ def test_at_close_a_step_cut_short_between_its_backward_and_its_optimizer_step_i
     assert [record["global_step"] for record in read_records(tmp_path)] == [0]
 
 
+def test_a_no_grad_forward_inside_a_micro_step_keeps_the_micro_steps_fetches(tmp_path):
+    """DPO's reference logits after the policy's forward, on ZeRO-3: DeepSpeed resets the fetch counters at every
+    forward's start; the step's record still holds the policy forward's fetches, with the reference's and the
+    backward's."""
+    engine = Engine()
+    with recorder_for(engine, tmp_path):
+        engine.module.train()
+        engine.forward()
+        with torch.no_grad():
+            engine.forward()
+        engine.backward()
+        engine.step()
+        engine.train_step()  # a plain step after it: counted from its own forward's start again
+    first, second = read_records(tmp_path)
+    assert first["mode"] == "train" and first["events"]["forward_fetch_wait"]["count"] == 2
+    assert first["events"]["backward_fetch_wait"]["count"] == 1
+    assert second["events"]["forward_fetch_wait"]["count"] == 1
+
+
 def test_a_step_that_raises_is_not_recorded(tmp_path):
     engine = Engine()
 

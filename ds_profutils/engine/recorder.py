@@ -109,7 +109,7 @@ class StepRecorder(Listener):
             "schema": RECORD_SCHEMA, "engine": name, "rank": identity.rank, "world_size": identity.world_size,
             "local_rank": identity.local_rank, "host": identity.host, "pid": identity.pid,
             "recording_ranks": settings.ranks, "dtype": str(dtype)[len("torch."):], "clock": "host",
-            "model_numel": model_numel, "peak_tflops": peak_tflops, "engine_config_hash": config_hash,
+            "model_numel": model_numel, "peak_tflops": peak_tflops, "job_config_hash": config_hash,
             **(fetches.header if fetches is not None else {})
         }  # on the device clock, each record says its own clock
         self._first_fields = {"ds_config": effective_values(engine)}  # on the first record this process writes
@@ -151,12 +151,14 @@ class StepRecorder(Listener):
         engine = self._engine
         if self._open is not None and module.training and not torch.is_grad_enabled() and self._open.awaits_backward():
             self._side_forward = True  # DPO's reference logits after the policy's forward: that micro step's time
+            if self.fetches is not None:  # and fetches: DeepSpeed's reset at this forward's start must zero none
+                self.fetches.profiler.keep_events = True
             return
         self._finish_open(closing=False)  # an eval forward, or a forward whose step() never came
         self._write_ready()
         global_step = engine.global_steps
         recorded = self.writes and global_step % self.settings.log_interval == 0
-        # a forward under no_grad in train mode (reference logits of DPO, PEFT) is no micro step
+        # a forward under no_grad in train mode (reference logits of DPO, PEFT, before the policy's) is no micro step
         mode = ("train" if torch.is_grad_enabled() else "no_grad") if module.training else "eval"
         micro_step = self._micro_steps.next(engine, mode == "train")
         if self.fetches is not None:
@@ -170,14 +172,8 @@ class StepRecorder(Listener):
         if mode == "train" and global_step <= self._finished_step:
             self.segment += 1  # this file finished the step before: a run went back to an earlier checkpoint
             self._finished_step = global_step - 1
-        fields = {
-            "mode": mode,
-            "global_step": global_step,
-            "micro_step": micro_step,
-            "segment": self.segment,
-            "time": time.time(),
-            "comms_logger": collectives.comms_logger_on(),
-        }
+        fields = {"mode": mode, "global_step": global_step, "micro_step": micro_step, "segment": self.segment,
+                  "time": time.time(), "comms_logger": collectives.comms_logger_on()}
         if self._profiler_active is not None and self._profiler_active():
             fields["profiler_active"] = True
         if self.flops is not None:
@@ -212,6 +208,8 @@ class StepRecorder(Listener):
             self.memory.begin("backward")  # which ends the forward's phase
 
     def forward_left(self) -> None:
+        if self._side_forward and self.fetches is not None:
+            self.fetches.profiler.keep_events = False
         self._side_forward = False
         if self.flops is not None:
             self.flops.forward_left()

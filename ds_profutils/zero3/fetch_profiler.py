@@ -179,6 +179,7 @@ class PartitionedParameterProfiler:
         self.live_params_max = 0
         self.gathered = {_ON_DEMAND: 0, _PREFETCH: 0}
         self.trace_cache_invalidations = 0
+        self.keep_events = False  # a forward inside the micro step in progress: its start resets nothing
 
     @property
     def trace_ranges(self) -> bool:
@@ -304,7 +305,10 @@ class PartitionedParameterProfiler:
     # ---- DeepSpeed's step interface ------------------------------------------------------------------
 
     def reset_events(self) -> None:
-        """Zero every counter (DeepSpeed calls this at the start of each forward)."""
+        """Zero every counter (DeepSpeed calls this at the start of each forward), but inside a forward that is
+        part of the micro step in progress (``keep_events``, set by the step recorder)."""
+        if self.keep_events:
+            return
         for counter in self.event_counters.values():
             counter.reset()
         self.live_params_max = 0
