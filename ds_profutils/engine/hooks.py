@@ -7,26 +7,22 @@ before DeepSpeed's own, which resets the ZeRO-3 coordinator's counters; with the
 the FLOP counter keys its counts by), one forward hook (the output's gradients tell where the backward
 ends) and wrappers of ``engine.forward`` (torch calls an always-call forward hook on an ``Exception`` only:
 a forward a ``KeyboardInterrupt`` leaves, caught by the program, ends there, so no counting mode or running
-engine stays behind it), ``engine.backward``, ``engine.step`` and ``engine.save_checkpoint`` (a save is a
-part of the gap between steps).  ``backward`` is a moment of its own: Accelerate (and so the Trainer) calls
-``engine.step()`` at the accumulation boundary only.
+engine stays behind it), ``engine.backward``, ``engine.step`` and the engine's own work between steps
+(``_OWN_WORK``: a save is a part of the gap, and no collective of theirs is a wait of it).  ``backward``
+is a moment of its own: Accelerate (and so the Trainer) calls ``engine.step()`` at the accumulation boundary only.
 
 The module's hooks hold :class:`EngineHooks` only weakly, and :class:`EngineHooks` holds the engine
 weakly: a copy of the module (``copy.deepcopy``, pickling, ``torch.optim.swa_utils.AveragedModel``: EMA
 models, teacher copies) copies no engine, process group or listener, and gets hooks that do nothing (the
-copy's forwards are no steps of the engine), as without ``attach``.
-
-Removing them restores exactly what was there: an instance attribute another wrapper had put on the
-engine before is put back, none is left where there was none.  A wrapper put over ours after attach
-keeps calling ours, which then passes calls through untouched.
+copy's forwards are no steps of the engine), as without ``attach``.  Removing them restores exactly what
+was there; a wrapper put over ours after attach keeps calling ours, which then passes calls through.
 
 The hooks also say which engine is running now (:data:`running`), so a collective issued there is that
 engine's (actor/critic steps interleave); process-wide, since DeepSpeed's backward hooks run on autograd's threads.
 
 A listener's error never reaches the training loop: it is logged and that listener is stopped
-(:meth:`Listener.stop_after_error`), the engine goes on.  An exception raised by a signal handler
-while a listener ran (torch's DataLoader SIGCHLD handler, a program's own) is not the listener's: it
-goes on to the training loop as it would without ds_profutils.
+(:meth:`Listener.stop_after_error`), the engine goes on.  An exception raised by a signal handler while a listener
+ran (torch's DataLoader SIGCHLD handler, a program's own) goes on to the training loop as without ds_profutils.
 """
 from __future__ import annotations
 
@@ -199,6 +195,8 @@ class _ModuleHook:
         return _ModuleHook, (None, self._method)
 
 
+# Calls between steps whose collectives are the engine's: checkpoints, 16-bit weights gathered (the Trainer's)
+_OWN_WORK = ("save_checkpoint", "load_checkpoint", "save_16bit_model", "_zero3_consolidated_16bit_state_dict")
 _EVENTS = ("forward_started", "forward_ended", "forward_left", "backward_ended", "step_started", "step_ended",
            "checkpoint_saved")  # the Listener methods EngineHooks tells
 
@@ -221,8 +219,9 @@ class EngineHooks:
         self._handles: List[Any] = []
         self._wrapped: List[tuple] = []  # (attribute, what the instance held before, our wrapper)
         self._hook(engine)
-        if hasattr(engine, "save_checkpoint"):  # every DeepSpeed engine, a pipeline's too
-            self._wrap("save_checkpoint", self._around_save)
+        for name in _OWN_WORK:
+            if hasattr(engine, name):  # every DeepSpeed engine, a pipeline's too
+                self._wrap(name, functools.partial(self._around_own_work, name == "save_checkpoint"))
 
     def _hook(self, engine: Any) -> None:
         """Put the hooks on: the module's forward hooks, and wrappers of ``backward`` and ``step`` (a pipeline's
@@ -377,14 +376,15 @@ class EngineHooks:
         self._tell("step_ended")  # not on an exception: that step did not finish
         return result
 
-    def _around_save(self, save: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """A checkpoint save: its time is told, also where it raises; its collectives are the save's, no gap waits."""
+    def _around_own_work(self, saves: bool, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The engine runs (its collectives are no waits of the gap); a save's time is told, also where it raises."""
         start, outside, running.engine_id = perf_counter_ns(), running.engine_id, self._engine_id
         try:
-            return save(*args, **kwargs)
+            return call(*args, **kwargs)
         finally:
             running.engine_id = outside
-            self._tell("checkpoint_saved", perf_counter_ns() - start)
+            if saves:
+                self._tell("checkpoint_saved", perf_counter_ns() - start)
 
     def _around_call(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
