@@ -209,11 +209,13 @@ def test_a_resume_that_trains_longer_or_profiles_otherwise_is_the_same_job():
 
 @pytest.mark.parametrize("earlier, moved", [({"model_numel": 999, "world_size": 4}, True),
                                             ({"model_numel": 123, "world_size": 8}, True),
+                                            ({"model_numel": 123, "world_size": 4, "job_config_hash": "x"}, True),
+                                            # an earlier version's hash of the whole config: no evidence either way
                                             ({"model_numel": 123, "world_size": 4, "engine_config_hash": "x"}, False),
                                             ({"model_numel": 123, "world_size": 4}, False)])
 def test_a_resume_into_another_jobs_records_moves_them_aside_once(tmp_path, ds_caplog, earlier, moved):
-    """Another job = a different model_numel, world_size or config hash in the last record (a key either side
-    lacks decides nothing: this stand-in engine has no config hash); the readers skip the moved file."""
+    """Another job = a different model_numel, world_size or job config hash in the last record (a key either side
+    lacks decides nothing); the readers skip the moved file."""
     import json
 
     from ds_profutils.outputs import fetch_records_files
@@ -225,7 +227,7 @@ def test_a_resume_into_another_jobs_records_moves_them_aside_once(tmp_path, ds_c
     path.write_text(earlier_text)
     engine = Engine(stage=2)
     engine.global_steps = 5  # a resume
-    with attach_recorder(engine, tmp_path, model_numel=123):
+    with attach_recorder(engine, tmp_path, model_numel=123, config_hash="h"):
         engine.train_step()
     aside = tmp_path / "zero_fetch_rank_3.prev-1.jsonl"
     assert aside.exists() == moved

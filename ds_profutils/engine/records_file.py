@@ -11,10 +11,11 @@ to (a resume) that ends in such a part, left by a job that stopped before the di
 cut off first.
 
 A resume into an output directory holding another job's records (a different ``model_numel``,
-``world_size`` or engine config hash in the file's last record) would append to them: that file is moved
+``world_size`` or ``job_config_hash`` in the file's last record) would append to them: that file is moved
 aside to ``<name>.prev-<n>.jsonl``, which the readers' name pattern skips, and the job says so once.  The hash
 leaves out what a resume of one job may change without changing its steps: the LR schedule (the Trainer
-fills its length from ``max_steps``, raised to train on), logging, monitors and the profiling sections.
+fills its length from ``max_steps``, raised to train on), logging, monitors and the profiling sections (an
+earlier version hashed all of it, as ``engine_config_hash``: a key the other side lacks decides nothing).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from ..outputs import last_record
 
 __all__ = ["JOB_KEYS", "NOT_THE_JOB", "RecordsFile", "config_hash"]
 
-JOB_KEYS = ("model_numel", "world_size", "engine_config_hash")
+JOB_KEYS = ("model_numel", "world_size", "job_config_hash")
 """Header fields that tell one job from another (not the time: a resume starts later by design)."""
 
 

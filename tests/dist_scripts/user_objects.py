@@ -93,7 +93,7 @@ def both_sections(out):
         fetches = attachment.recorder.fetches
     first = json.loads(attachment.recorder.path.read_text().splitlines()[0])
     return {"records": records(attachment.recorder.path), "fetches": fetches is not None,
-            "config_hash": first["engine_config_hash"]}
+            "config_hash": first["job_config_hash"]}
 
 
 EVAL_S = 0.08
