@@ -140,14 +140,16 @@ def test_returning_inside_a_window_leaves_no_step_that_never_ran(tmp_path, steps
     assert f"; {len(recorded)} recorded steps," in summary if recorded else summary == ""
 
 
-def test_config_nvtx_section_applies_with_the_profiler_alone(tmp_path):
+def test_config_nvtx_section_applies_with_the_profiler_alone(tmp_path, monkeypatch):
     import deepspeed.utils.nvtx
 
-    try:
-        profiler(config={"profiler": {"output_dir": str(tmp_path)}, "nvtx": {"enabled": False, "domain": "Job"}})
-        assert (nvtx.enable_nvtx, deepspeed.utils.nvtx.enable_nvtx) == (False, False)
-    finally:
-        nvtx.configure_nvtx()
+    # the decorator's section stays in force for the process: this test's is forgotten after it, switches and all
+    monkeypatch.setattr(nvtx, "_applied", [])
+    for module in (nvtx, deepspeed.utils.nvtx):
+        for name in ("enable_nvtx", "DEEPSPEED_NVTX_DOMAIN"):
+            monkeypatch.setattr(module, name, getattr(module, name))
+    profiler(config={"profiler": {"output_dir": str(tmp_path)}, "nvtx": {"enabled": False, "domain": "Job"}})
+    assert (nvtx.enable_nvtx, deepspeed.utils.nvtx.enable_nvtx) == (False, False)
 
 
 def test_context_manager_form(tmp_path):
