@@ -17,14 +17,15 @@ from test_diff import write_run
 
 
 def ranked_run(directory: Path, *, busy_ms=(20.0, 40.0), gap_ms=(5.0, 5.0), steps: int = 30, seed: int = 0,
-               flops: float = 3e9) -> Path:
-    """Two ranks whose busy time and gap between steps differ per rank (no waiting between them)."""
+               flops: float = 3e9, **extra) -> Path:
+    """Two ranks whose busy time and gap between steps differ per rank (no waiting between them); ``extra``: more
+    fields of every record (``model_numel``, say)."""
     rng = random.Random(seed)
     directory.mkdir(parents=True, exist_ok=True)
     for rank in (0, 1):
         write_records(directory, rank, [row for step in range(steps) for row in iteration_record(
             rank, step, busy_ms=busy_ms[rank] + rng.uniform(0, 1), gap_ms=gap_ms[rank] + rng.uniform(0, 1),
-            flops=flops)])
+            flops=flops, **extra)])
     return directory
 
 
@@ -122,22 +123,15 @@ def test_runs_without_fetch_events_get_no_fetch_wait_row_or_column(tmp_path):
     assert "fetch wait" not in text and "collective wait change" in text and "gap change" in text
 
 
-def sized_run(directory: Path, model_numel: int, seed: int) -> Path:
-    rng = random.Random(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    for rank in (0, 1):
-        write_records(directory, rank, [row for step in range(30) for row in iteration_record(
-            rank, step, busy_ms=20.0 + rng.uniform(0, 1), model_numel=model_numel)])
-    return directory
-
-
 @pytest.mark.parametrize("order", ["rerun first", "other model first"])
 def test_a_side_whose_runs_are_no_reruns_of_one_configuration_is_said_whatever_their_order(tmp_path, order):
     """A side pools its runs as reruns of one configuration: a run of another model (or world size) among them is
     named, on the side that has it, whichever run comes first."""
-    rerun, other = sized_run(tmp_path / "rerun", 1_000_000, 1), sized_run(tmp_path / "other", 999_999, 2)
+    rerun, other = (ranked_run(tmp_path / name, seed=seed, model_numel=numel)
+                    for name, seed, numel in (("rerun", 1, 1_000_000), ("other", 2, 999_999)))
     base_runs = [rerun, other] if order == "rerun first" else [other, rerun]
-    diff = build_diff(base_runs, [sized_run(tmp_path / "new1", 1_000_000, 3), sized_run(tmp_path / "new2", 1_000_000, 4)])
+    diff = build_diff(base_runs, [ranked_run(tmp_path / f"new{seed}", seed=seed, model_numel=1_000_000)
+                                  for seed in (3, 4)])
     (warning, ) = [warning for warning in diff["warnings"] if "no rerun" in warning]
     first, second = (str(run) for run in base_runs)
     assert warning.startswith(f"BASE: {second} is no rerun of {first} (engine main: model_numel ")

@@ -81,11 +81,14 @@ def _engine(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
 def _not_reruns(runs: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     """The side's runs whose settings differ from its first run's (per engine both have, and the traces'): a side
     is reruns of one configuration, and its test pools them."""
-    first = runs[0]
-    return [{"run": run["directory"], "of": first["directory"], "scope": scope,
-             "differences": settings_differences(first["settings"][scope], run["settings"][scope])}
-            for run in runs[1:] for scope in first["settings"] if scope in run["settings"]
-            and settings_differences(first["settings"][scope], run["settings"][scope])]
+    first, found = runs[0], []
+    for run in runs[1:]:
+        for scope in [scope for scope in first["settings"] if scope in run["settings"]]:  # in the first run's order
+            differences = settings_differences(first["settings"][scope], run["settings"][scope])
+            if differences:
+                found.append({"run": run["directory"], "of": first["directory"], "scope": scope,
+                              "differences": differences})
+    return found
 
 
 def read_side(directories: Sequence[Path], top_ops: int) -> Dict[str, Any]:
