@@ -504,13 +504,18 @@ class FakeAccelerator:
         self.device_time_ms = 0.0
         self.finished = 0  # main-stream events with index below this have completed on the device
         self.stream = "main"  # the stream events are recorded on
+        self.made = 0  # events made
 
     def use_host_timers(self):
         return self.host_timers
 
     @property
     def Event(self):
-        return lambda enable_timing=False: FakeEvent(self, enable_timing)
+        def make(enable_timing=False):
+            self.made += 1
+            return FakeEvent(self, enable_timing)
+
+        return make
 
     def memory_allocated(self):
         return 1 * 1024**3
@@ -548,6 +553,18 @@ def test_events_are_recorded_at_start_stop_and_resolved_only_when_read(device):
     assert t.mean() == pytest.approx(2.0)
     with pytest.raises(InvalidArgumentError, match="is not started"):
         t.stop()
+
+
+def test_a_read_pairs_events_are_recorded_again_instead_of_new_ones(device):
+    """As the engine uses its timers: start/stop, then a read with reset, step after step."""
+    t = SynchronizedWallClockTimer()("fwd")
+    for _ in range(5):
+        for _ in range(3):
+            t.start()
+            t.stop()
+        device.finished = len(device.recorded)
+        assert t.elapsed(reset=True) == pytest.approx(3 * 2.0)
+    assert device.made == 6 and len(device.recorded) == 30
 
 
 def test_events_recorded_on_another_stream_are_waited_for_when_read(device):

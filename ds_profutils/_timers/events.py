@@ -2,12 +2,14 @@
 
 Events are recorded on the current stream at ``start()``/``stop()`` and resolved only when a time is
 read (or, to bound memory, once ``FOLD_EVERY`` pairs are pending), so timing never synchronizes the
-device on every stop.
+device on every stop.  A resolved pair's events are recorded again by later intervals: making and
+destroying a CUDA event costs more than recording it, and the engine reads its timers every step.
 """
 from __future__ import annotations
 
 from typing import Any, List
 
+from .._device_clock import current_stream_recorder
 from .._stats import FOLD_EVERY
 from .host import NS_PER_MS, _Timer
 
@@ -23,7 +25,9 @@ class _EventTimer(_Timer):
     def __init__(self, name: str, event_class: Any) -> None:
         super().__init__(name)
         self._event_class = event_class  # the accelerator's Event, found once by the group
+        self._record = current_stream_recorder(event_class)
         self._pairs: List[Any] = []  # (start, end) events not resolved yet
+        self._free: List[Any] = []  # events of resolved pairs, recorded again before new ones are made
 
     @property
     def use_host_timer(self) -> bool:
@@ -44,8 +48,8 @@ class _EventTimer(_Timer):
         """Record a start event."""
         if self._start is not None:
             raise self._already_started()
-        event = self._event_class(enable_timing=True)
-        event.record()
+        event = self._free.pop() if self._free else self._event_class(enable_timing=True)
+        self._record(event)
         self._start = event
 
     def stop(self, reset: bool = False, record: bool = False) -> None:
@@ -53,8 +57,8 @@ class _EventTimer(_Timer):
         start = self._start
         if start is None:
             raise self._not_started()
-        end = self._event_class(enable_timing=True)
-        end.record()
+        end = self._free.pop() if self._free else self._event_class(enable_timing=True)
+        self._record(end)
         self._start = None
         self._pairs.append((start, end))
         if len(self._pairs) >= FOLD_EVERY:
@@ -79,8 +83,10 @@ class _EventTimer(_Timer):
                 if done == 0:
                     pairs[0][1].synchronize()
                     done = 1
+            free = self._free
             for start, end in pairs[:done]:
                 self._durations.add(_elapsed_ns(start, end))
+                free += (start, end)
             del pairs[:done]
         self._durations.fold()
 

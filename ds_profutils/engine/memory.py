@@ -31,22 +31,23 @@ every DeepSpeed reset goes through ``get_accelerator().reset_peak_memory_stats()
 there, where a figure test (a peak below what was allocated at the phase start) misses every reset
 made after memory first grew.  A reset through ``torch.cuda`` directly is not seen.
 
-On CUDA a boundary reads the statistics once: ``memory_stats()`` gives both peaks, where
-``max_memory_allocated()`` and ``max_memory_reserved()`` each build the whole dictionary.
+On CUDA a boundary reads the statistics once, as torch keeps them (``memory_stats_as_nested_dict()``):
+``max_memory_allocated()`` and ``max_memory_reserved()`` each build the whole dictionary and flatten it
+in Python (about 160 calls a read), ``memory_stats()`` once.
 """
 from __future__ import annotations
 
 import os
 from operator import itemgetter
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import psutil
+import torch
 from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
 __all__ = ["PHASES", "StepMemory", "rss_reader"]
 
 PHASES = ("forward", "backward", "step")
-_PEAKS = ("allocated_bytes.all.peak", "reserved_bytes.all.peak")  # torch.cuda.memory_stats()'s keys
 _ABSENT = object()
 
 
@@ -89,6 +90,15 @@ def rss_reader() -> Callable[[], int]:
     return _rss
 
 
+def _cuda_peaks() -> Tuple[int, int]:
+    """The current CUDA device's allocated and reserved peaks (0 before its allocator has run)."""
+    stats = torch.cuda.memory_stats_as_nested_dict()
+    return stats.get("allocated_bytes", _NONE)["all"]["peak"], stats.get("reserved_bytes", _NONE)["all"]["peak"]
+
+
+_NONE = {"all": {"peak": 0}}
+
+
 class StepMemory:
     """The peaks of one step's phases; ``record()`` is what goes into the step's record."""
 
@@ -103,7 +113,7 @@ class StepMemory:
         self._start_rss = 0
         self._ended_rss: Optional[int] = None  # RSS read where the last phase ended (the next one's start)
         self._disturbed = False
-        self._one_read = accelerator.device_name() == "cuda"  # memory_stats() holds both peaks there
+        self._one_read = accelerator.device_name() == "cuda"  # one read of the allocator gives both peaks
         if self._rss is None:
             self._reset = accelerator.reset_peak_memory_stats  # ours: as it was
             self._before = vars(accelerator).get("reset_peak_memory_stats", _ABSENT)
@@ -159,8 +169,7 @@ class StepMemory:
         if self._rss is None:
             accelerator = self._accelerator
             if self._one_read:
-                stats = accelerator.memory_stats()
-                self._phases[phase] = (stats.get(_PEAKS[0], 0), stats.get(_PEAKS[1], 0))
+                self._phases[phase] = _cuda_peaks()
             else:
                 self._phases[phase] = (accelerator.max_memory_allocated(), accelerator.max_memory_reserved())
             return None
