@@ -120,6 +120,11 @@ def nccl_group(tmp_path):
     import torch.distributed as dist
 
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    # NCCL makes a group's communicator inside its first collective (290 ms on an H200, the first in a process):
+    # a recorded step's first collective counts that as its own time.  Made here, before the test times any.
+    tensor = torch.ones(2, device="cuda")
+    dist.all_gather_into_tensor(torch.empty_like(tensor), tensor)
+    torch.cuda.synchronize()
     yield
     dist.destroy_process_group()
 
@@ -128,7 +133,7 @@ def nccl_group(tmp_path):
 def test_async_gathers_are_their_own_time_and_overlap_once(cuda_accelerator, gpu_sleep, nccl_group, tmp_path,
                                                            monkeypatch, gathers):
     """4 ms gathers launched, 10 ms of compute, then waited: each is 4 ms (not the 14 ms to its wait); two
-    launched together cover 4 ms of the step, not 8."""
+    launched together cover 4 ms of the step and the launch between them (0.35 ms on an H200), not 8."""
     from deepspeed.accelerator import get_accelerator
 
     backend = NcclGatherBackend(gpu_sleep, 4.0)
@@ -147,4 +152,5 @@ def test_async_gathers_are_their_own_time_and_overlap_once(cuda_accelerator, gpu
     gather = record["collectives"]["all_gather_into_tensor"]
     assert gather["clock"] == "device" and gather["async"] == gathers
     assert gather["time_ms"] == pytest.approx(4.0 * gathers, rel=REL, abs=0.3)
-    assert record["collective_ms"] == pytest.approx(4.0, rel=REL, abs=0.3) < record["step_time_ms"]
+    assert 4.0 * (1 - REL) <= record["collective_ms"] <= 4.0 * (1 + REL) + (gathers - 1) * 1.0
+    assert record["collective_ms"] < record["step_time_ms"]
