@@ -6,6 +6,7 @@ import torch
 from deepspeed.utils.timer import NoopTimer
 
 from ds_profutils._device_clock import DeviceEvents
+from ds_profutils.timer import SynchronizedWallClockTimer
 from ds_profutils.zero3.fetch_profiler import PartitionedParameterProfiler
 from test_zero_attach import Engine, read_records, recorder_for
 
@@ -14,6 +15,25 @@ REL = 0.05  # device times agree with the test's own events to within 5% (and 0.
 
 def own_events():
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def test_the_engines_timers_time_device_work_step_after_step_on_recorded_again_events(cuda_accelerator, gpu_sleep):
+    """As the engine uses its timers with ``wall_clock_breakdown``: started, the step's device work queued,
+    stopped, read with reset, step after step; from the second step on, the events of the pair read are
+    recorded again (none made), on the current stream."""
+    timer = SynchronizedWallClockTimer()("fwd")
+    side = torch.cuda.Stream()
+    for step, ms in enumerate((5.0, 2.0, 8.0)):
+        stream = side if step == 2 else torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            start, end = own_events()
+            timer.start()
+            start.record()
+            gpu_sleep(ms)
+            end.record()
+            timer.stop()
+        assert timer.elapsed(reset=True) == pytest.approx(start.elapsed_time(end), rel=REL, abs=0.05)
+        assert len(timer._free) == 2  # the pair just read, to be recorded again by the next step
 
 
 def test_a_profiler_built_directly_times_fetch_waits_on_the_device(cuda_accelerator, gpu_sleep):
