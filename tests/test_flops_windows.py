@@ -196,6 +196,28 @@ def test_a_no_grad_forward_between_a_forward_and_its_backward_is_part_of_that_mi
     assert records[1]["eval_ms"] == 0.0 and records[1]["iteration_ms"] >= records[1]["step_time_ms"]
 
 
+def test_an_eval_forward_with_gradients_on_is_its_own_forward_and_leaves_the_next_train_step_alone(tmp_path):
+    """``engine.eval()`` without ``torch.no_grad()`` between steps: no backward follows, so the eval record has its
+    forward's FLOPs, and the next train micro step keeps its own batch's samples and count."""
+    engine = TorchEngine(Blocks())
+    x, evaluated = torch.randn(4, 32), torch.randn(8, 32)
+    with attached(engine, tmp_path):
+        for _ in range(2):
+            train_step(engine, x)
+            engine.module.eval()
+            engine(evaluated)
+            engine.module.train()
+        train_step(engine, x)
+    records = read_records(tmp_path)
+    assert [(record["mode"], record["samples"]) for record in records] == [("train", 4), ("eval", 8)] * 2 + [
+        ("train", 4)]
+    train_flops = reference(lambda: engine.module(x).pow(2).mean().backward())
+    engine.module.eval()
+    eval_flops = reference(lambda: engine.module(evaluated))
+    assert [record["flops"] for record in records] == [train_flops, eval_flops] * 2 + [train_flops]
+    assert modes_on_thread() == []
+
+
 class StepModule(Blocks):
     """Lightning's way: the engine calls the module with the whole batch, and its training step calls the module
     again with the tensor."""

@@ -138,14 +138,14 @@ class _Forward:
 class _MicroStep:
     """The micro step in progress: its key and batch, its count once known, and its window's forwards."""
 
-    __slots__ = ("key", "tokens", "samples", "grad", "count", "counting", "attention", "forwards", "watch",
+    __slots__ = ("key", "tokens", "samples", "train", "count", "counting", "attention", "forwards", "watch",
                  "reached", "finished")
 
-    def __init__(self, key: tuple, tokens: Optional[int], samples: Optional[int], grad: bool) -> None:
+    def __init__(self, key: tuple, tokens: Optional[int], samples: Optional[int], train: bool) -> None:
         self.key = key
         self.tokens = tokens
         self.samples = samples
-        self.grad = grad
+        self.train = train  # a train forward (train mode, gradients on): its window awaits a backward
         self.count: Optional[_Count] = None
         self.counting = False  # this micro step's window is counted
         self.attention: Optional[int] = None
@@ -203,15 +203,16 @@ class FlopCounter:
         step to look up, count or scale.  A forward inside it (Lightning's ``training_step`` calling the module that
         the engine called) is not told (the hooks tell the outermost only): counted by the outer one's mode."""
         grad = torch.is_grad_enabled()
+        train = grad and module.training  # a backward is awaited (an eval forward with gradients on awaits none)
         window = self._window
-        if grad and window is not None and not window.reached and not window.finished:
+        if train and window is not None and not window.reached and not window.finished:
             self._current = window  # its backward has not come: this forward is the same micro step's
             if window.counting:
                 self._enter_forward(window)
             return
         shapes, tokens, samples = inspect_batch(args, kwargs)
-        micro = self._current = _MicroStep((grad, module.training, shapes), tokens, samples, grad)
-        if grad:
+        micro = self._current = _MicroStep((grad, module.training, shapes), tokens, samples, train)
+        if train:
             if window is not None and not window.finished:
                 window.end()
             self._window = micro
@@ -233,7 +234,7 @@ class FlopCounter:
         if micro is None or not micro.counting or not micro.forwards or micro.finished or self._mode is None:
             return
         forward = micro.forwards[-1]
-        if micro.grad:
+        if micro.train:
             if micro.watch is None:
                 micro.watch = BackwardWatch(Tally(backward=True, attention=micro.attention))
             if micro.watch.add(output, functools.partial(micro.reach, forward)):
@@ -259,7 +260,7 @@ class FlopCounter:
         if micro is None:
             return None
         count = micro.count
-        if micro.grad and not micro.finished and (count is None or count.backward):
+        if micro.train and not micro.finished and (count is None or count.backward):
             # a record closing inside a window that awaits its backward (the first of two forwards)
             return MicroStepFlops(0, "window", False, micro.tokens, micro.samples, 0)
         if count is None:
