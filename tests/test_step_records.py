@@ -34,6 +34,17 @@ def test_the_record_ending_an_optimizer_step_carries_the_iteration_and_its_gap(t
     assert "events" in records[0] and records[0]["events"] == {}  # no coordinator: no fetch events
 
 
+def test_our_own_work_at_a_steps_end_is_in_the_iteration_not_the_programs_gap(tmp_path):
+    """The live exchange (on gloo: waiting for the other ranks) runs as the optimizer step ends, after its record
+    closed: the iteration holds it, the gap (the program's time between steps) does not."""
+    engine = Engine()
+    with attach_recorder(engine, tmp_path, step_listeners=[lambda figures: time.sleep(0.05)]):
+        for _ in range(3):
+            engine.train_step()
+    records = read_records(tmp_path)[1:]
+    assert all(record["gap_ms"] < 25 and record["iteration_ms"] >= record["step_time_ms"] + 45 for record in records)
+
+
 def test_a_step_log_interval_skips_still_ends_the_next_ones_iteration(tmp_path):
     engine = Engine()
     with attach_recorder(engine, tmp_path, log_interval=2):

@@ -84,8 +84,7 @@ class StepRecorder(Listener):
                  model_numel: Optional[int] = None, config_hash: Optional[str] = None,
                  profiler_active: Optional[Callable[[], bool]] = None,
                  step_listeners: Sequence[Callable[[StepFigures], None]] = ()) -> None:
-        self.name = name
-        self.settings = settings
+        self.name, self.settings = name, settings
         self.path = fetch_records_file(settings.output_dir, identity.rank, name)
         self.device_events = device_events
         self.memory = memory
@@ -243,8 +242,11 @@ class StepRecorder(Listener):
             step.ends_optimizer_step = boundary
             self._finish_open(closing=False)
         if boundary:
-            self._optimizer_step_ended(self._steps_before, step.end_ns if step is not None else perf_counter_ns())
+            end_ns = step.end_ns if step is not None else perf_counter_ns()
+            self._optimizer_step_ended(self._steps_before, end_ns)
         self._write_ready()
+        if boundary:  # the listeners' work (the live exchange) and the writing: ours, not the program's gap
+            self.totals.own_work(perf_counter_ns() - end_ns)
 
     def checkpoint_saved(self, elapsed_ns: int) -> None:
         self.totals.checkpoint_saved(elapsed_ns)

@@ -4,7 +4,8 @@ A record holds one micro step (forward start to the end of its backward or of ``
 user's iteration costs is wider: from the end of the previous optimizer step to the end of this one, data
 loading, callbacks and logging included (``iteration_ms``).  ``gap_ms`` is the part of it outside the
 micro steps' own spans -- what the program did between them, which no step time shows (a slow input
-pipeline).  Two parts of the gap are named: ``eval_ms``, the time inside the engine's eval and no-grad
+pipeline); ds_profutils' own work as an optimizer step ends (the records written, the live exchange, which on
+gloo waits for every rank) is in the iteration, not in the gap.  Two parts of the gap are named: ``eval_ms``, the time inside the engine's eval and no-grad
 forwards (an eval loop, the transformers Trainer's evaluation; a reference model's no-grad forward too), and
 ``save_ms``, the time inside ``engine.save_checkpoint()``: an interval's TFLOP/s and tokens/s fall where
 either ran, and these say why.  All are host-clock figures, final the moment the step ends, so the live figures
@@ -29,11 +30,12 @@ _NS_PER_MS = 1e6
 class StepSums:
     """What the micro steps of one optimizer step added up to (None where any micro step did not know)."""
 
-    __slots__ = ("busy_ns", "step_ms", "flops", "tokens", "samples", "exposed_wait_ms", "collective_ms",
+    __slots__ = ("busy_ns", "own_ns", "step_ms", "flops", "tokens", "samples", "exposed_wait_ms", "collective_ms",
                  "peak_allocated_bytes", "eval_ms", "save_ms")
 
     def __init__(self) -> None:
         self.busy_ns = 0  # host time inside the micro steps' spans
+        self.own_ns = 0  # ds_profutils' own work at the previous optimizer step's end
         self.step_ms = 0.0  # their step times, on the clock each was measured on (host here)
         self.flops: Optional[int] = 0
         self.tokens: Optional[int] = 0
@@ -83,6 +85,10 @@ class OptimizerStepTotals:
         """``engine.save_checkpoint()`` took ``elapsed_ns`` (a part of the gap)."""
         self.sums.save_ms += elapsed_ns / _NS_PER_MS
 
+    def own_work(self, elapsed_ns: int) -> None:
+        """ds_profutils' own work at the optimizer step's end took ``elapsed_ns`` (the next iteration's, not its gap)."""
+        self.sums.own_ns += elapsed_ns
+
     def ended(self, end_ns: int) -> Tuple[Optional[float], Optional[float], StepSums]:
         """The optimizer step ended at ``end_ns``: its ``iteration_ms`` and ``gap_ms`` (None for the first
         after attach) and its sums; the next step's totals start empty."""
@@ -91,4 +97,4 @@ class OptimizerStepTotals:
         if previous is None:
             return None, None, sums
         iteration_ns = end_ns - previous
-        return iteration_ns / _NS_PER_MS, max(iteration_ns - sums.busy_ns, 0) / _NS_PER_MS, sums
+        return iteration_ns / _NS_PER_MS, max(iteration_ns - sums.busy_ns - sums.own_ns, 0) / _NS_PER_MS, sums
