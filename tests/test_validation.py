@@ -123,6 +123,13 @@ def test_on_device_validates_then_builds_on_meta():
     with ds_profutils.OnDevice(dtype=torch.float16, device="meta"):
         layer = torch.nn.Linear(4, 4)
     assert layer.weight.device.type == "meta" and layer.weight.dtype == torch.float16
+    # As DeepSpeed's: no dtype keeps each tensor's own, no device the default one
+    with ds_profutils.OnDevice(dtype=None, device="meta"):
+        layer = torch.nn.Linear(4, 4)
+    assert layer.weight.device.type == "meta" and layer.weight.dtype == torch.float32
+    with ds_profutils.OnDevice(torch.float16, device=None):
+        layer = torch.nn.Linear(4, 4)
+    assert layer.weight.device.type == "cpu" and layer.weight.dtype == torch.float16
 
 
 def test_recursive_attr_helpers():
