@@ -11,7 +11,7 @@ top level those names stay DeepSpeed's objects however the submodules are import
 """
 import importlib
 import sys
-import types
+from types import ModuleType  # not `import types`: ds_profutils.types is DeepSpeed's module's mirror
 from typing import Any, Dict, List, Tuple
 
 from .version import __version__
@@ -60,7 +60,9 @@ _HOME_OF: Dict[str, str] = {name: module for module, names in _HOMES + _ADDITION
 _SUBMODULES = frozenset({
     "logging", "comms_logging", "nvtx", "timer", "tensor_fragment", "mixed_precision_linkage", "z3_leaf_module",
     "numa", "init_on_device", "groups", "module_utils", "bwc", "exceptions", "outputs", "cli", "config",
-    "torch_profiler", "engine", "zero3", "report", "integrations"
+    "torch_profiler", "engine", "zero3", "report", "integrations",
+    # DeepSpeed's own modules, read through (._read_through)
+    "debug", "pin_memory", "pin_memory_tracker", "static_cache", "torch", "types", "zero_to_fp32", "zero_to_torch"
 })
 # Submodules whose name is also a DeepSpeed object exported at top level.
 _SHADOWED = frozenset({"z3_leaf_module", "tensor_fragment"})
@@ -83,7 +85,7 @@ def __dir__() -> List[str]:
     return sorted(set(globals()) | set(__all__) | _SUBMODULES)
 
 
-class _Package(types.ModuleType):
+class _Package(ModuleType):
     """Keeps ``z3_leaf_module`` and ``tensor_fragment`` DeepSpeed's objects at top level.
 
     Importing a submodule makes the import system set it as an attribute of its package, which would
@@ -92,7 +94,7 @@ class _Package(types.ModuleType):
     """
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SHADOWED and isinstance(value, types.ModuleType):
+        if name in _SHADOWED and isinstance(value, ModuleType):
             return
         super().__setattr__(name, value)
 

@@ -21,11 +21,13 @@ from typing import Any, Dict, Iterable, Optional
 
 from deepspeed import comm as dist
 from deepspeed.utils.logging import LoggerFactory, logger
+from deepspeed.utils.torch import required_torch_version  # reachable here as in DeepSpeed's module
 
 from .exceptions import InvalidArgumentError
 
 __all__ = [
     "LoggerFactory",
+    "required_torch_version",
     "log_levels",
     "logger",
     "get_dist_msg",

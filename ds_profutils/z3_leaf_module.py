@@ -12,9 +12,11 @@ from deepspeed.utils.z3_leaf_module import (apply_zero_leaf_module_config, get_z
 
 from ._validate import require_type
 from .exceptions import InvalidArgumentError
+from .logging import logger  # reachable here as in DeepSpeed's module
 
 __all__ = [
     "apply_zero_leaf_module_config",
+    "logger",
     "get_z3_leaf_modules",
     "set_z3_leaf_module",
     "set_z3_leaf_modules",

@@ -3,6 +3,7 @@ import importlib
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import deepspeed.utils as ds_utils
 import pytest
@@ -73,6 +74,51 @@ def test_submodule_mirrors_deepspeed_file(module):
     ]
     assert defined or module == "exceptions"
     assert [name for name in defined if not hasattr(ours, name)] == []
+
+
+# deepspeed/utils/ modules we add nothing to: DeepSpeed's own, read through (ds_profutils/_read_through.py).
+READ_THROUGH_MODULES = ("debug", "pin_memory", "pin_memory_tracker", "static_cache", "torch", "types", "zero_to_fp32",
+                        "zero_to_torch")
+_CONSTANT = (str, int, float, bool, tuple, list, dict, frozenset, set)
+
+
+def _deepspeed_modules():
+    folder = Path(ds_utils.__file__).parent
+    return sorted(path.stem for path in folder.glob("*.py") if path.stem != "__init__")
+
+
+def test_every_deepspeed_utils_module_has_its_namesake():
+    assert _deepspeed_modules() == sorted(MIRRORED_MODULES + READ_THROUGH_MODULES + ("config", ))
+
+
+@pytest.mark.parametrize("module", MIRRORED_MODULES + ("config", ))
+def test_a_mirror_holds_every_name_deepspeeds_module_gives(module):
+    """What ``from deepspeed.utils.<module> import X`` gives (DeepSpeed's functions, classes and constants, those it
+    re-exports from other DeepSpeed modules too), ``from ds_profutils.<module> import X`` gives; torch's, typing's
+    and numpy's names it happens to import are not the mirror's to give."""
+    ours = importlib.import_module(f"ds_profutils.{module}")
+    theirs = importlib.import_module(f"deepspeed.utils.{module}")
+    given = [name for name, value in vars(theirs).items() if not name.startswith("_") and name != "TYPE_CHECKING" and (
+        isinstance(value, _CONSTANT) or (getattr(value, "__module__", None) or "").startswith("deepspeed"))]
+    assert [name for name in given if not hasattr(ours, name)] == []
+
+
+@pytest.mark.parametrize("module", READ_THROUGH_MODULES)
+def test_a_read_through_module_is_deepspeeds(module):
+    ours = importlib.import_module(f"ds_profutils.{module}")
+    theirs = importlib.import_module(f"deepspeed.utils.{module}")
+    assert ours.__all__ == [name for name in vars(theirs) if not name.startswith("_")]
+    assert all(getattr(ours, name) is value for name, value in vars(theirs).items() if not name.startswith("__"))
+    assert getattr(ds_profutils, module) is ours
+    with pytest.raises(AttributeError, match="has no attribute 'nothing_here'"):
+        ours.nothing_here
+
+
+def test_zero_to_fp32_runs_deepspeeds_command_line():
+    result = subprocess.run([sys.executable, "-m", "ds_profutils.zero_to_fp32", "--help"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and "checkpoint_dir" in result.stdout
+    assert "RuntimeWarning" not in result.stderr
 
 
 def test_nvtx_module_names_deepspeed_code_touches():

@@ -7,6 +7,8 @@ sections, :mod:`.env` the ``DS_PROFUTILS_*`` overrides, :mod:`.loading` the orde
 misspelt section) or fail only once the job runs, :mod:`.command` the ``check-config`` subcommand.
 Nothing here imports torch or DeepSpeed.
 """
+from typing import Any
+
 from .env import BOOL_FALSE, BOOL_TRUE, ENV_PREFIX, environment_overrides
 from .errors import ConfigError, ConfigProblem
 from .loading import ConfigSource, load_config, raw_settings, resolve_section
@@ -39,3 +41,17 @@ __all__ = [
     "raw_settings",
     "resolve_section",
 ]
+
+_DEEPSPEED_CONFIG_NAMES = frozenset({"DeepSpeedConfigModel", "TIMERS_FORMAT", "TIMERS", "TIMERS_THROUGHPUT",
+                                     "get_timers_config", "DeepSpeedThroughputTimerConfig"})
+"""The names of ``deepspeed.utils.config`` (the timers' section), this package's namesake in the mirror."""
+
+
+def __getattr__(name: str) -> Any:
+    """``deepspeed.utils.config``'s names, read through to it on first use (so that importing this package, as
+    the command line does, still imports no DeepSpeed)."""
+    if name not in _DEEPSPEED_CONFIG_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from deepspeed.utils import config as deepspeed_config
+
+    return getattr(deepspeed_config, name)
