@@ -651,3 +651,24 @@ def test_misspelt_step_metrics_is_warned(ds_caplog, fresh_warnings, monkeypatch)
     assert [r.getMessage() for r in ds_caplog.records if r.levelname == "WARNING"] == [
         'ds_profutils: top-level key "step_metric" is not one of our sections (did you mean step_metrics?); '
         "DeepSpeed ignores unknown keys, so its settings are never read and step_metrics stays off"]
+
+
+# --- read as DeepSpeed reads them ----------------------------------------------------------------------
+
+
+def test_a_whole_number_float_is_read_as_the_integer_as_hjson_and_deepspeed_read_it(tmp_path):
+    """hjson (check-config, DeepSpeed's file reader) reads ``2.0`` as 2; the Trainer and Accelerate hand the engine
+    ``json.load``'s 2.0, which DeepSpeed's own pydantic config takes for its integer keys: so do we, everywhere."""
+    raw = {"profiler": {"active": 2.0, "ranks": [1.0, 0]}, "step_metrics": {"monitor_interval": 5.0},
+           "trace_capture": {"ranks": [2.0]}, "memory_snapshot": {"at_steps": [3.0]}}
+    config = load_config(raw)
+    assert (config.profiler.active, config.profiler.ranks, config.step_metrics.monitor_interval) == (2, [0, 1], 5)
+    assert (config.trace_capture.ranks, config.memory_snapshot.at_steps) == ([2], [3])
+    assert type(config.profiler.active) is int and type(config.step_metrics.monitor_interval) is int
+    assert load_config(write(tmp_path, json.dumps(raw))) == config
+    assert resolve_section(config.step_metrics, {"log_interval": 4.0}).log_interval == 4
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({"profiler": {"active": 2.5, "with_stack": 1.0}, "nvtx": {"enabled": 1.0}})
+    assert problem_lines(excinfo) == ["profiler.active: 2.5 is not allowed; expected an integer",
+                                      "profiler.with_stack: 1.0 is not allowed; expected true or false",
+                                      "nvtx.enabled: 1.0 is not allowed; expected true or false"]

@@ -9,9 +9,11 @@ Others, such as ``timers`` and ``steps_per_print``, DeepSpeed applies itself; we
 """
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Any, Dict, List, Literal, Mapping, Optional, Type, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
 
 from .errors import ConfigError, ConfigProblem, show_value
 
@@ -44,10 +46,32 @@ DEEPSPEED_APPLIED_KEYS = ("timers", "steps_per_print")
 """DeepSpeed's own timing keys, which DeepSpeed's engine applies and ds_profutils does not read."""
 
 
+def _takes_integers(annotation: Any) -> bool:
+    """Whether a field's type is an integer or holds integers (a list of ranks or steps)."""
+    return annotation is int or any(_takes_integers(arg) for arg in typing.get_args(annotation))
+
+
+def _whole_number_as_int(value: Any) -> Any:
+    """``2.0`` as 2, in a list too; any other value as it is (``2.5`` stays, to be refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return [_whole_number_as_int(item) for item in value] if isinstance(value, list) else value
+
+
 class Section(BaseModel):
-    """Base of our own sections: unknown keys are errors, values are checked on assignment too."""
+    """Base of our own sections: unknown keys are errors, values are checked on assignment too.
+
+    Strict (``"3"`` is no integer, ``1`` no boolean), except that an integer key takes a whole-number float
+    (``2.0``): hjson, DeepSpeed's file reader, reads ``2.0`` as 2, and DeepSpeed's own pydantic config takes
+    ``json.load``'s 2.0 (the dict a transformers Trainer or Accelerate hands the engine) for its integer keys.
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _whole_numbers_are_integers(cls, value: Any, info: ValidationInfo) -> Any:
+        return _whole_number_as_int(value) if _takes_integers(cls.model_fields[info.field_name].annotation) else value
 
 
 def _rank_list_input(value: Any) -> Any:
