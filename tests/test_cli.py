@@ -264,6 +264,19 @@ def test_fetch_profiler_without_zero_stage_3_names_both_keys(tmp_path, capsys, z
     assert not (tmp_path / "out").exists()  # checked, not created
 
 
+@pytest.mark.parametrize("stage", ['"3"', '"3.0"', "3.0", '" 3"'])
+def test_zero_stage_is_read_as_deepspeed_reads_it(tmp_path, capsys, stage):
+    """DeepSpeed's pydantic config takes "3" and 3.0 for stage 3 (and attach then records fetches)."""
+    path = tmp_path / "ds_config.json"
+    path.write_text('{"zero_optimization": {"stage": %s}, "partitioned_param_profiler": {"enabled": true, '
+                    '"output_dir": %s}}' % (stage, json.dumps(str(tmp_path / "out"))))
+    assert main(["check-config", str(path)]) == 0, capsys.readouterr().err
+    path.write_text(json.dumps({"zero_optimization": True, "partitioned_param_profiler": {"enabled": True}}))
+    assert main(["check-config", str(path)]) == EXIT_INVALID  # DeepSpeed's deprecated form: stage 1
+    assert "but zero_optimization.stage is 1 (zero_optimization: true, DeepSpeed's deprecated form): " in \
+        capsys.readouterr().err
+
+
 def test_an_output_dir_that_cannot_be_created_is_an_error(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")

@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Set, Tuple
 
+from pydantic import TypeAdapter, ValidationError
+
 from ..outputs import probe_writable, process_identity
 from .errors import ConfigProblem, show_value
 from .models import SECTIONS, ProfUtilsConfig
@@ -70,15 +72,28 @@ def warn_misspelt_sections(raw: Any, origin: Optional[str]) -> None:
                        show_value(key), where, meant, _why(raw, meant))
 
 
+def _zero_stage(raw: Mapping[str, Any]) -> Tuple[Optional[int], str]:
+    """``zero_optimization.stage`` as DeepSpeed's pydantic config reads it ("3", 3.0 and 3 are stage 3; None where
+    DeepSpeed refuses the value), and how to name it."""
+    zero = raw.get("zero_optimization")
+    if isinstance(zero, bool):  # DeepSpeed's deprecated form: true is stage 1
+        return int(zero), f"{int(zero)} (zero_optimization: {show_value(zero)}, DeepSpeed's deprecated form)"
+    stage = zero.get("stage") if isinstance(zero, Mapping) else None
+    if stage is None:
+        return 0, "not set (DeepSpeed's default: 0)"
+    try:
+        return TypeAdapter(int).validate_python(stage), show_value(stage)
+    except ValidationError:
+        return None, show_value(stage)
+
+
 def zero_stage_problems(raw: Mapping[str, Any], config: ProfUtilsConfig) -> List[ConfigProblem]:
     """The fetch profiler enabled where ZeRO does not partition parameters (stage below 3): no fetches."""
     if not config.partitioned_param_profiler.enabled:
         return []
-    zero = raw.get("zero_optimization")
-    stage = zero.get("stage") if isinstance(zero, Mapping) else None
+    stage, stage_text = _zero_stage(raw)
     if stage == 3:
         return []
-    stage_text = ("not set (DeepSpeed's default: 0)" if stage is None else show_value(stage))
     return [ConfigProblem("partitioned_param_profiler.enabled",
                           f"true needs zero_optimization.stage 3, but zero_optimization.stage is {stage_text}: "
                           "below stage 3 ZeRO does not partition parameters, so there are no fetches to record")]
