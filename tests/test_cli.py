@@ -277,6 +277,20 @@ def test_zero_stage_is_read_as_deepspeed_reads_it(tmp_path, capsys, stage):
         capsys.readouterr().err
 
 
+def test_both_record_sections_below_stage_3_is_a_warning_as_at_attach(tmp_path, capsys):
+    """attach keeps step_metrics' records and switches the fetch records off, in one warning: so does check-config."""
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2},
+                                "partitioned_param_profiler": {"enabled": True, "output_dir": str(tmp_path / "a")},
+                                "step_metrics": {"enabled": True, "output_dir": str(tmp_path / "b")}}))
+    assert main(["check-config", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (f"{path}: WARNING: partitioned_param_profiler is on, but zero_optimization.stage is 2: "
+                            "below stage 3 ZeRO does not partition parameters, so the job records no fetches (attach "
+                            "says so once); the step records of step_metrics go on\n")
+    assert "note: step_metrics and partitioned_param_profiler are both on" not in captured.out
+
+
 def test_an_output_dir_that_cannot_be_created_is_an_error(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")

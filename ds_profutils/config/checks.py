@@ -7,7 +7,8 @@ logs the same finding as one WARNING line on rank 0 (:func:`warn_misspelt_sectio
 features would refuse at run time: the fetch profiler without ZeRO stage 3, and an ``output_dir``
 that cannot be created or written; and it warns of a DeepSpeed monitor the file enables whose package is
 not installed here (:func:`missing_monitor_packages`), which would stop the job inside
-``deepspeed.initialize``.
+``deepspeed.initialize``, and of both record sections on below stage 3 (:func:`zero_stage_warnings`), where a job
+records its steps but no fetches.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from .errors import ConfigProblem, show_value
 from .models import SECTIONS, ProfUtilsConfig
 
 __all__ = ["MONITOR_PACKAGES", "missing_monitor_packages", "misspelt_sections", "output_dir_problems",
-           "warn_misspelt_sections", "zero_stage_problems"]
+           "warn_misspelt_sections", "zero_stage_problems", "zero_stage_warnings"]
 
 # difflib's similarity ratio from which a top-level key counts as a misspelling of one of our sections.
 # 0.75 takes "profiller", "proflier", "nvxt", "partition_param_profiler"; DeepSpeed's own top-level keys
@@ -87,16 +88,33 @@ def _zero_stage(raw: Mapping[str, Any]) -> Tuple[Optional[int], str]:
         return None, show_value(stage)
 
 
-def zero_stage_problems(raw: Mapping[str, Any], config: ProfUtilsConfig) -> List[ConfigProblem]:
-    """The fetch profiler enabled where ZeRO does not partition parameters (stage below 3): no fetches."""
+def _fetches_below_stage_3(raw: Mapping[str, Any], config: ProfUtilsConfig) -> Optional[str]:
+    """How ``zero_optimization.stage`` is named where the fetch profiler is on below stage 3, else None."""
     if not config.partitioned_param_profiler.enabled:
-        return []
+        return None
     stage, stage_text = _zero_stage(raw)
-    if stage == 3:
+    return None if stage == 3 else stage_text
+
+
+def zero_stage_problems(raw: Mapping[str, Any], config: ProfUtilsConfig) -> List[ConfigProblem]:
+    """The fetch profiler alone where ZeRO does not partition parameters (stage below 3): nothing to record."""
+    stage_text = _fetches_below_stage_3(raw, config)
+    if stage_text is None or config.step_metrics.enabled:
         return []
     return [ConfigProblem("partitioned_param_profiler.enabled",
                           f"true needs zero_optimization.stage 3, but zero_optimization.stage is {stage_text}: "
                           "below stage 3 ZeRO does not partition parameters, so there are no fetches to record")]
+
+
+def zero_stage_warnings(raw: Mapping[str, Any], config: ProfUtilsConfig) -> List[str]:
+    """Both record sections on below stage 3: attach keeps step_metrics' records and switches the fetch records
+    off, in one warning; a warning here too."""
+    stage_text = _fetches_below_stage_3(raw, config)
+    if stage_text is None or not config.step_metrics.enabled:
+        return []
+    return [f"partitioned_param_profiler is on, but zero_optimization.stage is {stage_text}: below stage 3 ZeRO "
+            "does not partition parameters, so the job records no fetches (attach says so once); the step records "
+            "of step_metrics go on"]
 
 
 def _output_dir_problem(key: str, directory: str) -> Optional[ConfigProblem]:

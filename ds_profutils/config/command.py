@@ -5,7 +5,7 @@ otherwise switch a feature off silently or stop the job once it runs: a misspelt
 fetch profiler without ZeRO stage 3, an output directory that cannot be written, and (with
 ``--world-size``) a configured rank the job does not have.  Problems go to stderr, one line each;
 the resolved settings of a valid file go to stdout, and its warnings (a DeepSpeed monitor enabled whose
-package is not installed here) to stderr.
+package is not installed here, both record sections on below ZeRO stage 3) to stderr.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import json
 import sys
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from .checks import missing_monitor_packages, misspelt_sections, output_dir_problems, zero_stage_problems
+from .checks import (missing_monitor_packages, misspelt_sections, output_dir_problems, zero_stage_problems,
+                     zero_stage_warnings)
 from .env import environment_overrides
 from .errors import ConfigError, ConfigProblem
 from .loading import config_from_raw, raw_settings
@@ -138,7 +139,8 @@ def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
             print("\n".join(exc.lines()), file=sys.stderr)
             valid = False
             continue
-        for warning in missing_monitor_packages(raw):
+        below_stage_3 = zero_stage_warnings(raw, config)
+        for warning in missing_monitor_packages(raw) + below_stage_3:
             print(f"{path}: WARNING: {warning}", file=sys.stderr)
         print(f"{path}: valid; resolved ds_profutils settings:")
         if overrides:
@@ -151,7 +153,7 @@ def check_files(paths: Sequence[str], world_size: Optional[int] = None) -> bool:
         if config.trace_capture.enabled and not config.step_metrics.enabled:
             print(f"note: trace_capture runs the live exchange every {config.step_metrics.monitor_interval} steps "
                   "(step_metrics.monitor_interval) without step_metrics' records or console line")
-        shared = _shared_record_keys(config)
+        shared = None if below_stage_3 else _shared_record_keys(config)  # no fetch records: one section records
         if shared:
             print(f"note: {shared}")
         theirs = {key: raw[key] for key in DEEPSPEED_APPLIED_KEYS if key in raw}
