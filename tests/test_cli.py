@@ -172,6 +172,19 @@ def test_world_size_checks_configured_ranks(tmp_path, capsys):
                            "expected global ranks 0..1, or null for all ranks")
 
 
+def test_world_size_checks_the_ranks_of_enabled_sections_only(tmp_path, capsys):
+    """attach checks the ranks of the features it switches on: a disabled section's are not checked."""
+    path = tmp_path / "ranks.json"
+    path.write_text(json.dumps({"profiler": {"enabled": False, "ranks": [5]}, "step_metrics": {"ranks": [7]},
+                                "trace_capture": {"ranks": [9]}, "partitioned_param_profiler": {"ranks": [3]}}))
+    assert main(["check-config", "--world-size", "2", str(path)]) == 0, capsys.readouterr().err
+    path.write_text(json.dumps({"profiler": {"enabled": False, "ranks": [5], "active": -1},
+                                "step_metrics": {"ranks": [7], "enabled": True, "output_dir": str(tmp_path)}}))
+    assert main(["check-config", "--world-size", "2", str(path)]) == EXIT_INVALID
+    problems = capsys.readouterr().err.splitlines()
+    assert [line.split(": ")[1] for line in problems] == ["profiler.active", "step_metrics.ranks"]
+
+
 def test_usage_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as excinfo:
         main([])

@@ -19,7 +19,8 @@ from .checks import (missing_monitor_packages, misspelt_sections, output_dir_pro
 from .env import environment_overrides
 from .errors import ConfigError, ConfigProblem
 from .loading import config_from_raw, raw_settings
-from .models import DEEPSPEED_APPLIED_KEYS, DEEPSPEED_NVTX_DOMAIN, SHARED_RECORD_KEYS, ProfUtilsConfig, check_ranks
+from .models import (DEEPSPEED_APPLIED_KEYS, DEEPSPEED_NVTX_DOMAIN, SECTIONS, SHARED_RECORD_KEYS, ProfUtilsConfig,
+                     check_ranks)
 
 __all__ = ["EFFECTS_HEADER", "check_files"]
 
@@ -41,14 +42,18 @@ _RANK_KEYS = (("profiler", "ranks"), ("profiler", "summary_ranks"), ("partitione
 
 
 def _rank_problems(sections: Mapping[str, Any], world_size: int) -> List[ConfigProblem]:
-    """Every configured rank list checked against the job's world size, as the features do at run time.
+    """Every rank list of an enabled section checked against the job's world size, as the features do at run time
+    (a disabled section's ranks are not used).
 
     ``sections``: the resolved settings, or (when other values are bad) the file's own, so that these
     problems are listed beside the others rather than after they are fixed.
     """
     problems: List[ConfigProblem] = []
     for section, key in _RANK_KEYS:
-        ranks = sections.get(section, {}).get(key) if isinstance(sections.get(section), Mapping) else None
+        settings = sections.get(section)
+        if not isinstance(settings, Mapping) or settings.get("enabled", SECTIONS[section]().enabled) is not True:
+            continue  # absent or disabled (a section's default: the profiler's is on), or a bad value loading names
+        ranks = settings.get(key)
         if not isinstance(ranks, list) or not all(type(rank) is int for rank in ranks):
             continue  # absent, null (every rank), or a bad value loading has named
         try:
