@@ -316,6 +316,28 @@ def test_an_output_dir_that_cannot_be_created_is_an_error(tmp_path, capsys):
                                        f"created: {blocker} is not a directory\n")  # the disabled section writes nothing: not checked
 
 
+def test_the_fetch_sections_output_dir_and_ranks_are_not_checked_where_step_metrics_decides_them(tmp_path, capsys):
+    """Both record sections on: one file, in step_metrics' output_dir on step_metrics' ranks (attach writes there);
+    the fetch section's own are "not used", so neither is refused."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3},
+                                "partitioned_param_profiler": {"enabled": True, "output_dir": str(blocker / "x"),
+                                                               "ranks": [4]},
+                                "step_metrics": {"enabled": True, "output_dir": str(tmp_path / "m")}}))
+    assert main(["check-config", "--world-size", "2", str(path)]) == 0, capsys.readouterr().err
+    (note, ) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: step_metrics")]
+    assert note.endswith(f"not used: partitioned_param_profiler.output_dir {show_value(str(blocker / 'x'))}, "
+                         "partitioned_param_profiler.ranks [4]")
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3},  # the fetch section alone: its own are used
+                                "partitioned_param_profiler": {"enabled": True, "output_dir": str(blocker / "x"),
+                                                               "ranks": [4]}}))
+    assert main(["check-config", "--world-size", "2", str(path)]) == EXIT_INVALID
+    assert [line.split(": ")[1] for line in capsys.readouterr().err.splitlines()] == [
+        "partitioned_param_profiler.output_dir", "partitioned_param_profiler.ranks"]
+
+
 def test_an_output_dir_that_cannot_be_written_is_an_error(tmp_path, capsys):
     """sysfs is read-only even for root (CI here runs as root, for whom permission bits do not stop writes)."""
     read_only = Path("/sys")

@@ -472,6 +472,25 @@ def test_attach_refuses_what_it_does_not_know(tmp_path, monkeypatch, change, mes
     assert list(tmp_path.iterdir()) == []
 
 
+class Reached(Exception):
+    """Raised where attach starts changing the engine: every check that may refuse came before."""
+
+
+def test_with_step_metrics_on_the_fetch_sections_own_ranks_are_not_checked(monkeypatch, fresh_names):
+    """Both record sections on: the records go to step_metrics' ranks, so the fetch section's (not used, as
+    check-config says) may name a rank the job does not have."""
+    from ds_profutils.engine import attaching
+
+    monkeypatch.setattr(attaching, "_coordinator", lambda engine: engine.coordinator)
+    monkeypatch.setattr(attaching, "apply_engine_settings", lambda engine, config: (_ for _ in ()).throw(Reached()))
+    engine = Engine(fetch_config(ranks=[4]))
+    with pytest.raises(ds_profutils.config.ConfigError, match=r"partitioned_param_profiler\.ranks"):
+        ds_profutils.attach(engine, name="alone")  # the fetch section alone: its ranks are used, and checked
+    engine = Engine({**fetch_config(ranks=[4]), "step_metrics": {"enabled": True}})
+    with pytest.raises(Reached):
+        ds_profutils.attach(engine, name="both")
+
+
 @pytest.mark.parametrize(
     "config, kwargs, env",
     [

@@ -141,11 +141,14 @@ def _output_dir_problem(key: str, directory: str) -> Optional[ConfigProblem]:
 
 def output_dir_problems(config: ProfUtilsConfig) -> List[ConfigProblem]:
     """Each enabled section's ``output_dir`` that cannot be created or written (a disabled one writes nothing); a
-    null one (trace_capture's) is step_metrics' output_dir, named under step_metrics' key where that is on."""
+    null one (trace_capture's) is step_metrics' output_dir, named under step_metrics' key where that is on.  With
+    step_metrics on, the records go to its output_dir: the fetch section's is not used, so not checked."""
     problems = []
     for name in SECTIONS:
         section = getattr(config, name)
         if not hasattr(section, "output_dir") or not section.enabled:
+            continue
+        if name == "partitioned_param_profiler" and config.step_metrics.enabled:
             continue
         key, directory = f"{name}.output_dir", section.output_dir
         if directory is None:

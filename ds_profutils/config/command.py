@@ -41,6 +41,13 @@ _RANK_KEYS = (("profiler", "ranks"), ("profiler", "summary_ranks"), ("partitione
               ("step_metrics", "ranks"), ("trace_capture", "ranks"))
 
 
+def _enabled(sections: Mapping[str, Any], section: str) -> bool:
+    """Whether ``section`` is on in ``sections`` (absent "enabled": the section's default, on for the profiler); a
+    bad value, which loading names, counts as off."""
+    settings = sections.get(section)
+    return isinstance(settings, Mapping) and settings.get("enabled", SECTIONS[section]().enabled) is True
+
+
 def _rank_problems(sections: Mapping[str, Any], world_size: int) -> List[ConfigProblem]:
     """Every rank list of an enabled section checked against the job's world size, as the features do at run time
     (a disabled section's ranks are not used).
@@ -50,10 +57,11 @@ def _rank_problems(sections: Mapping[str, Any], world_size: int) -> List[ConfigP
     """
     problems: List[ConfigProblem] = []
     for section, key in _RANK_KEYS:
-        settings = sections.get(section)
-        if not isinstance(settings, Mapping) or settings.get("enabled", SECTIONS[section]().enabled) is not True:
-            continue  # absent or disabled (a section's default: the profiler's is on), or a bad value loading names
-        ranks = settings.get(key)
+        # with step_metrics on, the records take its ranks: the fetch section's are not used
+        unused = section == "partitioned_param_profiler" and _enabled(sections, "step_metrics")
+        if unused or not _enabled(sections, section):
+            continue
+        ranks = sections[section].get(key)
         if not isinstance(ranks, list) or not all(type(rank) is int for rank in ranks):
             continue  # absent, null (every rank), or a bad value loading has named
         try:

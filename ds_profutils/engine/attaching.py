@@ -272,9 +272,9 @@ def attach(engine: Any,
     coordinator = engine_name = None
     if fetch_settings.enabled:  # every check that may refuse comes before anything changes
         coordinator = _coordinator(engine)
-        check_ranks("partitioned_param_profiler.ranks", fetch_settings.ranks, identity.world_size)
-    if metrics.enabled:
-        check_ranks("step_metrics.ranks", metrics.ranks, identity.world_size)
+    if settings.enabled:  # the records' ranks: step_metrics' where it is on (the fetch section's are not used then)
+        check_ranks(f"{'step_metrics' if metrics.enabled else 'partitioned_param_profiler'}.ranks", settings.ranks,
+                    identity.world_size)
     if capture.enabled and isinstance(capture.ranks, list):
         check_ranks("trace_capture.ranks", capture.ranks, identity.world_size)
     if settings.enabled or capture.enabled:
