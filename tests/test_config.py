@@ -672,3 +672,13 @@ def test_a_whole_number_float_is_read_as_the_integer_as_hjson_and_deepspeed_read
     assert problem_lines(excinfo) == ["profiler.active: 2.5 is not allowed; expected an integer",
                                       "profiler.with_stack: 1.0 is not allowed; expected true or false",
                                       "nvtx.enabled: 1.0 is not allowed; expected true or false"]
+
+
+@pytest.mark.parametrize("section", ["profiler", "partitioned_param_profiler", "step_metrics", "memory_snapshot",
+                                     "trace_capture"])
+def test_an_output_dir_with_a_nul_character_is_refused_naming_the_key(section):
+    """No file system takes a NUL in a path: refused when the config loads, not at the first write."""
+    with pytest.raises(ConfigError) as excinfo:
+        load_config({section: {"output_dir": "/tmp/a\u0000b"}})
+    assert problem_lines(excinfo) == [
+        f'{section}.output_dir: "/tmp/a\\u0000b" is not allowed; expected a path without a NUL character']

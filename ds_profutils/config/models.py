@@ -74,6 +74,16 @@ class Section(BaseModel):
         return _whole_number_as_int(value) if _takes_integers(cls.model_fields[info.field_name].annotation) else value
 
 
+def _without_nul(path: str) -> str:
+    if "\0" in path:
+        raise ValueError("a path without a NUL character")
+    return path
+
+
+OutputDir = Annotated[str, Field(min_length=1), AfterValidator(_without_nul)]
+"""A directory the feature writes to, non-empty: no file system takes a NUL in a path, so one is refused at load."""
+
+
 def _rank_list_input(value: Any) -> Any:
     """Accept ``"all"`` (as the environment spells it) for null, and tuples or ranges from Python callers."""
     if value == "all":
@@ -132,7 +142,7 @@ class ProfilerConfig(_RecordsOnRanks, Section):
     """The ``"profiler"`` section: torch.profiler's schedule and outputs, and Nsight capture ranges."""
 
     enabled: bool = True
-    output_dir: str = Field("./profiler_logs", min_length=1)
+    output_dir: OutputDir = "./profiler_logs"
     skip_first: int = Field(1, ge=0)
     wait: int = Field(1, ge=0)
     warmup: int = Field(1, ge=0)
@@ -180,7 +190,7 @@ class _StepRecordSection(_RecordsOnRanks, Section):
     """
 
     enabled: bool = False
-    output_dir: str = Field("./profiler_logs", min_length=1)
+    output_dir: OutputDir = "./profiler_logs"
     ranks: RankList = None
     log_interval: int = Field(1, ge=1, description="write one record every this many optimizer steps")
     memory: bool = Field(True, description="per-step peak memory in each record (resets the accelerator's peak "
@@ -214,7 +224,7 @@ class MemorySnapshotConfig(Section):
     """The ``"memory_snapshot"`` section: the CUDA allocator's history, written where memory runs out."""
 
     enabled: bool = False
-    output_dir: str = Field("./profiler_logs", min_length=1)
+    output_dir: OutputDir = "./profiler_logs"
     max_entries: int = Field(100_000, ge=1, description="allocations and frees kept (a ring)")
     at_steps: List[int] = Field(default_factory=list, description="global steps after which to write a snapshot")
     on_oom: bool = True
@@ -266,7 +276,7 @@ class TraceCaptureConfig(Section):
     the job trains (``ds-profutils capture``) or fired by an anomaly the live exchange shows (docs/capture.md)."""
 
     enabled: bool = False
-    output_dir: Optional[str] = Field(None, min_length=1, description="null: step_metrics' output_dir")
+    output_dir: Optional[OutputDir] = Field(None, description="null: step_metrics' output_dir")
     on_request: bool = Field(True, description="rank 0 looks for capture_request.json once per interval")
     on_anomaly: bool = Field(False, description="capture when a straggler or a step-time jump lasts an interval")
     steps: int = Field(2, ge=1, le=1000, description="optimizer steps traced per capture")
