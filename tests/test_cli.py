@@ -131,6 +131,19 @@ def test_malformed_json_gives_line_and_column(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"{path}: syntax error at line 2, column 28: ")
 
 
+@pytest.mark.parametrize("text, says", [
+    ('{"step_metrics": {"peak_tflops": 1e999}}', "a number out of range (such as 1e999)"),
+    ('{"x": ' + "[" * 5000 + "]" * 5000 + "}", "nested too deeply"),
+])
+def test_a_file_hjson_cannot_read_is_named_not_a_traceback(tmp_path, capsys, text, says):
+    """hjson, DeepSpeed's reader, raises OverflowError and RecursionError on these: one line naming the file."""
+    path = tmp_path / "ds_config.json"
+    path.write_text(text)
+    assert main(["check-config", str(path)]) == EXIT_INVALID
+    (line, ) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{path}: {says}")
+
+
 def test_every_file_is_checked_and_any_failure_fails(bad_config, capsys):
     good = DS_CONFIGS[0]
     assert main(["check-config", str(bad_config), str(good)]) == EXIT_INVALID

@@ -62,6 +62,9 @@ def _syntax_problem(text: str, exc: hjson.HjsonDecodeError) -> ConfigProblem:
     return ConfigProblem("", message)
 
 
+_UNREADABLE = "hjson, DeepSpeed's reader, cannot read the file (a job given its path stops in deepspeed.initialize)"
+
+
 def read_config_file(path: Union[str, "os.PathLike[str]"]) -> Any:
     """Parse a ds_config file as DeepSpeed does (hjson, duplicate keys rejected); errors as ConfigError."""
     source = os.fspath(path)
@@ -76,9 +79,13 @@ def read_config_file(path: Union[str, "os.PathLike[str]"]) -> Any:
         raise ConfigError([ConfigProblem("", f"not UTF-8 text (byte {exc.start})")], source) from None
     try:
         raw = hjson.loads(text, object_pairs_hook=_object_pairs)
+        duplicates = list(_duplicate_problems(raw))
     except hjson.HjsonDecodeError as exc:
         raise ConfigError([_syntax_problem(text, exc)], source) from None
-    duplicates = list(_duplicate_problems(raw))
+    except OverflowError:  # hjson turns a number such as 1e999 into int(inf)
+        raise ConfigError([ConfigProblem("", f"a number out of range (such as 1e999): {_UNREADABLE}")], source) from None
+    except RecursionError:
+        raise ConfigError([ConfigProblem("", f"nested too deeply: {_UNREADABLE}")], source) from None
     if duplicates:
         raise ConfigError(duplicates, source)
     return raw
