@@ -491,6 +491,16 @@ def test_with_step_metrics_on_the_fetch_sections_own_ranks_are_not_checked(monke
         ds_profutils.attach(engine, name="both")
 
 
+@pytest.mark.parametrize("config, section", [({"step_metrics": {"enabled": True}}, "step_metrics"),
+                                             (fetch_config(), "partitioned_param_profiler"),
+                                             ({}, "partitioned_param_profiler")])
+def test_a_bad_shared_keyword_is_named_under_the_section_it_applies_to(fresh_names, config, section):
+    """output_dir, ranks, log_interval and memory apply to the records: step_metrics' where it is on."""
+    with pytest.raises(ds_profutils.config.ConfigError) as refused:
+        ds_profutils.attach(Engine(config, stage=2), log_interval=0)
+    assert str(refused.value) == f"{section}.log_interval: 0 is not allowed; expected an integer >= 1"
+
+
 @pytest.mark.parametrize(
     "config, kwargs, env",
     [

@@ -241,9 +241,9 @@ def attach(engine: Any,
     Reads the ``"step_metrics"``, ``"partitioned_param_profiler"``, ``"profiler"``, ``"memory_snapshot"``,
     ``"nvtx"`` and ``"comms_logger"`` sections and ``wall_clock_breakdown`` of the config the engine was built
     with (or ``config``: a path or dict, for an engine built from another).  Keyword arguments override the
-    record sections (``enabled`` and ``trace_ranges`` the fetch section's), ``DS_PROFUTILS_*`` variables
-    override both.  An enabled ``"profiler"``
-    section runs the torch profiler from the engine's steps, with no decorator (docs/profiler.md).
+    record sections (``enabled`` and ``trace_ranges`` the fetch section's), ``DS_PROFUTILS_*`` variables override
+    both.  An enabled ``"profiler"`` section runs the torch profiler from the engine's steps, no decorator
+    (docs/profiler.md).
 
     Several engines in one process (RLHF: actor, critic, ...) each write their own file: the first
     attached without ``name`` is "main" (``zero_fetch_rank_{r}.jsonl``), later unnamed ones "engine1",
@@ -260,9 +260,13 @@ def attach(engine: Any,
         return existing
     loaded: ProfUtilsConfig = load_config(engine if config is None else config)
     given = dict(output_dir=output_dir, ranks=ranks, log_interval=log_interval, memory=memory)
-    fetch_settings = resolve_section(loaded.partitioned_param_profiler,
-                                     dict(enabled=enabled, trace_ranges=trace_ranges, **given))
-    metrics = resolve_section(loaded.step_metrics, given)
+    fetch_given = dict(enabled=enabled, trace_ranges=trace_ranges, **given)
+    if loaded.step_metrics.enabled:  # the shared keywords set step_metrics' records: a bad one is named there
+        metrics = resolve_section(loaded.step_metrics, given)
+        fetch_settings = resolve_section(loaded.partitioned_param_profiler, fetch_given)
+    else:
+        fetch_settings = resolve_section(loaded.partitioned_param_profiler, fetch_given)
+        metrics = resolve_section(loaded.step_metrics, given)
     fetch_settings = _fetches_where_partitioned(engine, fetch_settings, metrics)
     settings = _record_settings(fetch_settings, metrics)
     snapshot_settings = resolve_section(loaded.memory_snapshot)
@@ -341,10 +345,6 @@ def model_numel(engine: Any) -> int:
     return sum(getattr(param, "ds_numel", None) or param.numel() for param in engine.module.parameters())
 
 
-def _nothing() -> None:
-    pass
-
-
 def _live_settings(metrics: Any) -> Any:
     """step_metrics' settings for the live exchange; with step_metrics off (trace_capture runs the exchange)
     its monitor_interval, no console line."""
@@ -388,7 +388,7 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
     attachment.recorder = recorder
     attachment.add(recorder, recorder.close)
     if attachment.live is not None:  # after the recorder: a step whose figures did not come counts empty
-        attachment.add(LiveStepClock(engine, attachment.live), _nothing)
+        attachment.add(LiveStepClock(engine, attachment.live), lambda: None)
     if writes and identity.rank == settings.reporting_rank and not recorder.records_file.failed:
         pattern = fetch_records_file(settings.output_dir, "<r>", name)
         ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"
