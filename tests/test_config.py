@@ -299,6 +299,12 @@ def test_flops_profiler_turns_on_wall_clock_breakdown_as_in_deepspeed():
     assert not load_config({"flops_profiler": {"enabled": False}}).wall_clock_breakdown
 
 
+@pytest.mark.parametrize("enabled, on", [(1, True), (2, True), (0, False), (None, False)])
+def test_flops_profiler_enabled_is_read_as_deepspeed_reads_it(enabled, on):
+    """DeepSpeed ORs wall_clock_breakdown with flops_profiler.enabled as written (``False | 1``): an integer counts."""
+    assert load_config({"flops_profiler": {"enabled": enabled}}).wall_clock_breakdown is on
+
+
 def test_deepspeeds_own_timing_keys_are_left_to_deepspeed():
     """DeepSpeed's engine applies timers.throughput and steps_per_print; we neither read nor check them."""
     config = load_config({"timers": {"throughput": {"enabled": "whatever DeepSpeed says"}}, "steps_per_print": 0})

@@ -334,10 +334,12 @@ class ProfUtilsConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _flops_profiler_breaks_down_wall_clock(cls, data: Any) -> Any:
-        """DeepSpeed turns ``wall_clock_breakdown`` on whenever its flops profiler is enabled; so do we."""
+        """DeepSpeed turns ``wall_clock_breakdown`` on whenever its flops profiler is enabled; so do we.  It takes
+        ``enabled`` as written (``wall_clock_breakdown | enabled``), so a non-zero integer (``1``) is on too."""
         if isinstance(data, Mapping):
             flops_profiler = data.get("flops_profiler")
-            if isinstance(flops_profiler, Mapping) and flops_profiler.get("enabled") is True:
+            enabled = flops_profiler.get("enabled") if isinstance(flops_profiler, Mapping) else None
+            if isinstance(enabled, int) and enabled:  # true, or an integer other than 0 (bool is an int)
                 return {**data, "wall_clock_breakdown": True}
         return data
 
