@@ -416,6 +416,15 @@ def test_env_switching_on_an_absent_section_creates_it_with_defaults(monkeypatch
     assert config.nvtx == NvtxConfig(enabled=False)
 
 
+def test_env_nvtx_domain_alone_leaves_an_absent_nvtx_section_absent(monkeypatch):
+    """An absent nvtx leaves DeepSpeed's enable_nvtx alone: only DS_PROFUTILS_NVTX_ENABLED creates the section."""
+    monkeypatch.setenv("DS_PROFUTILS_NVTX_DOMAIN", "mine")
+    assert load_config({}).nvtx is None
+    assert load_config({"nvtx": {"enabled": False}}).nvtx == NvtxConfig(enabled=False, domain="mine")
+    monkeypatch.setenv("DS_PROFUTILS_NVTX_ENABLED", "1")
+    assert load_config({}).nvtx == NvtxConfig(enabled=True, domain="mine")
+
+
 def test_env_tuning_an_absent_section_leaves_it_off(monkeypatch):
     monkeypatch.setenv("DS_PROFUTILS_PROFILER_ACTIVE", "9")
     config = load_config({})

@@ -93,7 +93,11 @@ def config_from_raw(raw: Any, origin: Optional[str] = None, strict: bool = False
         raise ConfigError(problems, origin)
     updates = {}
     for name, fields in overrides.items():
-        section = getattr(config, name) or SECTIONS[name]()  # an absent nvtx starts from the defaults
+        section = getattr(config, name)
+        if section is None:  # an absent nvtx (DeepSpeed's switch left alone): only ..._NVTX_ENABLED creates it
+            if "enabled" not in fields:
+                continue
+            section = SECTIONS[name]()
         try:
             updates[name] = apply_environment(section, name, fields)
         except ConfigError as exc:
