@@ -285,6 +285,22 @@ def test_ranks_left_out_and_an_absent_section_attach_nothing(tmp_path, monkeypat
     assert not list(tmp_path.iterdir())
 
 
+def test_by_default_the_lowest_profiled_rank_writes_and_prints_the_operator_summary(tmp_path, monkeypatch, capsys):
+    """profiler.ranks [1] of 2, summary_ranks left out: rank 1 (the lowest profiled rank, which prints the end-of-run
+    lines) writes summary_rank_1.txt and prints its table, as docs/configuration.md says."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    engine = AccumulatingEngine(profiler_config(tmp_path, ranks=[1], repeat=1))
+    with ds_profutils.attach(engine, config=engine.config):
+        engine.train(4)
+    assert (tmp_path / "summary_rank_1.txt").read_text()
+    out = capsys.readouterr().out
+    assert f"operator summary  {tmp_path / 'summary_rank_1.txt'}" in out and "aten::mul" in out
+    assert ds_profutils.config.load_config(engine.config).profiler.summary_ranks == [1]
+    explicit = {"profiler": {**engine.config["profiler"], "summary_ranks": [0]}}  # as written: rank 0 (not profiled)
+    assert ds_profutils.config.load_config(explicit).profiler.summary_ranks == [0]
+
+
 def test_a_rank_outside_the_world_fails_at_attach_naming_the_key(tmp_path):
     engine = AccumulatingEngine({"profiler": {"output_dir": str(tmp_path), "summary_ranks": [7]}})
     with pytest.raises(ds_profutils.config.ConfigError, match="profiler.summary_ranks"):

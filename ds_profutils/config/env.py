@@ -191,7 +191,8 @@ def apply_environment(section: ModelT, name: str, overrides: Mapping[str, Tuple[
         return section
     values = {field: value for field, (_, value) in overrides.items()}
     try:
-        return type(section).model_validate({**section.model_dump(), **values})
+        # what was left out stays left out: a default derived from other fields (summary_ranks) follows them
+        return type(section).model_validate({**section.model_dump(exclude_unset=True), **values})
     except ValidationError as exc:
         problems = []
         for error in exc.errors():

@@ -122,7 +122,8 @@ def resolve_section(section: SectionT, overrides: Optional[Mapping[str, Any]] = 
     given = {field: value for field, value in (overrides or {}).items() if value is not None}
     if given:
         try:
-            section = type(section).model_validate({**section.model_dump(), **given})
+            # what was left out stays left out: a default derived from other fields (summary_ranks) follows them
+            section = type(section).model_validate({**section.model_dump(exclude_unset=True), **given})
         except ValidationError as exc:
             raise ConfigError(problems_from(exc, type(section), (name, ))) from None
     environment, problems = read_environment(SECTIONS)

@@ -156,7 +156,7 @@ class ProfilerConfig(_RecordsOnRanks, Section):
     nsight_enabled: bool = False
     nsight_output: str = Field("nsight_profile", min_length=1)
     ranks: RankList = None
-    summary_ranks: RankList = Field(default_factory=lambda: [0])
+    summary_ranks: RankList = Field(default_factory=lambda: [0], description="left out: the lowest profiled rank")
     summary_sort_by: str = "self_cpu_time_total"
     summary_row_limit: int = Field(20, ge=1)
     peak_tflops: Optional[float] = Field(None, gt=0, description="the accelerator's peak, for the share of it achieved")
@@ -167,6 +167,15 @@ class ProfilerConfig(_RecordsOnRanks, Section):
         if value not in SUMMARY_SORT_KEYS:
             raise ValueError(f"one of {', '.join(SUMMARY_SORT_KEYS)}")
         return value
+
+    @model_validator(mode="after")
+    def _summary_on_the_lowest_profiled_rank(self) -> "ProfilerConfig":
+        """Left out, ``summary_ranks`` is the rank that prints the end-of-run lines (rank 0, else the lowest of
+        ``ranks``), so that the printout has its table.  Written into ``__dict__``: it stays "left out" (not in
+        ``model_fields_set``) and follows ``ranks`` when an override changes them."""
+        if "summary_ranks" not in self.model_fields_set:
+            self.__dict__["summary_ranks"] = [self.reporting_rank]
+        return self
 
     def check_world(self, world_size: int) -> None:
         """Fail for ``ranks`` or ``summary_ranks`` outside the job, whose size is known only once it runs."""
