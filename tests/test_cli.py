@@ -341,8 +341,8 @@ def test_the_fetch_sections_output_dir_and_ranks_are_not_checked_where_step_metr
                                 "step_metrics": {"enabled": True, "output_dir": str(tmp_path / "m")}}))
     assert main(["check-config", "--world-size", "2", str(path)]) == 0, capsys.readouterr().err
     (note, ) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: step_metrics")]
-    assert note.endswith(f"not used: partitioned_param_profiler.output_dir {show_value(str(blocker / 'x'))}, "
-                         "partitioned_param_profiler.ranks [4]")
+    assert "not used: partitioned_param_profiler.output_dir " in note  # the path as long as the test's tmp_path
+    assert note.endswith(f'{blocker.name}/x", partitioned_param_profiler.ranks [4]')
     path.write_text(json.dumps({"zero_optimization": {"stage": 3},  # the fetch section alone: its own are used
                                 "partitioned_param_profiler": {"enabled": True, "output_dir": str(blocker / "x"),
                                                                "ranks": [4]}}))
