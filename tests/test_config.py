@@ -693,6 +693,16 @@ def test_a_whole_number_float_is_read_as_the_integer_as_hjson_and_deepspeed_read
                                       "nvtx.enabled: 1.0 is not allowed; expected true or false"]
 
 
+def test_an_infinite_or_nan_number_is_refused_naming_the_key(tmp_path):
+    """``json.load`` (the Trainer's, Accelerate's) reads ``1e999`` as infinity, which hjson refuses: a peak of
+    infinity would make every MFU 0."""
+    raw = '{"step_metrics": {"peak_tflops": 1e999}, "trace_capture": {"step_jump": NaN}}'
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(json.loads(raw))
+    assert [line.split(":")[0] for line in problem_lines(excinfo)] == ["step_metrics.peak_tflops",
+                                                                      "trace_capture.step_jump"]
+
+
 @pytest.mark.parametrize("section", ["profiler", "partitioned_param_profiler", "step_metrics", "memory_snapshot",
                                      "trace_capture"])
 def test_an_output_dir_with_a_nul_character_is_refused_naming_the_key(section):

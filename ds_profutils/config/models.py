@@ -61,12 +61,13 @@ def _whole_number_as_int(value: Any) -> Any:
 class Section(BaseModel):
     """Base of our own sections: unknown keys are errors, values are checked on assignment too.
 
-    Strict (``"3"`` is no integer, ``1`` no boolean), except that an integer key takes a whole-number float
+    Strict (``"3"`` is no integer, ``1`` no boolean, infinity and NaN, which ``json.load`` reads from ``1e999`` and
+    ``NaN``, no number), except that an integer key takes a whole-number float
     (``2.0``): hjson, DeepSpeed's file reader, reads ``2.0`` as 2, and DeepSpeed's own pydantic config takes
     ``json.load``'s 2.0 (the dict a transformers Trainer or Accelerate hands the engine) for its integer keys.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
