@@ -166,7 +166,8 @@ def warning_once(*args: Any, **kwargs: Any) -> None:
 
 
 def print_configuration(args: Any, name: str) -> None:
-    """Log every attribute of ``args`` at INFO, dotted to a column, as DeepSpeed does."""
-    logger.info("%s:", name)
+    """Log every attribute of ``args`` at INFO, dotted to a column, as DeepSpeed does: each line formatted into the
+    record's message (a filter reading ``record.msg`` sees the line, as with DeepSpeed's)."""
+    logger.info(f"{name}:")
     for arg in sorted(vars(args)):
-        logger.info("  %s %s %s", arg, "." * (29 - len(arg)), getattr(args, arg))
+        logger.info(f"  {arg} {'.' * (29 - len(arg))} {getattr(args, arg)}")

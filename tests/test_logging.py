@@ -25,6 +25,22 @@ def test_records_carry_the_formatted_message_as_deepspeeds_do(ds_caplog):
     assert ours.getMessage() == theirs.getMessage()
 
 
+def test_print_configuration_logs_deepspeeds_records(ds_caplog):
+    """The same lines as DeepSpeed's, formatted into ``record.msg`` as its are (a filter reading it sees the line)."""
+    import argparse
+
+    import deepspeed.utils.logging as ds_logging_module
+
+    args = argparse.Namespace(lr=0.1, name="100% run")
+    with ds_caplog.at_level(logging.INFO, logger="DeepSpeed"):
+        ds_profutils.logging.print_configuration(args, "Cfg")
+        count = len(ds_caplog.records)
+        ds_logging_module.print_configuration(args, "Cfg")
+    ours, theirs = ds_caplog.records[:count], ds_caplog.records[count:]
+    assert [(r.msg, r.args) for r in ours] == [(r.msg, r.args) for r in theirs]
+    assert [r.msg for r in ours][0] == "Cfg:"
+
+
 def test_a_filter_on_record_msg_drops_our_records_as_deepspeeds(ds_caplog):
     dropped = logging.Filter()
     dropped.filter = lambda record: not record.msg.startswith("[Rank -1] noisy")
