@@ -693,6 +693,13 @@ def test_a_whole_number_float_is_read_as_the_integer_as_hjson_and_deepspeed_read
                                       "nvtx.enabled: 1.0 is not allowed; expected true or false"]
 
 
+def test_rank_words_are_read_in_any_case_in_a_file_as_in_the_environment():
+    config = load_config({"step_metrics": {"ranks": "ALL"}, "profiler": {"ranks": " All "},
+                          "trace_capture": {"ranks": "SUSPECTS"}})
+    assert (config.step_metrics.ranks, config.profiler.ranks, config.trace_capture.ranks) == (None, None, "suspects")
+    assert load_config({"trace_capture": {"ranks": "ALL"}}).trace_capture.ranks is None
+
+
 def test_an_infinite_or_nan_number_is_refused_naming_the_key(tmp_path):
     """``json.load`` (the Trainer's, Accelerate's) reads ``1e999`` as infinity, which hjson refuses: a peak of
     infinity would make every MFU 0."""

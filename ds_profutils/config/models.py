@@ -86,8 +86,9 @@ OutputDir = Annotated[str, Field(min_length=1), AfterValidator(_without_nul)]
 
 
 def _rank_list_input(value: Any) -> Any:
-    """Accept ``"all"`` (as the environment spells it) for null, and tuples or ranges from Python callers."""
-    if value == "all":
+    """Accept ``"all"`` (in any case, as the environment takes it) for null, and tuples or ranges from Python
+    callers."""
+    if isinstance(value, str) and value.strip().lower() == "all":
         return None
     if isinstance(value, (tuple, range)):
         return list(value)
@@ -254,8 +255,11 @@ float64 column (a float holds 52 exact bits)."""
 
 def _capture_ranks_input(value: Any) -> Any:
     """``"all"`` is null (every rank); ``"0,3"`` (as the environment spells a list) is ``[0, 3]``.  Anything else
-    is refused here, in one message for the key (the union's branches would each name themselves)."""
-    if isinstance(value, str) and value != "suspects":
+    is refused here, in one message for the key (the union's branches would each name themselves).  Words in any
+    case, as the environment takes them."""
+    if isinstance(value, str) and value.strip().lower() == "suspects":
+        return "suspects"
+    if isinstance(value, str):
         text = value.strip().lower()
         if text in ("all", "null"):
             return None
