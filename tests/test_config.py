@@ -357,8 +357,10 @@ def test_env_rank_lists(monkeypatch):
     assert config.profiler.ranks is None
     monkeypatch.setenv("DS_PROFUTILS_PROFILER_RANKS", "2,3")  # summary_ranks, left out, follows: the lowest
     assert load_config({"profiler": {"ranks": [1]}}).profiler.summary_ranks == [2]
-    assert resolve_section(load_config({}).profiler, {"ranks": [3]}).summary_ranks == [2]
-    monkeypatch.setenv("DS_PROFUTILS_PROFILER_RANKS", "all")
+    assert resolve_section(load_config({}).profiler, {"ranks": [3]}).summary_ranks == [2]  # the variable decides
+    monkeypatch.delenv("DS_PROFUTILS_PROFILER_RANKS")
+    assert resolve_section(load_config({}).profiler, {"ranks": [3]}).summary_ranks == [3]  # a keyword's, alone
+    assert resolve_section(load_config({}).profiler, {"ranks": [3, 1]}).summary_ranks == [1]
     monkeypatch.setenv("DS_PROFUTILS_PROFILER_RANKS", "0,x")
     with pytest.raises(ConfigError, match=r'DS_PROFUTILS_PROFILER_RANKS: "0,x" is not allowed; expected '
                        r"comma-separated integers, or all \(sets profiler.ranks\)"):
