@@ -257,16 +257,16 @@ def _capture_ranks_input(value: Any) -> Any:
     """``"all"`` is null (every rank); ``"0,3"`` (as the environment spells a list) is ``[0, 3]``.  Anything else
     is refused here, in one message for the key (the union's branches would each name themselves).  Words in any
     case, as the environment takes them."""
-    if isinstance(value, str) and value.strip().lower() == "suspects":
-        return "suspects"
     if isinstance(value, str):
         text = value.strip().lower()
+        if text == "suspects":
+            return text
         if text in ("all", "null"):
             return None
         if text and all(part.strip().isdigit() for part in text.split(",")):
             return [int(part) for part in text.split(",")]
     value = _rank_list_input(value)
-    if value is None or value == "suspects" or (isinstance(value, list) and all(type(rank) is int for rank in value)):
+    if value is None or (isinstance(value, list) and all(type(rank) is int for rank in value)):
         return value
     raise ValueError('"suspects", "all" or null (every rank), or global ranks: a list of integers or "0,3"')
 

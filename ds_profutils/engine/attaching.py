@@ -43,7 +43,7 @@ from . import hangs, snapshot
 from .capture import attach_capture
 from .engine_driven import EngineDrivenProfiler
 from .engine_setup import apply_engine_settings
-from .hooks import EngineHooks, Listener
+from .hooks import EngineHooks, Listener, _nothing
 from .live import LiveMetrics, LiveSink, monitor_sink
 from .live.clock import LiveStepClock
 from .live.gather import exchange_group
@@ -261,11 +261,10 @@ def attach(engine: Any,
     loaded: ProfUtilsConfig = load_config(engine if config is None else config)
     given = dict(output_dir=output_dir, ranks=ranks, log_interval=log_interval, memory=memory)
     fetch_given = dict(enabled=enabled, trace_ranges=trace_ranges, **given)
-    if loaded.step_metrics.enabled:  # the shared keywords set step_metrics' records: a bad one is named there
-        metrics = resolve_section(loaded.step_metrics, given)
-        fetch_settings = resolve_section(loaded.partitioned_param_profiler, fetch_given)
-    else:
-        fetch_settings = resolve_section(loaded.partitioned_param_profiler, fetch_given)
+    # the shared keywords set the enabled section's records (step_metrics' where both are): a bad one is named there
+    metrics = resolve_section(loaded.step_metrics, given) if loaded.step_metrics.enabled else None
+    fetch_settings = resolve_section(loaded.partitioned_param_profiler, fetch_given)
+    if metrics is None:
         metrics = resolve_section(loaded.step_metrics, given)
     fetch_settings = _fetches_where_partitioned(engine, fetch_settings, metrics)
     settings = _record_settings(fetch_settings, metrics)
@@ -388,7 +387,7 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
     attachment.recorder = recorder
     attachment.add(recorder, recorder.close)
     if attachment.live is not None:  # after the recorder: a step whose figures did not come counts empty
-        attachment.add(LiveStepClock(engine, attachment.live), lambda: None)
+        attachment.add(LiveStepClock(engine, attachment.live), _nothing)
     if writes and identity.rank == settings.reporting_rank and not recorder.records_file.failed:
         pattern = fetch_records_file(settings.output_dir, "<r>", name)
         ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"
