@@ -17,6 +17,7 @@ leaves the rest to the host time each pair also carries.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -138,6 +139,7 @@ def _record(event: Any) -> None:
     event.record()
 
 
+@functools.lru_cache(maxsize=None)  # one per event class: its streams' objects kept once for the process
 def current_stream_recorder(event_class: Callable[..., Any]) -> Callable[[Any], None]:
     """How an event of ``event_class`` is recorded on the current stream: ``event.record()``, except for
     ``torch.cuda.Event``.
