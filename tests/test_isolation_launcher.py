@@ -91,6 +91,13 @@ def test_a_rank_whose_live_figures_fail_stops_every_ranks_exchange_at_the_same_i
     assert [write["step"] for write in found[0]["stop"]["writes"]] == [0, 1, 2, 3]
 
 
+def test_with_nothing_reading_the_live_figures_the_exchange_stops_after_the_first_interval(job):
+    """No console line, no monitor, no sink on any rank: two intervals, one exchange (whose flags said so); with a
+    sink on rank 0 alone (the path phase) every interval was exchanged."""
+    _, _, found, _ = job
+    assert [found[rank]["under_file"]["exchanges"] for rank in (0, 1)] == [1, 1]
+
+
 def test_the_exchange_runs_on_the_engines_group_not_the_whole_world(job):
     _, _, found, _ = job
     group = found[1]["group"]

@@ -9,6 +9,7 @@ import pytest
 from ds_profutils._straggler import step_straggler
 from ds_profutils.engine.live import (EVENT_NAMES, ConsoleSink, LiveMetrics, StepFigures, console_line,
                                       monitor_sink)
+from ds_profutils.engine.live.decisions import STOP, UNREAD, decide
 from ds_profutils.engine.live.interval import interval_events, pack_interval, packed_length
 
 GIB = 1 << 30
@@ -163,6 +164,32 @@ def test_console_setting(console, capsys):
         metrics.step_finished(figures(step))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ds_profutils step")]
     assert [line.split(":")[0] for line in lines] == (["ds_profutils step 1", "ds_profutils step 3"] if console else [])
+
+
+@pytest.mark.parametrize("reads", ["nothing", "a sink", "the console", "a rider"])
+def test_the_exchange_stops_after_the_first_interval_where_nothing_reads_it(reads, ds_caplog):
+    """The step records alone (no console line, no monitor, no framework reporting, no capture) keep no
+    collective of ours on the step path: a blocking all-gather every interval that nobody reads."""
+    metrics = live(interval=2, console=reads == "the console", sinks=[Recorded()] if reads == "a sink" else [])
+    if reads == "a rider":
+        metrics.rider = SimpleNamespace(width=1, columns=lambda: [0.0], received=lambda *args: None)
+    for step in range(6):
+        metrics.step_finished(figures(step))
+    assert metrics._gather.launched == (1 if reads == "nothing" else 3)
+    assert metrics.stopped == (reads == "nothing")
+    late = type("Late", (Recorded, ), {})()
+    metrics.add_sink(late)  # too late where the exchange stopped: said, never a wait
+    metrics.step_finished(figures(6))
+    metrics.step_finished(figures(7))
+    assert len(late.writes) == (0 if reads == "nothing" else 1)
+    assert ("Late gets no live events" in ds_caplog.text) == (reads == "nothing")
+
+
+@pytest.mark.parametrize("flags, unread", [((UNREAD, UNREAD), True), ((UNREAD, 0), False), ((0, UNREAD), False),
+                                           ((UNREAD | STOP, UNREAD), True)])
+def test_the_exchange_is_unread_only_where_every_rank_says_so(flags, unread):
+    """Sinks may be given on rank 0 alone (the events are rank 0's): one rank that reads keeps every rank in."""
+    assert decide(flags).unread == unread
 
 
 def test_a_failing_sink_is_loud_once_and_the_others_go_on(ds_caplog):

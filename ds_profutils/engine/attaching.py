@@ -196,10 +196,9 @@ class Attachment:
     def report_to(self, sink: LiveSink) -> None:
         """Send the live events to ``sink`` as well: a framework's own reporting (the Trainer's ``report_to``,
         Accelerate's trackers, Lightning's loggers), added by its adapter, which knows the framework's objects
-        while engine/ does not.  One sink of a kind: attaching the same framework object again adds none.
-        Nothing happens when live metrics are off."""
-        if self.live is not None and not any(type(known) is type(sink) for known in self.live.sinks):
-            self.live.sinks.append(sink)
+        while engine/ does not (:meth:`.live.LiveMetrics.add_sink`).  Nothing happens when live metrics are off."""
+        if self.live is not None:
+            self.live.add_sink(sink)
 
     def close(self) -> None:
         """Write what is finished and give the engine and the process back as they were before ``attach``."""

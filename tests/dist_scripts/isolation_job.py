@@ -130,7 +130,7 @@ def phase_stop(out, rank, found):
     found["times"]["stop"] = train(engine, 8, fail_live)
     found["stop"] = {"writes": kept.writes, "stopped": live.stopped, "exchanges": live._gather.launched}
     attachment.close()
-    deferred = LiveMetrics(SimpleNamespace(monitor_interval=1, console=False), None, [], defer=True)
+    deferred = LiveMetrics(SimpleNamespace(monitor_interval=1, console=False), None, [Kept()], defer=True)
     for step in range(8):
         bad = rank == 1 and step == 3
         deferred.step_finished(dataclasses.replace(figures(step), exposed_wait_ms=None) if bad else figures(step))
@@ -153,7 +153,7 @@ def phase_output_dir(label, output_dir, found, **section):
     engine = engine_for(output_dir, **section)
     attachment = ds_profutils.attach(engine, name=label.replace("_", "-"))
     found["times"][label] = train(engine, 4)
-    found[label] = {"failed": attachment.recorder.records_file.failed}
+    found[label] = {"failed": attachment.recorder.records_file.failed, "exchanges": attachment.live._gather.launched}
     attachment.close()
 
 

@@ -11,11 +11,16 @@ import math
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
-__all__ = ["STOP", "Decisions", "decide", "empty_row", "known_rows", "split_flags", "with_flags"]
+__all__ = ["STOP", "UNREAD", "Decisions", "decide", "empty_row", "known_rows", "split_flags", "with_flags"]
 
 STOP = 1
 """Flag bit: this rank cannot go on with the live exchange (its own live code failed), so every rank stops
 exchanging at the same interval rather than leaving the others waiting in the next one."""
+UNREAD = 2
+"""Flag bit: nothing on this rank reads the rows (no sink, no console line, nothing riding on the exchange).
+Where every rank says so, the exchange stops: a blocking all-gather every interval that nobody reads is a
+cost on the step path and nothing else.  Told through the exchange, not assumed, since sinks may be given on
+some ranks only (the events are rank 0's)."""
 _NAN = float("nan")
 
 
@@ -23,7 +28,8 @@ _NAN = float("nan")
 class Decisions:
     """What an interval's rows decide for every rank."""
 
-    stop: bool  # no rank exchanges again once the decision takes effect
+    stop: bool  # no rank exchanges again once the decision takes effect: a rank's live figures failed
+    unread: bool  # no rank reads the rows: the exchange stops as well, silently
 
 
 def with_flags(values: Sequence[float], flags: int) -> List[float]:
@@ -48,4 +54,4 @@ def known_rows(rows: Sequence[Sequence[float]]) -> List[int]:
 
 def decide(flags: Sequence[int]) -> Decisions:
     """The decisions of one interval from every row's flags."""
-    return Decisions(stop=any(flag & STOP for flag in flags))
+    return Decisions(stop=any(flag & STOP for flag in flags), unread=all(flag & UNREAD for flag in flags))

@@ -6,15 +6,16 @@ figures never came (the recorder failed on this rank) still counts, with empty f
 the same sequence of exchanges whatever fails on it.  The step path only appends the figures; every
 ``monitor_interval`` calls the interval is packed, exchanged by one small all-gather (:mod:`.gather`),
 every rank takes the same decisions from the same rows (:mod:`.decisions`), and rank 0 turns them into
-events (:mod:`.interval`) and writes them to the sinks.  Intervals are counted in calls, not by the global
-step's value, so all ranks end them at the same call whatever the step numbering (a resumed run included).
-"""
+events (:mod:`.interval`) and writes them to the sinks; where no rank has anything reading the rows (no
+sink, no console line, no rider: the step records alone), every rank stops exchanging after the first
+interval.  Intervals are counted in calls, not by the global step's value, so all ranks end them at the
+same call whatever the step numbering (a resumed run included)."""
 from __future__ import annotations
 
 from typing import Any, List, Optional, Protocol, Sequence, Tuple, Union
 
 from ...logging import logger, warning_once
-from .decisions import STOP, decide, empty_row, known_rows, split_flags, with_flags
+from .decisions import STOP, UNREAD, decide, empty_row, known_rows, split_flags, with_flags
 from .gather import IntervalGather, Rows
 from .interval import Event, StepFigures, interval_events, pack_interval, packed_length
 from .sinks import ConsoleSink, LiveSink
@@ -89,6 +90,17 @@ class LiveMetrics:
         """Whether the live exchange has stopped (on every rank at the same interval)."""
         return self._stop_at is not None and self._gather.launched >= self._stop_at
 
+    def add_sink(self, sink: LiveSink) -> None:
+        """Send the events to ``sink`` as well; one sink of a kind (attaching the same framework object again adds
+        none).  Give it before the first interval ends: with nothing reading them, the exchange stops there."""
+        if any(type(known) is type(sink) for known in self.sinks):
+            return
+        if self.stopped:
+            warning_once(f"ds_profutils: {type(sink).__name__} gets no live events: the live exchange has stopped "
+                         "(nothing read it when the first interval ended, or a rank's live figures failed); give "
+                         "sinks right after attach")
+        self.sinks.append(sink)
+
     def step_finished(self, figures: StepFigures) -> None:
         """One optimizer step ended on this rank (every rank, every step, at the same boundary)."""
         self._fed = True
@@ -134,7 +146,8 @@ class LiveMetrics:
                              "rank stops sending live figures at the same interval, training goes on")
         if self.rider is not None:
             values = [*values, *self.rider.columns()]
-        return with_flags(values, self._flags)
+        read = bool(self.sinks) or self.rider is not None
+        return with_flags(values, self._flags | (0 if read else UNREAD))
 
     def _send(self, done: List[Tuple[int, Tuple[int, int], Rows]]) -> None:
         for index, (steps, global_step), rows in done:
@@ -144,9 +157,11 @@ class LiveMetrics:
                 columns = [row[-width:] for row in rows]
                 rows = [row[:-width] for row in rows]
                 self.rider.received(index, rows, columns, steps, global_step, self._gather.lag)
-            if decide(flags).stop:  # deferred: the boundary every rank has read these rows by
+            decisions = decide(flags)
+            if decisions.stop or decisions.unread:  # deferred: the boundary every rank has read these rows by
                 effect = index + max(1, self._gather.lag)
                 self._stop_at = effect if self._stop_at is None else min(self._stop_at, effect)
+            if decisions.stop:
                 warning_once("ds_profutils: live metrics stop on every rank (a rank's live figures failed); "
                              "training and the step records go on")
             if self._gather.rank != 0 or not self.sinks:  # the events are rank 0's, made for its sinks alone
