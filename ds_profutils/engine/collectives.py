@@ -231,10 +231,13 @@ class _Monitor:
 
     def _recording(self) -> List[EngineCollectives]:
         """The engines a collective issued now belongs to: the running one if it records, else (outside
-        every engine's calls) every engine recording."""
+        every engine's calls) every engine recording.  A plain loop: it runs on every collective."""
         now = running.engine_id
-        return [engine for engine in self.engines
-                if engine.step is not None and (now is None or engine.engine_id == now)]
+        recording = []
+        for engine in self.engines:
+            if engine.step is not None and (now is None or engine.engine_id == now):
+                recording.append(engine)
+        return recording
 
     def gap_wait(self, host_ns: int) -> None:
         """A collective between steps (outside every engine's calls, no record open) took ``host_ns``."""

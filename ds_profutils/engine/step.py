@@ -14,8 +14,9 @@ process-wide wrappers: its ``step`` is the record collectives go to, None while 
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from time import perf_counter_ns
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .._device_clock import Pair, pair_ns, pairs_clock
 from ..units import rank_ranges
@@ -141,7 +142,7 @@ class StepRecord:
             "collectives": entries,
             "collective_ms": inside_total_ms - self._overlap_ns() / _NS_PER_MS,
             "collective_wait_ms": exposed_total_ms,
-            "collective_seq": {rank_ranges(ranks, ","): span for ranks, span in self.sequences.items()},
+            "collective_seq": {_group_key(ranks): span for ranks, span in self.sequences.items()},
         }
         if self.start_mark is None:
             self._host_timing = timing
@@ -152,6 +153,8 @@ class StepRecord:
         """How much of the collectives' device intervals on this step's time axis overlap (a prefetch beside
         a side stream's reduce-scatter): counted once in ``collective_ms``, which so stays within the step.
         Intervals on the host clock are sequential on the host, and are left as they are."""
+        if self.start_mark is None:  # the host clock: nothing to look through, every step
+            return 0.0
         intervals = sorted((pair.offset_ns, pair.offset_ns + pair.device_ns) for totals in self.collectives.values()
                            for pair in totals.blocking_pairs + totals.async_pairs
                            if pair.offset_ns is not None and pair.resolved and pair.anchor is self.start_mark)
@@ -162,6 +165,12 @@ class StepRecord:
                 overlap += min(end, reach) - start
             reach = end if reach is None else max(reach, end)
         return overlap
+
+
+@lru_cache(maxsize=None)
+def _group_key(ranks: Tuple[int, ...]) -> str:
+    """A group's key in ``collective_seq`` (``0-3,5``): the same few groups every step, made once each."""
+    return rank_ranges(ranks, ",")
 
 
 def optimizer_step_due(engine: Any) -> bool:
