@@ -182,7 +182,18 @@ def test_the_exchange_stops_after_the_first_interval_where_nothing_reads_it(read
     metrics.step_finished(figures(6))
     metrics.step_finished(figures(7))
     assert len(late.writes) == (0 if reads == "nothing" else 1)
-    assert ("Late gets no live events" in ds_caplog.text) == (reads == "nothing")
+    assert ("Late get no live events" in ds_caplog.text) == (reads == "nothing")
+
+
+def test_on_the_deferred_path_the_stop_comes_two_intervals_on_and_a_sink_given_meanwhile_is_told(ds_caplog):
+    metrics = LiveMetrics(SimpleNamespace(monitor_interval=1, console=False), None, [], defer=True)
+    metrics.step_finished(figures(0))  # its rows say nobody reads them: every rank stops at exchange 2
+    assert not metrics.stopped
+    metrics.add_sink(Recorded())
+    assert "Recorded get no live events" in ds_caplog.text
+    for step in range(1, 5):
+        metrics.step_finished(figures(step))
+    assert metrics.stopped and metrics._gather.launched == 2
 
 
 @pytest.mark.parametrize("flags, unread", [((UNREAD, UNREAD), True), ((UNREAD, 0), False), ((0, UNREAD), False),

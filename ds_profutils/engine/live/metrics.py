@@ -95,11 +95,14 @@ class LiveMetrics:
         none).  Give it before the first interval ends: with nothing reading them, the exchange stops there."""
         if any(type(known) is type(sink) for known in self.sinks):
             return
-        if self.stopped:
-            warning_once(f"ds_profutils: {type(sink).__name__} gets no live events: the live exchange has stopped "
-                         "(nothing read it when the first interval ended, or a rank's live figures failed); give "
-                         "sinks right after attach")
         self.sinks.append(sink)
+        if self._stop_at is not None:  # decided, if not yet in effect (on the deferred path two intervals on)
+            self._said_too_late()
+
+    def _said_too_late(self) -> None:
+        warning_once(f"ds_profutils: {', '.join(type(sink).__name__ for sink in self.sinks)} get no live events: the "
+                     "live exchange has stopped (nothing read it when the first interval ended, or a rank's live "
+                     "figures failed); give sinks right after attach")
 
     def step_finished(self, figures: StepFigures) -> None:
         """One optimizer step ended on this rank (every rank, every step, at the same boundary)."""
@@ -164,6 +167,8 @@ class LiveMetrics:
             if decisions.stop:
                 warning_once("ds_profutils: live metrics stop on every rank (a rank's live figures failed); "
                              "training and the step records go on")
+            elif decisions.unread and self.sinks:  # given after this rank's row said it had none
+                self._said_too_late()
             if self._gather.rank != 0 or not self.sinks:  # the events are rank 0's, made for its sinks alone
                 continue
             try:  # an error here must not skip rank 0's next exchange
