@@ -96,6 +96,9 @@ def test_with_nothing_reading_the_live_figures_the_exchange_stops_after_the_firs
     sink on rank 0 alone (the path phase) every interval was exchanged."""
     _, _, found, _ = job
     assert [found[rank]["under_file"]["exchanges"] for rank in (0, 1)] == [1, 1]
+    for late_sink in (False, True):  # deferred: the stop decided at exchange 0 takes effect two intervals on
+        expected = {"stopped": True, "exchanges": 2}
+        assert [found[rank][f"deferred_unread_{late_sink}"] for rank in (0, 1)] == [expected] * 2
 
 
 def test_the_exchange_runs_on_the_engines_group_not_the_whole_world(job):

@@ -100,8 +100,8 @@ class LiveMetrics:
             self._said_too_late()
 
     def _said_too_late(self) -> None:
-        warning_once(f"ds_profutils: {', '.join(type(sink).__name__ for sink in self.sinks)} get no live events: the "
-                     "live exchange has stopped (nothing read it when the first interval ended, or a rank's live "
+        warning_once(f"ds_profutils: {', '.join(type(sink).__name__ for sink in self.sinks)} get no live events "
+                     "once the live exchange stops (nothing read it when the first interval ended, or a rank's live "
                      "figures failed); give sinks right after attach")
 
     def step_finished(self, figures: StepFigures) -> None:
