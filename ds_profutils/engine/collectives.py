@@ -41,7 +41,7 @@ from .._device_clock import DeviceEvents, Pair
 from .hangs.sequence import (Collective, collective_ended, collective_resumed, collective_started, group_argument,
                              tensor_bytes)
 from .hooks import running
-from .step import EngineCollectives
+from .step import EngineCollectives, StepRecord
 from .torch_collectives import TorchCollectives
 
 __all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "P2P_OPS", "attach_engine", "comms_logger_on"]
@@ -163,10 +163,19 @@ class _Monitor:
             collective = collective_started(op, group_argument(args, kwargs, group_position), tensor_bytes(args))
             between_steps = False
             try:
-                recording = self._recording()
-                if recording:
-                    return timed(recording, collective, args, kwargs)
-                between_steps = running.engine_id is None
+                # the engines it belongs to: the running one if it records, else (outside every engine's calls)
+                # every engine recording; and their records, taken now (a signal handler may close one meanwhile).
+                # Inline, as the rest of this path: each call here costs microseconds inside a step
+                now = running.engine_id
+                recording, steps = [], []
+                for engine in self.engines:
+                    step = engine.step
+                    if step is not None and (now is None or engine.engine_id == now):
+                        recording.append(engine)
+                        steps.append(step)
+                if steps:
+                    return timed(recording, steps, collective, args, kwargs)
+                between_steps = now is None
                 return method(*args, **kwargs)
             finally:
                 if collective.ended_ns is None:  # not ended with the timed call's end (raised, or untimed)
@@ -174,10 +183,10 @@ class _Monitor:
                     if between_steps:
                         self.gap_wait(ended - collective.started_ns)
 
-        def timed(recording: List[EngineCollectives], collective: Collective, args: tuple,
+        def timed(recording: List[EngineCollectives], steps: List[StepRecord], collective: Collective, args: tuple,
                   kwargs: Dict[str, Any]) -> Any:
-            is_async = _is_async(args, kwargs, async_position)
-            steps = [engine.step for engine in recording]  # taken now: a signal handler may close a recorder meanwhile
+            is_async = (bool(kwargs["async_op"]) if "async_op" in kwargs else
+                        async_position is not None and len(args) > async_position and bool(args[async_position]))
             events = self.device_events
             stream = self.current_stream() if events is not None else None
             start = events.mark() if events is not None else None
@@ -228,16 +237,6 @@ class _Monitor:
         with accelerator.stream(self._timing_stream):
             future.wait()
             return self.device_events.mark()
-
-    def _recording(self) -> List[EngineCollectives]:
-        """The engines a collective issued now belongs to: the running one if it records, else (outside
-        every engine's calls) every engine recording.  A plain loop: it runs on every collective."""
-        now = running.engine_id
-        recording = []
-        for engine in self.engines:
-            if engine.step is not None and (now is None or engine.engine_id == now):
-                recording.append(engine)
-        return recording
 
     def gap_wait(self, host_ns: int) -> None:
         """A collective between steps (outside every engine's calls, no record open) took ``host_ns``."""
@@ -290,12 +289,6 @@ def _p2p_counted(op: str, method: Callable[..., Any]) -> Callable[..., Any]:
             collective_ended(collective)
 
     return counted
-
-
-def _is_async(args: tuple, kwargs: Dict[str, Any], position: Optional[int]) -> bool:
-    if "async_op" in kwargs:
-        return bool(kwargs["async_op"])
-    return position is not None and len(args) > position and bool(args[position])
 
 
 _monitor: Optional[_Monitor] = None
