@@ -93,12 +93,13 @@ def test_a_rank_whose_live_figures_fail_stops_every_ranks_exchange_at_the_same_i
 
 def test_with_nothing_reading_the_live_figures_the_exchange_stops_after_the_first_interval(job):
     """No console line, no monitor, no sink on any rank: two intervals, one exchange (whose flags said so); with a
-    sink on rank 0 alone (the path phase) every interval was exchanged."""
-    _, _, found, _ = job
+    sink on rank 0 alone (the path phase) every interval was exchanged; a sink on rank 1 alone reads nothing."""
+    _, output, found, _ = job
     assert [found[rank]["under_file"]["exchanges"] for rank in (0, 1)] == [1, 1]
-    for late_sink in (False, True):  # deferred: the stop decided at exchange 0 takes effect two intervals on
+    for case in ("none", "late_on_rank_0", "rank_1_only"):  # deferred: decided at exchange 0, in effect at 2
         expected = {"stopped": True, "exchanges": 2}
-        assert [found[rank][f"deferred_unread_{late_sink}"] for rank in (0, 1)] == [expected] * 2
+        assert [found[rank][f"deferred_unread_{case}"] for rank in (0, 1)] == [expected] * 2, case
+    assert output.count("Kept get no live events once the live exchange stops") == 1  # rank 0's late sink only
 
 
 def test_the_exchange_runs_on_the_engines_group_not_the_whole_world(job):

@@ -136,16 +136,18 @@ def phase_stop(out, rank, found):
         deferred.step_finished(dataclasses.replace(figures(step), exposed_wait_ms=None) if bad else figures(step))
     deferred.close()
     found["deferred"] = {"stopped": deferred.stopped, "exchanges": deferred._gather.launched}
-    # nothing reads the rows on any rank, on the deferred path (each rank may read them at another call), and rank 1
-    # giving a sink once the first rows said nobody reads: every rank stops at the same exchange, two intervals on
-    for late_sink in (False, True):
-        unread = LiveMetrics(SimpleNamespace(monitor_interval=1, console=False), None, [], defer=True)
+    # on the deferred path (each rank may read the rows at another call) with nothing reading them on any rank; with
+    # rank 0 giving a sink once the first rows said nobody reads; with a sink on rank 1 alone, which gets no events:
+    # every rank stops at the same exchange, two intervals on
+    for case in ("none", "late_on_rank_0", "rank_1_only"):
+        sinks = [Kept()] if case == "rank_1_only" and rank == 1 else []
+        unread = LiveMetrics(SimpleNamespace(monitor_interval=1, console=False), None, sinks, defer=True)
         for step in range(6):
-            if late_sink and rank == 1 and step == 1:
+            if case == "late_on_rank_0" and rank == 0 and step == 1:
                 unread.add_sink(Kept())
             unread.step_finished(figures(step))
         unread.close()
-        found[f"deferred_unread_{late_sink}"] = {"stopped": unread.stopped, "exchanges": unread._gather.launched}
+        found[f"deferred_unread_{case}"] = {"stopped": unread.stopped, "exchanges": unread._gather.launched}
 
 
 def phase_group(rank, found):

@@ -96,8 +96,14 @@ class LiveMetrics:
         if any(type(known) is type(sink) for known in self.sinks):
             return
         self.sinks.append(sink)
-        if self._stop_at is not None:  # decided, if not yet in effect (on the deferred path two intervals on)
+        if self._stop_at is not None and self._reads:  # decided, if not yet in effect (deferred: two intervals on)
             self._said_too_late()
+
+    @property
+    def _reads(self) -> bool:
+        """Whether this rank reads the exchanged rows: what rides on them, on every rank; sinks, on the group's rank
+        0 only (the events are its own: another rank's sinks get none, and keep no exchange going)."""
+        return self.rider is not None or (self._gather.rank == 0 and bool(self.sinks))
 
     def _said_too_late(self) -> None:
         warning_once(f"ds_profutils: {', '.join(type(sink).__name__ for sink in self.sinks)} get no live events "
@@ -149,8 +155,7 @@ class LiveMetrics:
                              "rank stops sending live figures at the same interval, training goes on")
         if self.rider is not None:
             values = [*values, *self.rider.columns()]
-        read = bool(self.sinks) or self.rider is not None
-        return with_flags(values, self._flags | (0 if read else UNREAD))
+        return with_flags(values, self._flags | (0 if self._reads else UNREAD))
 
     def _send(self, done: List[Tuple[int, Tuple[int, int], Rows]]) -> None:
         for index, (steps, global_step), rows in done:
@@ -167,7 +172,7 @@ class LiveMetrics:
             if decisions.stop:
                 warning_once("ds_profutils: live metrics stop on every rank (a rank's live figures failed); "
                              "training and the step records go on")
-            elif decisions.unread and self.sinks:  # given after this rank's row said it had none
+            elif decisions.unread and self._reads:  # given after this rank's row said it had none
                 self._said_too_late()
             if self._gather.rank != 0 or not self.sinks:  # the events are rank 0's, made for its sinks alone
                 continue
