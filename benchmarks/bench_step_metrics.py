@@ -10,7 +10,8 @@ Figures per rank, medians over the turns of the ratio of adjacent steps (wall ti
 training thread's CPU time, which a loaded machine does not stretch the way it stretches waiting):
 
 * steps 11-20 after ``attach``, timed as one block (target <= 1.02x): the per-step cost of a job long after
-  its one attach, FLOPs looked up by shape, the live gather of every 10 steps spread over them;
+  its one attach, FLOPs looked up by shape (the live exchange stopped after step 10: with the console line off
+  and no monitor nothing reads it, docs/live_metrics.md; bench_live.py measures it with a sink);
 * the second step after ``attach`` (the figure printed before: still part of the attach's warm-up);
 * the first step after ``attach``: it pays the FLOP count of the new input shape (every operator of that
   micro step through ``FlopCounterMode``'s Python dispatch) and the file's opening -- once per shape per

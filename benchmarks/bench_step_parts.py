@@ -10,7 +10,10 @@ garbage collector on, ``console`` off), attached once; after 20 steps, ``--turns
   ...), and a listener that does nothing, hooked beside them: what the timing wrapper and a Python call cost
   there, the floor under every other line;
 * every collective of ``deepspeed.comm``'s backend, timed below and above our wrapper: the wrapper's cost is
-  the difference, and the same difference with no attachment (two plain wrappers) is its floor.
+  the difference, and the same difference with no attachment (one plain wrapper layer) is its floor.
+
+The step times it prints beside them are no ratio: "on" carries these timers on every listener call and runs
+after "off" on the same engine (bench_step_metrics.py gives the interleaved ratio).
 
 A ratio benchmark (bench_step_metrics.py) moves +-2% from run to run on this machine; these are medians of
 hundreds of calls of each part in the job itself, where a part costs what it costs after the rest of the step
@@ -107,11 +110,13 @@ def worker(out: Path, steps: int) -> None:
         _time_collectives(backend, times, "above")
         if attachment is not None:
             _time_listeners(attachment.hooks, times)
+            listeners = len(attachment.hooks.listeners)
         run(WARM_STEPS)
         times.clear()
         figures[f"step {mode}"] = run(steps)
         figures[mode] = times
-        if attachment is not None:
+        if attachment is not None:  # a listener dropped after an error would take its timers with it, unseen
+            assert len(attachment.hooks.listeners) == listeners, "a listener stopped after an error"
             attachment.close()
         for op in COLLECTIVES:  # the backend as it was (ours went with close)
             vars(backend).pop(op, None)
@@ -128,12 +133,12 @@ def _wrapper_costs(times: Times) -> Dict[str, List[int]]:
 
 def _rank_lines(rank: int, figures: Dict[str, Any], steps: int) -> None:
     median_us = lambda values: statistics.median(values) / 1e3  # noqa: E731
-    print(f"  rank {rank}: step {median_us(figures['step off']):.0f} us off, {median_us(figures['step on']):.0f} us on "
-          f"(medians of {steps})")
+    print(f"  rank {rank}: step {median_us(figures['step off']):.0f} us off, "
+          f"{median_us(figures['step on']):.0f} us on, timers included (medians of {steps}; no ratio: see the module doc)")
     floor = _wrapper_costs(figures["off"])
     for op, costs in sorted(_wrapper_costs(figures["on"]).items()):
         print(f"    collective {op:28s} {len(costs) / steps:4.1f} a step: ours {median_us(costs):6.2f} us a call "
-              f"(two plain wrappers, no attach: {median_us(floor.get(op, [0])):.2f} us)")
+              f"(one plain wrapper layer, no attach: {median_us(floor.get(op, [0])):.2f} us)")
     listeners = {name: values for name, values in figures["on"].items() if not name.endswith(("above", "below"))}
     total = 0.0
     for name, values in sorted(listeners.items(), key=lambda item: -sum(item[1])):

@@ -10,6 +10,7 @@ from ds_profutils._straggler import step_straggler
 from ds_profutils.engine.live import (EVENT_NAMES, ConsoleSink, LiveMetrics, StepFigures, console_line,
                                       monitor_sink)
 from ds_profutils.engine.live.decisions import STOP, UNREAD, decide
+from ds_profutils.logging import warning_once
 from ds_profutils.engine.live.interval import interval_events, pack_interval, packed_length
 
 GIB = 1 << 30
@@ -170,6 +171,7 @@ def test_console_setting(console, capsys):
 def test_the_exchange_stops_after_the_first_interval_where_nothing_reads_it(reads, ds_caplog):
     """The step records alone (no console line, no monitor, no framework reporting, no capture) keep no
     collective of ours on the step path: a blocking all-gather every interval that nobody reads."""
+    warning_once.cache_clear()  # said once per process: each case says it afresh
     metrics = live(interval=2, console=reads == "the console", sinks=[Recorded()] if reads == "a sink" else [])
     if reads == "a rider":
         metrics.rider = SimpleNamespace(width=1, columns=lambda: [0.0], received=lambda *args: None)
@@ -186,6 +188,7 @@ def test_the_exchange_stops_after_the_first_interval_where_nothing_reads_it(read
 
 
 def test_on_the_deferred_path_the_stop_comes_two_intervals_on_and_a_sink_given_meanwhile_is_told(ds_caplog):
+    warning_once.cache_clear()  # said once per process: this test says it afresh
     metrics = LiveMetrics(SimpleNamespace(monitor_interval=1, console=False), None, [], defer=True)
     metrics.step_finished(figures(0))  # its rows say nobody reads them: every rank stops at exchange 2
     assert not metrics.stopped
@@ -201,6 +204,7 @@ def test_on_the_deferred_path_the_stop_comes_two_intervals_on_and_a_sink_given_m
 def test_the_exchange_is_unread_only_where_every_rank_says_so(flags, unread):
     """Sinks may be given on rank 0 alone (the events are rank 0's): one rank that reads keeps every rank in."""
     assert decide(flags).unread == unread
+    assert decide(flags).stop == any(flag & STOP for flag in flags)
 
 
 def test_a_failing_sink_is_loud_once_and_the_others_go_on(ds_caplog):
