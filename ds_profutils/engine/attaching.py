@@ -43,7 +43,7 @@ from . import hangs, snapshot
 from .capture import attach_capture
 from .engine_driven import EngineDrivenProfiler
 from .engine_setup import apply_engine_settings
-from .hooks import EngineHooks, Listener, _nothing
+from .hooks import EngineHooks, Listener, do_nothing
 from .live import LiveMetrics, LiveSink, monitor_sink
 from .live.clock import LiveStepClock
 from .live.gather import exchange_group
@@ -386,7 +386,7 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
     attachment.recorder = recorder
     attachment.add(recorder, recorder.close)
     if attachment.live is not None:  # after the recorder: a step whose figures did not come counts empty
-        attachment.add(LiveStepClock(engine, attachment.live), _nothing)
+        attachment.add(LiveStepClock(engine, attachment.live), do_nothing)
     if writes and identity.rank == settings.reporting_rank and not recorder.records_file.failed:
         pattern = fetch_records_file(settings.output_dir, "<r>", name)
         ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"

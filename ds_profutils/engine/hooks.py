@@ -36,8 +36,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 from torch.autograd.graph import register_multi_grad_hook
 
-__all__ = ["BETWEEN_STEPS", "EngineHooks", "Listener", "OptimizerStepListener", "grad_outputs", "on_backward_end",
-           "raised_by_signal_handler", "running"]
+__all__ = ["BETWEEN_STEPS", "EngineHooks", "Listener", "OptimizerStepListener", "do_nothing", "grad_outputs",
+           "on_backward_end", "raised_by_signal_handler", "running"]
 
 _ABSENT = object()
 BETWEEN_STEPS = "between steps"
@@ -78,8 +78,8 @@ def on_backward_end(output: Any, reached: Callable[[], None], done: Callable[[],
     return register_multi_grad_hook(tensors, on_gradient, mode="any")
 
 
-def _nothing() -> None:
-    pass
+def do_nothing() -> None:
+    """A callback with nothing to do (a backward watch that only needs its end, a listener with nothing to close)."""
 
 
 class _Running:
@@ -319,7 +319,7 @@ class EngineHooks:
         if self._active and self._forwards == 1:
             self._tell("forward_ended", module, output)
             if module.training and torch.is_grad_enabled():
-                self._backward_watch = on_backward_end(output, _nothing, self._torch_style_backward_ended)
+                self._backward_watch = on_backward_end(output, do_nothing, self._torch_style_backward_ended)
                 self.phase = "backward"  # to come
 
     def _torch_style_backward_ended(self) -> None:
