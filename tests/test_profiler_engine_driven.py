@@ -318,8 +318,10 @@ _JOB = textwrap.dedent("""
     from ds_profutils.torch_profiler import watchdog
     from test_profiler_engine_driven import AccumulatingEngine
 
-    watchdog.GRACE_S = 1.0
     out, mode = sys.argv[1], sys.argv[2]
+    # hung: the step never reaches its boundary, so the grace runs out; boundary: it does, in 0.5 s, and a grace load
+    # cannot eat keeps it so (on a busy machine 1 s was not: the unwind came first, outside the forward)
+    watchdog.GRACE_S = 1.0 if mode == "hung" else 20.0
     engine = AccumulatingEngine({"profiler": {"output_dir": out, "skip_first": 0, "wait": 0, "warmup": 1,
                                               "active": 1000}})
     ds_profutils.attach(engine, config=engine.config)
