@@ -312,16 +312,17 @@ def test_a_rank_outside_the_world_fails_at_attach_naming_the_key(tmp_path):
 # ---- a process of its own: exit without close, SIGTERM at a boundary, SIGTERM in a hung step ---------------
 
 _JOB = textwrap.dedent("""
-    import os, sys, time
+    import os, signal, sys, threading, time
     sys.path.insert(0, sys.argv[3])
     import ds_profutils
     from ds_profutils.torch_profiler import watchdog
     from test_profiler_engine_driven import AccumulatingEngine
 
     out, mode = sys.argv[1], sys.argv[2]
+    hangs = mode in ("hung", "taken-elsewhere")
     # hung: the step never reaches its boundary, so the grace runs out; boundary: it does, in 0.5 s, and a grace load
     # cannot eat keeps it so (on a busy machine 1 s was not: the unwind came first, outside the forward)
-    watchdog.GRACE_S = 1.0 if mode == "hung" else 20.0
+    watchdog.GRACE_S = 1.0 if hangs else 20.0
     engine = AccumulatingEngine({"profiler": {"output_dir": out, "skip_first": 0, "wait": 0, "warmup": 1,
                                               "active": 1000}})
     ds_profutils.attach(engine, config=engine.config)
@@ -330,7 +331,9 @@ _JOB = textwrap.dedent("""
     def slow_forward(x):
         if engine.global_steps == 6:
             print("recording", flush=True)
-            time.sleep(60 if mode == "hung" else 0.5)
+            if mode == "taken-elsewhere":  # a thread of the process takes the SIGTERM while this one sleeps
+                threading.Timer(0.3, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
+            time.sleep(60 if hangs else 0.5)
         return forward(x)
 
     engine.module.forward = slow_forward
@@ -364,13 +367,15 @@ def test_a_process_that_exits_without_close_writes_the_window_in_flight(tmp_path
     assert "was not written" not in output
 
 
-@pytest.mark.parametrize("mode", ["boundary", "hung"])
+@pytest.mark.parametrize("mode", ["boundary", "hung", "taken-elsewhere"])
 def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_path, mode):
     """``boundary``: the step in flight ends within the grace period, and the window is written at its
     ``engine.step()``; ``hung``: it does not, the SystemExit raised for the SIGTERM is caught leaving the
-    engine's forward and the window written there.  Either way the process then ends killed by SIGTERM,
-    as without the profiler: no ``finally`` of the program runs (its barriers would meet dead peers)."""
-    status, output = _run(tmp_path, mode, send_sigterm=True)
+    engine's forward and the window written there; ``taken-elsewhere``: as ``hung``, but another thread took
+    the SIGTERM (the kernel gives a process's signal to any thread that does not block it), so the sleeping
+    main thread ran no handler until the watchdog sent it the signal.  Each time the process then ends killed
+    by SIGTERM, as without the profiler: no ``finally`` of the program runs (its barriers would meet dead peers)."""
+    status, output = _run(tmp_path, mode, send_sigterm=mode != "taken-elsewhere")
     assert status == -signal.SIGTERM, output
     assert "rank 0 interrupted at step" in output and "cleanup found" not in output
     steps = profiler_steps(read_trace(tmp_path / "trace_rank_0.json"))

@@ -161,6 +161,11 @@ class SignalGuard:
         program put over it during the window gets the signal instead, and nothing is held)."""
         return (signum in self._window or signum in self._aside) and signal.getsignal(signum) == self._handler
 
+    def saw_stopping_signal(self) -> bool:
+        """The handler ran for a SIGTERM/SIGINT not yet resolved (asked by the watchdog: False while the signal
+        waits for a main thread that took none of it)."""
+        return self._owes_resolution or self.interrupted
+
     def waiting_for_boundary(self) -> bool:
         """A noted SIGTERM/SIGINT waits for the next step boundary (asked by the watchdog)."""
         return self.stop is not None and not self.holding and self._raised is None
@@ -334,8 +339,8 @@ class SignalGuard:
     def _resolve_if_free(self) -> None:
         """Tell the watchdog when no SIGTERM/SIGINT the handler saw is held any longer."""
         if self._owes_resolution and not self._stopping() and not any(s in _STOPPING for s in self._pending):
+            WATCHDOG.resolved()  # before the flag is cleared: the watchdog reads the flag, then the pipe
             self._owes_resolution = False
-            WATCHDOG.resolved()
 
     def _deliver(self, due: List[int]) -> None:
         """Deliver held signals to the handlers installed now, as Python would have."""

@@ -14,6 +14,10 @@ reads, and the thread:
 * after :data:`GRACE_S` without a step boundary, asks the main thread to unwind: it sends the signal
   again to the main thread alone (``signal.pthread_kill``, which also interrupts a blocking system
   call such as a sleep), and the guard's handler then raises SystemExit or KeyboardInterrupt;
+* after :data:`GRACE_S` with the handler not yet run, sends the main thread the signal first: the
+  kernel gives a process's signal to any of its threads that does not block it (a torch or gloo
+  thread, this one), the C-level handler runs there, and a main thread blocked in a sleep or a wait
+  runs the Python handler only when that call returns, if ever;
 * passes every byte on to the wakeup fd the program had set (asyncio's), if any.
 
 The main thread writes a 0 byte into the same pipe once it has dealt with every SIGTERM/SIGINT its
@@ -69,6 +73,9 @@ class Watched(Protocol):
     def doing(self) -> str:
         """What keeps the signal held, for the last line."""
 
+    def saw_stopping_signal(self) -> bool:
+        """The main thread has run the handler for a SIGTERM/SIGINT it has not yet resolved."""
+
 
 def _flush_standard_streams() -> None:
     """Flush stdout and stderr, giving up after a second: their locks may be held by the stuck thread."""
@@ -99,6 +106,7 @@ class Watchdog:
         self._signum = 0
         self._sigints = 0
         self._unwind_sent = False
+        self._main_thread_sent = False
         self._own: Dict[int, int] = {}  # signals it sent itself, whose bytes are not counted
 
     # ---- called by the main thread -------------------------------------------------------------
@@ -158,20 +166,24 @@ class Watchdog:
     def _loop(self) -> None:
         while True:
             try:
-                ready, _, _ = select.select([self._read], [], [], self._timeout())
-                data = b""
-                if ready:
-                    try:
-                        data = os.read(self._read, 4096)
-                    except BlockingIOError:
-                        pass
-                self._forward(data)
-                for byte in data:
-                    self._on_byte(byte)
+                self._take(self._timeout())
                 self._on_clock()
             except Exception as exc:  # never let the thread die: the next hold would have no deadline
                 self._say(f"ds_profutils: the signal watchdog failed ({type(exc).__name__}: {exc}); it goes on\n")
                 time.sleep(0.1)
+
+    def _take(self, timeout: Optional[float]) -> None:
+        """Read the bytes written to the pipe (waiting up to ``timeout``) and act on each."""
+        ready, _, _ = select.select([self._read], [], [], timeout)
+        data = b""
+        if ready:
+            try:
+                data = os.read(self._read, 4096)
+            except BlockingIOError:
+                pass
+        self._forward(data)
+        for byte in data:
+            self._on_byte(byte)
 
     def _timeout(self) -> Optional[float]:
         if self._first_at is None:
@@ -220,11 +232,24 @@ class Watchdog:
             self._unwind_sent = True
             signum = guard.request_unwind()
             if signum is not None:  # None: the boundary came meanwhile
-                self._own[signum] = self._own.get(signum, 0) + 1
-                signal.pthread_kill(threading.main_thread().ident, signum)
+                self._send_to_main_thread(signum)
+        elif elapsed >= GRACE_S and not self._main_thread_sent and not guard.saw_stopping_signal():
+            # The pipe after the flag: a signal seen and resolved meanwhile left its resolution's byte there (the
+            # guard writes it before clearing the flag), and the clock stops at it.
+            started = self._first_at
+            self._take(0.0)
+            if self._first_at == started:
+                self._main_thread_sent = True
+                self._send_to_main_thread(self._signum)
+
+    def _send_to_main_thread(self, signum: int) -> None:
+        """Interrupt what the main thread waits in and run its handler for ``signum`` (a byte not counted)."""
+        self._own[signum] = self._own.get(signum, 0) + 1
+        signal.pthread_kill(threading.main_thread().ident, signum)
 
     def _reset(self) -> None:
-        self._first_at, self._sigints, self._unwind_sent = None, 0, False
+        self._first_at, self._sigints = None, 0
+        self._unwind_sent = self._main_thread_sent = False
 
     def _end(self, signum: int, reason: str) -> None:
         """End the process now: the main thread cannot be waited for."""
