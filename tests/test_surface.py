@@ -107,7 +107,12 @@ def test_a_mirror_holds_every_name_deepspeeds_module_gives(module):
 def test_a_read_through_module_is_deepspeeds(module):
     ours = importlib.import_module(f"ds_profutils.{module}")
     theirs = importlib.import_module(f"deepspeed.utils.{module}")
-    assert ours.__all__ == [name for name in vars(theirs) if not name.startswith("_")]
+    star_ours, star_theirs = {}, {}
+    exec(f"from ds_profutils.{module} import *", star_ours)
+    exec(f"from deepspeed.utils.{module} import *", star_theirs)
+    star_ours.pop("__builtins__"), star_theirs.pop("__builtins__")
+    assert star_ours.keys() == star_theirs.keys()  # a star import takes what DeepSpeed's takes, the same objects
+    assert all(star_ours[name] is value for name, value in star_theirs.items())
     assert all(getattr(ours, name) is value for name, value in vars(theirs).items() if not name.startswith("__"))
     assert getattr(ds_profutils, module) is ours
     with pytest.raises(AttributeError, match="has no attribute 'nothing_here'"):
