@@ -14,7 +14,9 @@ It is the decorator's run, driven by other calls:
   SIGINT waits for the next optimizer step as with the decorator, and where none comes in time the
   exception the signal guard raises is caught leaving the engine's forward, backward or step, and
   the window is written there, before the program's own cleanup runs (a barrier in a ``finally``
-  with a dead peer would otherwise hold it until SIGKILL).
+  with a dead peer would otherwise hold it until SIGKILL); raised outside the engine's calls (the
+  program's loop waiting for a batch), it goes up through the program's code, and the window is
+  written at exit.
 """
 from __future__ import annotations
 
