@@ -332,7 +332,7 @@ _JOB = textwrap.dedent("""
         if engine.global_steps == 6:
             print("recording", flush=True)
             if mode == "taken-elsewhere":  # a thread of the process takes the SIGTERM while this one sleeps
-                threading.Timer(0.3, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
+                threading.Timer(1.0, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
             time.sleep(60 if hangs else 0.5)
         return forward(x)
 

@@ -675,6 +675,49 @@ def test_a_signal_the_programs_later_handler_takes_starts_no_deadline(tmp_path):
     assert "graceful" in job.stdout and "ended normally" in job.stdout
 
 
+_PROGRAMS_HANDLER_TAKEN_ELSEWHERE = textwrap.dedent("""
+    import ctypes, signal, sys, threading, time
+    from ds_profutils import profiler, step_profiler
+    from ds_profutils.torch_profiler import watchdog
+
+    watchdog.GRACE_S, watchdog.DEADLINE_S = 0.5, 2.0
+    calls = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))  # graceful preemption: it goes on
+
+    def blocked_in_c(seconds):  # a wait no signal ends (a device sync, a collective), the GIL released
+        class Timespec(ctypes.Structure):
+            _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+        libc = ctypes.CDLL(None)
+        mutex = ctypes.create_string_buffer(64)  # zeroed: an initialised default mutex
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_timedlock(mutex, ctypes.byref(Timespec(int(time.time() + seconds), 0)))
+
+    @profiler(output_dir=sys.argv[1], skip_first=0, wait=0, warmup=0, active=12)
+    def train():
+        for step in range(6):
+            if step == 3:  # another thread takes the SIGTERM while this one waits, past the deadline
+                threading.Timer(0.3, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
+                began = time.monotonic()
+                blocked_in_c(4)
+                print(f"blocked {time.monotonic() - began:.1f} s", flush=True)
+            step_profiler()
+
+    train()
+    print(f"ended normally, the program's handler called {len(calls)} time(s)", flush=True)
+""")
+
+
+def test_a_signal_the_programs_own_handler_takes_has_no_deadline_whichever_thread_took_it(tmp_path):
+    """The guard calls a handler of the program's at once and holds nothing: the profiler keeps no deadline for
+    it, even while the main thread, blocked in C past the deadline, has not run it yet (another thread took the
+    signal).  The handler then runs once, when the wait returns, as without the profiler."""
+    job = subprocess.run([sys.executable, "-c", _PROGRAMS_HANDLER_TAKEN_ELSEWHERE, str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "ended normally, the program's handler called 1 time(s)" in job.stdout
+    assert float(job.stdout.split("blocked ")[1].split(" s")[0]) >= 3.0  # the premise: blocked past the deadline
+
+
 def test_a_signal_arriving_while_the_programs_handlers_are_given_back_is_delivered_once(tmp_path, handlers,
                                                                                          monkeypatch):
     """The race of the give-back: a signal that comes while the profiler puts the program's handlers back finds

@@ -156,10 +156,12 @@ class SignalGuard:
             return "the program's cleanup, unwinding from the exception raised for it, has not ended"
         return self.activity
 
-    def handles(self, signum: int) -> bool:
-        """Whether this guard's handler is the one installed for ``signum`` (asked by the watchdog: a handler the
-        program put over it during the window gets the signal instead, and nothing is held)."""
-        return (signum in self._window or signum in self._aside) and signal.getsignal(signum) == self._handler
+    def holds(self, signum: int) -> bool:
+        """Whether ``signum`` arriving now is held: this guard's handler is the one installed for it (a handler the
+        program put over it during the window gets the signal instead), and notes or pends it rather than calling
+        the program's own at once (asked by the watchdog, which keeps a deadline for what is held only)."""
+        installed = (signum in self._window or signum in self._aside) and signal.getsignal(signum) == self._handler
+        return installed and (self.holding or signum in self._aside or self._stops(signum))
 
     def saw_stopping_signal(self) -> bool:
         """The handler ran for a SIGTERM/SIGINT not yet resolved (asked by the watchdog: False while the signal

@@ -8,9 +8,9 @@ signal's number to the wakeup fd (``signal.set_wakeup_fd``).  While the signal g
 which owns this watchdog) has its handler installed, that fd is a pipe that this module's thread
 reads, and the thread:
 
-* starts a clock at the first SIGTERM/SIGINT the guard's handler receives, and at :data:`DEADLINE_S`
+* starts a clock at the first SIGTERM/SIGINT the guard holds, and at :data:`DEADLINE_S`
   ends the process with ``os._exit(128 + signum)`` after one line on stderr saying why;
-* ends it at once, with exit status 130, at the third SIGINT (Ctrl-C pressed three times);
+* ends it at once, with exit status 130, at the third SIGINT held (Ctrl-C pressed three times);
 * after :data:`GRACE_S` without a step boundary, asks the main thread to unwind: it sends the signal
   again to the main thread alone (``signal.pthread_kill``, which also interrupts a blocking system
   call such as a sleep), and the guard's handler then raises SystemExit or KeyboardInterrupt;
@@ -23,7 +23,11 @@ reads, and the thread:
 The main thread writes a 0 byte into the same pipe once it has dealt with every SIGTERM/SIGINT its
 handler saw (delivered them, handed them to the program's handler, or seen the program go on after
 the exception).  A pipe keeps order, so the 0 comes after the bytes of those signals, and the clock
-stops there; a signal the main thread has not seen (it is stuck) keeps the clock running.
+stops there; a signal the main thread has not seen (it is stuck) keeps the clock running.  Only a
+held signal starts the clock: one the guard hands at once to a handler of the program's (graceful
+preemption) has no deadline, as without the profiler.  (Where another thread took the signal,
+CPython marks it pending before it writes the byte, so a busy main thread may note it first; a
+noted signal stays unresolved until it is delivered, so its clock still runs.)
 
 The thread takes no lock and never waits for the main thread.  It does need the GIL: a call that
 blocks while holding the GIL stops it too (torch's waits on the device and on collectives release
@@ -61,8 +65,9 @@ class Watched(Protocol):
 
     label: str  # who this is, for the last line
 
-    def handles(self, signum: int) -> bool:
-        """Whether the holder's handler is the one installed for ``signum`` (else the signal is not held)."""
+    def holds(self, signum: int) -> bool:
+        """Whether ``signum`` arriving now is held (noted or pended by the holder's handler), not handed at once to a
+        handler of the program's: only a held signal has a deadline."""
 
     def waiting_for_boundary(self) -> bool:
         """A noted SIGTERM/SIGINT waits for the next step boundary."""
@@ -203,11 +208,11 @@ class Watchdog:
         if byte == _RESOLVED:
             self._reset()
             return
-        guard = self.guard
-        if byte not in _STOPPING or guard is None or not guard.handles(byte):
-            return
-        if self._own.get(byte):
+        if self._own.get(byte):  # sent by this thread: never a new signal, whoever handled it since
             self._own[byte] -= 1
+            return
+        guard = self.guard
+        if byte not in _STOPPING or guard is None or not guard.holds(byte):
             return
         if self._first_at is None:
             self._first_at, self._signum = time.monotonic(), byte
@@ -238,7 +243,7 @@ class Watchdog:
             # guard writes it before clearing the flag), and the clock stops at it.
             started = self._first_at
             self._take(0.0)
-            if self._first_at == started:
+            if self._first_at == started and self.guard is guard and guard.holds(self._signum):
                 self._main_thread_sent = True
                 self._send_to_main_thread(self._signum)
 
@@ -248,8 +253,11 @@ class Watchdog:
         signal.pthread_kill(threading.main_thread().ident, signum)
 
     def _reset(self) -> None:
+        """Nothing is held any longer: the clock stops.  A byte of a signal this thread sent comes before the
+        resolution that follows its handling, so none is still awaited."""
         self._first_at, self._sigints = None, 0
         self._unwind_sent = self._main_thread_sent = False
+        self._own.clear()
 
     def _end(self, signum: int, reason: str) -> None:
         """End the process now: the main thread cannot be waited for."""
