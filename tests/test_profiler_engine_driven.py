@@ -7,11 +7,13 @@ in a process of its own, as the launcher's SIGTERM finds it.  The real engines u
 through a transformers Trainer and Accelerate, are in test_integrations_jobs.py.
 """
 import gc
+import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ import pytest
 import ds_profutils
 from ds_profutils import profiler, step_profiler
 from ds_profutils.torch_profiler import calls as profiler_calls
+from ds_profutils.torch_profiler import watchdog
 from ds_profutils.torch_profiler.run import TAIL_RANGE
 from profiler_testing import cycle_steps, profiler_steps, read_trace
 from test_zero_attach import Engine
@@ -319,7 +322,7 @@ _JOB = textwrap.dedent("""
     from test_profiler_engine_driven import AccumulatingEngine
 
     out, mode = sys.argv[1], sys.argv[2]
-    hangs = mode in ("hung", "taken-elsewhere")
+    hangs = mode in ("hung", "taken-elsewhere", "between-steps")
     # hung: the step never reaches its boundary, so the grace runs out; boundary: it does, in 0.5 s, and a grace load
     # cannot eat keeps it so (on a busy machine 1 s was not: the unwind came first, outside the forward)
     watchdog.GRACE_S = 1.0 if hangs else 20.0
@@ -336,7 +339,18 @@ _JOB = textwrap.dedent("""
             time.sleep(60 if hangs else 0.5)
         return forward(x)
 
-    engine.module.forward = slow_forward
+    train_mode = engine.module.train
+
+    def slow_batch(training=True):  # train_step's first call: the program's loop, outside the engine's calls
+        if engine.global_steps == 6 and engine.micro_steps % 2 == 0:
+            print("recording", flush=True)
+            time.sleep(60)  # a batch that never comes
+        return train_mode(training)
+
+    if mode == "between-steps":
+        engine.module.train = slow_batch
+    else:
+        engine.module.forward = slow_forward
     try:
         engine.train(8 if mode == "exit" else 100)
     finally:
@@ -367,17 +381,47 @@ def test_a_process_that_exits_without_close_writes_the_window_in_flight(tmp_path
     assert "was not written" not in output
 
 
-@pytest.mark.parametrize("mode", ["boundary", "hung", "taken-elsewhere"])
+@pytest.mark.parametrize("mode", ["boundary", "hung", "taken-elsewhere", "between-steps"])
 def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_path, mode):
     """``boundary``: the step in flight ends within the grace period, and the window is written at its
     ``engine.step()``; ``hung``: it does not, the SystemExit raised for the SIGTERM is caught leaving the
     engine's forward and the window written there; ``taken-elsewhere``: as ``hung``, but another thread took
     the SIGTERM (the kernel gives a process's signal to any thread that does not block it), so the sleeping
-    main thread ran no handler until the watchdog sent it the signal.  Each time the process then ends killed
-    by SIGTERM, as without the profiler: no ``finally`` of the program runs (its barriers would meet dead peers)."""
+    main thread ran no handler until the watchdog sent it the signal; ``between-steps``: the program's loop waits
+    for a batch that does not come, outside the engine's calls, and the window is written right there.  Each time
+    the process then ends killed by SIGTERM, as without the profiler: no ``finally`` of the program runs (its
+    barriers would meet dead peers)."""
     status, output = _run(tmp_path, mode, send_sigterm=mode != "taken-elsewhere")
     assert status == -signal.SIGTERM, output
     assert "rank 0 interrupted at step" in output and "cleanup found" not in output
-    steps = profiler_steps(read_trace(tmp_path / "trace_rank_0.json"))
-    assert steps == list(range(1, 7)), output  # hung: step 6 cut where it stopped
+    trace = read_trace(tmp_path / "trace_rank_0.json")
+    waited = mode == "between-steps"  # for step 6's batch: the range open then is no step, and is named so
+    assert profiler_steps(trace) == list(range(1, 6 if waited else 7)), output  # hung: step 6 cut where it stopped
+    assert [e["name"] for e in trace["traceEvents"] if e.get("name") == TAIL_RANGE] == [TAIL_RANGE] * waited
     assert not [p for p in tmp_path.rglob(".*")], "temporary files left behind"
+
+
+def test_ctrl_c_while_the_loop_waits_for_a_batch_writes_the_window_before_the_keyboardinterrupt(tmp_path, monkeypatch):
+    """No optimizer step comes in the grace period and the loop is outside the engine's calls: the window is written
+    there, and the KeyboardInterrupt comes out where the loop waited, finding the trace on disk."""
+    monkeypatch.setattr(watchdog, "GRACE_S", 0.5)
+    engine = AccumulatingEngine(profiler_config(tmp_path, wait=0, warmup=1, active=1000))
+    found = []
+    train_mode = engine.module.train
+
+    def slow_batch(training=True):
+        if engine.global_steps == 6 and engine.micro_steps % 2 == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+            try:
+                time.sleep(60)  # a batch that never comes
+            except KeyboardInterrupt:
+                found.append(profiler_steps(read_trace(tmp_path / "trace_rank_0.json")))
+                raise
+        return train_mode(training)
+
+    with ds_profutils.attach(engine, config=engine.config):
+        engine.module.train = slow_batch
+        with pytest.raises(KeyboardInterrupt):
+            engine.train(100)
+    assert found == [[1, 2, 3, 4, 5]]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

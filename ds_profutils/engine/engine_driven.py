@@ -10,16 +10,20 @@ It is the decorator's run, driven by other calls:
   its schedule counts the engine's optimizer steps from there;
 * a step ends when ``engine.step()`` returns having taken an optimizer step (the boundary of gradient
   accumulation), and is named ``ProfilerStep#N`` by the engine's global step, as the fetch records are;
-* the window in flight is written at ``close()``, at process exit (:mod:`ds_profutils.torch_profiler.calls`), and on interruption: a SIGTERM or
-  SIGINT waits for the next optimizer step as with the decorator, and where none comes in time the
-  exception the signal guard raises is caught leaving the engine's forward, backward or step, and
-  the window is written there, before the program's own cleanup runs (a barrier in a ``finally``
-  with a dead peer would otherwise hold it until SIGKILL); raised outside the engine's calls (the
-  program's loop waiting for a batch), it goes up through the program's code, and the window is
-  written at exit.
+* the window in flight is written at ``close()``, at process exit (:mod:`ds_profutils.torch_profiler.calls`),
+  and on interruption: a SIGTERM or SIGINT waits for the next optimizer step as with the decorator, and
+  where none comes in time the exception the signal guard raises is caught leaving the engine's
+  forward, backward or step, and the window is written there, before the program's own cleanup runs (a barrier in a ``finally``
+  with a dead peer would otherwise hold it until SIGKILL).  Where the main thread is outside the
+  engine's calls then (the program's loop waiting for a batch), nothing is raised: the window is
+  written right there and the signal delivered (SIGTERM's default action; SIGINT's KeyboardInterrupt
+  goes up from there, the run ended), unless ds_profutils' own code is on the stack (a listener, a
+  live sink), where the exception is raised as inside the engine and the window written at exit.
 """
 from __future__ import annotations
 
+import weakref
+from types import FrameType
 from typing import Any, Optional
 
 import torch
@@ -30,7 +34,7 @@ from ..outputs import process_identity
 from ..torch_profiler.calls import advance, finish_run, start_run
 from ..torch_profiler.run import ProfilerRun
 from ..torch_profiler.writer import show_comms_summary
-from .hooks import Listener
+from .hooks import Listener, running
 
 __all__ = ["EngineDrivenProfiler"]
 
@@ -51,7 +55,10 @@ class EngineDrivenProfiler(Listener):
         if self.run is None and not self._idle:
             self._started = True  # even if start_run raises: close() shows the summary as the other ranks do
             self.run = start_run(self.settings, self.engine, engine_driven=True)
-            if self.run is None:
+            if self.run is not None:  # held weakly: the run must not keep the engine alive through this listener
+                ends_here = weakref.WeakMethod(self._ends_between_steps)
+                self.run.signals.ends_here = lambda frame: (ends_here() or _never)(frame)
+            else:
                 self._started, self._idle = False, True
                 logger.warning("profiler: the engine's profiler stays idle: a profiled call (the @profiler decorator, "
                                "or another attached engine's profiler) is running, and only one runs per process")
@@ -61,6 +68,15 @@ class EngineDrivenProfiler(Listener):
         rises there may be the profiler's own buffers)."""
         run = self.run
         return run is not None and run.recording
+
+    def _ends_between_steps(self, frame: Optional[FrameType]) -> bool:
+        """Asked by the signal guard where no optimizer step came in the grace period (see the module doc): the run
+        ends here, before any cleanup of the program's, where the main thread is in the program's own code between
+        the engine's calls."""
+        if running.engine_id is not None or _inside_ds_profutils(frame):
+            return False
+        self._finish(None)
+        return True
 
     def step_ended(self) -> None:
         run = self.run
@@ -90,3 +106,18 @@ class EngineDrivenProfiler(Listener):
         self._idle = True
         if run is not None:
             finish_run(run, passing, summary=False)
+
+
+def _never(frame: Optional[FrameType]) -> bool:
+    """The profiler is gone: the run cannot end where the main thread is."""
+    return False
+
+
+def _inside_ds_profutils(frame: Optional[FrameType]) -> bool:
+    """Whether a frame of this package's is on the stack from ``frame`` down (a listener, a live sink: the run must
+    not end in the middle of one of its updates)."""
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").partition(".")[0] == "ds_profutils":
+            return True
+        frame = frame.f_back
+    return False

@@ -12,9 +12,11 @@ the step goes on) or, while the profiler works, *held* (``_pending`` while ``hol
 "killed by SIGTERM"), SIGINT as KeyboardInterrupt out of ``step_profiler()``.  Where no boundary comes
 in :data:`~.watchdog.GRACE_S`, the handler raises SystemExit(143)/KeyboardInterrupt where the main
 thread is (*unwinding*, ``_raised``), the window is written where the profiled block ends, then
-delivered.  From *noted* or *held*, the watchdog (:mod:`.watchdog`, owned by this module: it knows
-the guard only as a :class:`~.watchdog.Watched`) ends the process :data:`~.watchdog.DEADLINE_S` after the first
-SIGTERM/SIGINT, or at the third SIGINT, even with the main thread stuck.  A handler the program
+delivered (or, where the run's ``ends_here`` can end it where the main thread is, an attached engine's
+run between the engine's steps, written there and delivered).  From *noted* or *held*, the watchdog
+(:mod:`.watchdog`, owned by this module: it knows the guard only as a :class:`~.watchdog.Watched`) ends
+the process :data:`~.watchdog.DEADLINE_S` after the first SIGTERM/SIGINT, or at the third SIGINT, even
+with the main thread stuck.  A handler the program
 installed itself is called at once instead (graceful preemption); an ignored signal stays ignored; a
 handler installed outside Python is left alone (one warning).  The program's own cleanup (``finally``
 blocks, checkpoint saves, barriers) runs after the window is on disk.
@@ -29,9 +31,8 @@ must not raise into the step before the window is on disk).
 
 The CPython mechanisms, each kept because it is the plainest one that meets a guarantee:
 
-* *an empty Python call* (:func:`_run_tripped_handlers`) is where delivered handlers run: CPython runs
-  tripped handlers when a call begins, so what they raise comes out at a known point of
-  :meth:`release`, inside ``step_profiler()``, after the guard's state is settled;
+* *an empty Python call* (:func:`_run_tripped_handlers`): CPython runs tripped handlers when a call
+  begins, so what they raise comes out at a known point of :meth:`release`, the guard's state settled;
 * ``_thread.interrupt_main(signum)`` delivers a held signal: it trips the signal exactly as its
   arrival does and runs no handler, so all held signals are tripped first and then run in Python's
   order, the others still running at the next check where one raises (``signal.raise_signal`` would
@@ -40,18 +41,15 @@ The CPython mechanisms, each kept because it is the plainest one that meets a gu
 * *a registry of code objects* (:func:`ends_a_run`): the interpreter itself calls a profiled block's
   ``__exit__``, and a pending signal may be handled at its first instruction, before it can begin
   holding; the handler's ``frame`` tells it so, which no flag set beforehand can;
-* the traceback scan of ``engine.hooks.raised_by_signal_handler`` tells an exception a program's
-  handler raised while a listener ran from the listener's own (the handler is the program's, so
-  nothing of ours marks its exceptions); delivered signals keep that true, as they run the program's
-  handlers, installed again, in Python's frames.
+* ``engine.hooks.raised_by_signal_handler`` tells a program's handler's exception in a listener by its
+  traceback; delivered signals keep that true, as they run the program's handlers in Python's frames.
 
 Giving the handlers back never loses a signal: ``holding`` stays set until they are back, so one that
-arrives meanwhile is only pended, and the pending ones are taken after the give-back until none is left.
-A program that catches the SystemExit or KeyboardInterrupt and goes on leaves nothing armed: the next
-``step_profiler()`` (or the end of the profiled block) clears it.  Handlers are installed only on the
-main thread (Python allows no other), put back only where this guard's is still the one installed, and
-a process forked meanwhile (a DataLoader worker) gets the program's handlers back at once.  No path
-here takes a lock.
+arrives meanwhile is pended, and the pending ones are taken after the give-back until none is left.  A
+program that catches the SystemExit or KeyboardInterrupt and goes on leaves nothing armed: the next
+``step_profiler()`` (or the block's end) clears it.  Handlers are installed only on the main thread,
+put back only where this guard's is still installed, and a process forked meanwhile (a DataLoader
+worker) gets the program's handlers back at once.  No path here takes a lock.
 """
 from __future__ import annotations
 
@@ -127,6 +125,8 @@ class SignalGuard:
         self._raised: Optional[Tuple[BaseException, int]] = None  # raised by the handler, not yet dealt with
         self._owes_resolution = False  # the handler saw a SIGTERM/SIGINT the watchdog has not been told about
         self._warned: Set[str] = set()
+        # set by a run an engine drives: at the grace's end, ends the run in the frame given (True: window written)
+        self.ends_here: Optional[Callable[[Optional[FrameType]], bool]] = None
 
     # ---- what the run asks ---------------------------------------------------------------------
 
@@ -164,8 +164,7 @@ class SignalGuard:
         return installed and (self.holding or signum in self._aside or self._stops(signum))
 
     def saw_stopping_signal(self) -> bool:
-        """The handler ran for a SIGTERM/SIGINT not yet resolved (asked by the watchdog: False while the signal
-        waits for a main thread that took none of it)."""
+        """The handler ran for a SIGTERM/SIGINT not yet resolved (False: the main thread has not run it yet)."""
         return self._owes_resolution or self.interrupted
 
     def waiting_for_boundary(self) -> bool:
@@ -288,7 +287,10 @@ class SignalGuard:
             handler(signum, frame)
             return
         if self._unwind == signum and self.stop == signum:
-            self._unwind = self.stop = None
+            self._unwind = None
+            if self.ends_here is not None and self.ends_here(frame):
+                return  # a SIGTERM ended the process in there; a SIGINT's KeyboardInterrupt came out of it
+            self.stop = None
             exc: BaseException = KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
             self._raised, self.stopped_by_signal = (exc, signum), True
             raise exc
