@@ -20,6 +20,7 @@ import pytest
 
 import ds_profutils
 from ds_profutils import profiler, step_profiler
+from ds_profutils.engine import engine_driven
 from ds_profutils.torch_profiler import calls as profiler_calls
 from ds_profutils.torch_profiler import watchdog
 from ds_profutils.torch_profiler.run import TAIL_RANGE
@@ -322,12 +323,13 @@ _JOB = textwrap.dedent("""
     from test_profiler_engine_driven import AccumulatingEngine
 
     out, mode = sys.argv[1], sys.argv[2]
-    hangs = mode in ("hung", "taken-elsewhere", "between-steps")
+    hangs = mode in ("hung", "taken-elsewhere", "between-steps", "saving")
     # hung: the step never reaches its boundary, so the grace runs out; boundary: it does, in 0.5 s, and a grace load
     # cannot eat keeps it so (on a busy machine 1 s was not: the unwind came first, outside the forward)
     watchdog.GRACE_S = 1.0 if hangs else 20.0
     engine = AccumulatingEngine({"profiler": {"output_dir": out, "skip_first": 0, "wait": 0, "warmup": 1,
                                               "active": 1000}})
+    engine.save_checkpoint = lambda save_dir: time.sleep(60)  # a save that does not end in time
     ds_profutils.attach(engine, config=engine.config)
     forward = engine.module.forward
 
@@ -344,10 +346,12 @@ _JOB = textwrap.dedent("""
     def slow_batch(training=True):  # train_step's first call: the program's loop, outside the engine's calls
         if engine.global_steps == 6 and engine.micro_steps % 2 == 0:
             print("recording", flush=True)
+            if mode == "saving":  # the engine's own work between steps
+                engine.save_checkpoint(out)
             time.sleep(60)  # a batch that never comes
         return train_mode(training)
 
-    if mode == "between-steps":
+    if mode in ("between-steps", "saving"):
         engine.module.train = slow_batch
     else:
         engine.module.forward = slow_forward
@@ -381,14 +385,15 @@ def test_a_process_that_exits_without_close_writes_the_window_in_flight(tmp_path
     assert "was not written" not in output
 
 
-@pytest.mark.parametrize("mode", ["boundary", "hung", "taken-elsewhere", "between-steps"])
+@pytest.mark.parametrize("mode", ["boundary", "hung", "taken-elsewhere", "between-steps", "saving"])
 def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_path, mode):
     """``boundary``: the step in flight ends within the grace period, and the window is written at its
     ``engine.step()``; ``hung``: it does not, the SystemExit raised for the SIGTERM is caught leaving the
     engine's forward and the window written there; ``taken-elsewhere``: as ``hung``, but another thread took
     the SIGTERM (the kernel gives a process's signal to any thread that does not block it), so the sleeping
     main thread ran no handler until the watchdog sent it the signal; ``between-steps``: the program's loop waits
-    for a batch that does not come, outside the engine's calls, and the window is written right there.  Each time
+    for a batch that does not come, outside the engine's calls, and the window is written right there; ``saving``:
+    a checkpoint save there does not end, and the window is written as the exception leaves it.  Each time
     the process then ends killed by SIGTERM, as without the profiler: no ``finally`` of the program runs (its
     barriers would meet dead peers)."""
     status, output = _run(tmp_path, mode, send_sigterm=mode != "taken-elsewhere")
@@ -405,6 +410,8 @@ def test_ctrl_c_while_the_loop_waits_for_a_batch_writes_the_window_before_the_ke
     """No optimizer step comes in the grace period and the loop is outside the engine's calls: the window is written
     there, and the KeyboardInterrupt comes out where the loop waited, finding the trace on disk."""
     monkeypatch.setattr(watchdog, "GRACE_S", 0.5)
+    summaries = []  # DeepSpeed's comms summary has barriers: never after a signal stopped the run
+    monkeypatch.setattr(engine_driven, "show_comms_summary", lambda *args: summaries.append(args))
     engine = AccumulatingEngine(profiler_config(tmp_path, wait=0, warmup=1, active=1000))
     found = []
     train_mode = engine.module.train
@@ -425,3 +432,4 @@ def test_ctrl_c_while_the_loop_waits_for_a_batch_writes_the_window_before_the_ke
             engine.train(100)
     assert found == [[1, 2, 3, 4, 5]]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert summaries == []  # at close(), after the program caught the KeyboardInterrupt

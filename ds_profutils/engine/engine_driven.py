@@ -13,12 +13,14 @@ It is the decorator's run, driven by other calls:
 * the window in flight is written at ``close()``, at process exit (:mod:`ds_profutils.torch_profiler.calls`),
   and on interruption: a SIGTERM or SIGINT waits for the next optimizer step as with the decorator, and
   where none comes in time the exception the signal guard raises is caught leaving the engine's
-  forward, backward or step, and the window is written there, before the program's own cleanup runs (a barrier in a ``finally``
-  with a dead peer would otherwise hold it until SIGKILL).  Where the main thread is outside the
+  forward, backward, step or own work (a checkpoint save), and the window is written there, before
+  the program's own cleanup runs (a barrier in a ``finally`` with a dead peer would otherwise hold it
+  until SIGKILL).  Where the main thread is outside the
   engine's calls then (the program's loop waiting for a batch), nothing is raised: the window is
   written right there and the signal delivered (SIGTERM's default action; SIGINT's KeyboardInterrupt
   goes up from there, the run ended), unless ds_profutils' own code is on the stack (a listener, a
-  live sink), where the exception is raised as inside the engine and the window written at exit.
+  live sink, the timing of a ``torch.distributed`` collective), where the exception is raised as
+  inside the engine and the window written at exit.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class EngineDrivenProfiler(Listener):
         self.run: Optional[ProfilerRun] = None
         self._idle = False  # the run ended, or another run had the process's profiler at the first forward
         self._started = False  # a run began here: close() then shows the comms summary, as on every rank
+        self._stopped_by_signal = False  # ... unless a SIGTERM/SIGINT stopped it (its barriers would meet ranks gone)
 
     def forward_started(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if self.run is None and not self._idle:
@@ -95,17 +98,19 @@ class EngineDrivenProfiler(Listener):
 
     def close(self) -> None:
         """Write the window in flight and end the run; then DeepSpeed's comms summary, whose barriers every
-        rank reaches: each began a run, whether or not it stopped after an error since."""
-        run = self.run
+        rank reaches: each began a run, whether or not it stopped after an error since (not after a signal)."""
         self._finish(None)
-        if self._started and not (run is not None and run.signals.stopped_by_signal):
+        if self._started and not self._stopped_by_signal:
             show_comms_summary(self.settings, process_identity())
 
     def _finish(self, passing: Optional[BaseException]) -> None:
         run, self.run = self.run, None
         self._idle = True
         if run is not None:
-            finish_run(run, passing, summary=False)
+            try:
+                finish_run(run, passing, summary=False)
+            finally:  # a KeyboardInterrupt delivered at the run's end comes out through here
+                self._stopped_by_signal = run.signals.stopped_by_signal
 
 
 def _never(frame: Optional[FrameType]) -> bool:

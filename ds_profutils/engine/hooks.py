@@ -98,7 +98,7 @@ running = _Running()
 class Listener:
     """What a feature hears of an engine; each method is optional (the base does nothing)."""
 
-    watches_errors = False  # True: also told of errors leaving forward, backward and step
+    watches_errors = False  # True: also told of errors leaving forward, backward, step and the engine's own work
 
     def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         """The engine's module's outermost forward starts with these inputs (FLOPs and tokens are read from them)."""
@@ -380,7 +380,7 @@ class EngineHooks:
         """The engine runs (its collectives are no waits of the gap); a save's time is told, also where it raises."""
         start, outside, running.engine_id = perf_counter_ns(), running.engine_id, self._engine_id
         try:
-            return call(*args, **kwargs)
+            return self._around_call(call, *args, **kwargs)  # an error in it is told as one in a step is
         finally:
             running.engine_id = outside
             if saves:

@@ -7,7 +7,7 @@ of at most ``max_entries`` entries (``torch.cuda.memory._record_memory_history``
 :class:`MemorySnapshots` switches the history on when ``attach`` applies the ``memory_snapshot``
 section, and writes ``memory_snapshot_rank_{r}_step_{N}.pickle`` when global step N of an engine ends
 (``at_steps``) and ``memory_snapshot_rank_{r}.pickle`` when an out-of-memory error passes through the
-engine's forward, backward or step (``on_oom``); the error then goes on unchanged.
+engine's forward, backward, step or own work (a save; ``on_oom``); the error then goes on unchanged.
 
 The allocator history is one per process, whatever the number of engines.  Accelerators other than
 CUDA keep none: there the section does nothing, and the start says so in one line.
