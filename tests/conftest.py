@@ -2,6 +2,7 @@
 import json
 import logging
 import os
+import signal
 
 import pytest
 
@@ -24,6 +25,16 @@ def pytest_collection_modifyitems(items):
     take whole files in collection order: started early, the long files are shared out between them
     instead of one worker running the last of them alone while the other waits."""
     items.sort(key=lambda item: not any(hasattr(item.module, name) for name in _JOB_STARTERS))
+
+
+@pytest.fixture
+def handlers():
+    """SIGTERM and SIGINT as a program run from a terminal has them, whatever the suite started with
+    (``nohup ... &`` starts Python with SIGINT ignored)."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL), signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGTERM, previous[0])
+    signal.signal(signal.SIGINT, previous[1])
 
 
 @pytest.fixture(autouse=True)

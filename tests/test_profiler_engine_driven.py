@@ -406,7 +406,8 @@ def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_pa
     assert not [p for p in tmp_path.rglob(".*")], "temporary files left behind"
 
 
-def test_ctrl_c_while_the_loop_waits_for_a_batch_writes_the_window_before_the_keyboardinterrupt(tmp_path, monkeypatch):
+def test_ctrl_c_while_the_loop_waits_for_a_batch_writes_the_window_before_the_keyboardinterrupt(tmp_path, monkeypatch,
+                                                                                               handlers):
     """No optimizer step comes in the grace period and the loop is outside the engine's calls: the window is written
     there, and the KeyboardInterrupt comes out where the loop waited, finding the trace on disk."""
     monkeypatch.setattr(watchdog, "GRACE_S", 0.5)

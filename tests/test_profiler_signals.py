@@ -25,16 +25,6 @@ SCHEDULE = dict(skip_first=0, wait=2, warmup=1, active=3)  # active steps 3, 4, 
 _original_export = torch.profiler.profile.export_chrome_trace
 
 
-@pytest.fixture
-def handlers():
-    """SIGTERM and SIGINT as a program run from a terminal has them, whatever the suite started with
-    (``nohup ... &`` starts Python with SIGINT ignored)."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL), signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGTERM, previous[0])
-    signal.signal(signal.SIGINT, previous[1])
-
-
 def _export_sending(monkeypatch, *signums):
     """Make every trace export send ``signums`` to this process first, as a launcher or a user would
     while the profiler writes."""
