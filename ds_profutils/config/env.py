@@ -25,7 +25,7 @@ from .errors import ConfigError, ConfigProblem, describe_error, key_path, not_al
 
 __all__ = [
     "BOOL_FALSE", "BOOL_TRUE", "ENV_PREFIX", "apply_environment", "environment_overrides",
-    "read_environment"
+    "read_environment", "with_values"
 ]
 
 # The sections the environment may override, by their key in ds_config.
@@ -185,14 +185,18 @@ def read_environment(sections: Sections,
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
+def with_values(section: ModelT, values: Mapping[str, Any]) -> ModelT:
+    """``section`` with ``values`` set, validated again (raising ValidationError).  What was left out stays left
+    out: a default derived from other fields (``summary_ranks``) follows them."""
+    return type(section).model_validate({**section.model_dump(exclude_unset=True), **values})
+
+
 def apply_environment(section: ModelT, name: str, overrides: Mapping[str, Tuple[str, Any]]) -> ModelT:
     """``section`` with the environment's values set; errors name the variable that set the bad value."""
     if not overrides:
         return section
-    values = {field: value for field, (_, value) in overrides.items()}
     try:
-        # what was left out stays left out: a default derived from other fields (summary_ranks) follows them
-        return type(section).model_validate({**section.model_dump(exclude_unset=True), **values})
+        return with_values(section, {field: value for field, (_, value) in overrides.items()})
     except ValidationError as exc:
         problems = []
         for error in exc.errors():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple, TypeVar, Union
 
 from pydantic import ValidationError
 
-from .env import apply_environment, read_environment
+from .env import apply_environment, read_environment, with_values
 from .errors import ConfigError, ConfigProblem, not_allowed, problems_from
 from .checks import warn_misspelt_sections
 from .file import read_config_file
@@ -122,8 +122,7 @@ def resolve_section(section: SectionT, overrides: Optional[Mapping[str, Any]] = 
     given = {field: value for field, value in (overrides or {}).items() if value is not None}
     if given:
         try:
-            # what was left out stays left out: a default derived from other fields (summary_ranks) follows them
-            section = type(section).model_validate({**section.model_dump(exclude_unset=True), **given})
+            section = with_values(section, given)
         except ValidationError as exc:
             raise ConfigError(problems_from(exc, type(section), (name, ))) from None
     environment, problems = read_environment(SECTIONS)
