@@ -4,12 +4,16 @@ tracker, Lightning's CSV and TensorBoard loggers."""
 import csv
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from ds_profutils.engine.live import EVENT_NAMES, LiveMetrics, StepFigures
 from ds_profutils.integrations.live_sinks import AccelerateSink, LightningSink, TrainerSink
+
+if TYPE_CHECKING:  # an extra: imported where a test runs it
+    import transformers
 
 pytest.importorskip("tensorboard")
 from tensorboard_testing import scalars  # noqa: E402
