@@ -323,7 +323,7 @@ _JOB = textwrap.dedent("""
     from test_profiler_engine_driven import AccumulatingEngine
 
     out, mode = sys.argv[1], sys.argv[2]
-    hangs = mode in ("hung", "taken-elsewhere", "between-steps", "saving")
+    hangs = mode in ("hung", "taken-elsewhere", "between-steps", "saving", "other-engine")
     # hung: the step never reaches its boundary, so the grace runs out; boundary: it does, in 0.5 s, and a grace load
     # cannot eat keeps it so (on a busy machine 1 s was not: the unwind came first, outside the forward)
     watchdog.GRACE_S = 1.0 if hangs else 20.0
@@ -331,15 +331,15 @@ _JOB = textwrap.dedent("""
                                               "active": 1000}})
     engine.save_checkpoint = lambda save_dir: time.sleep(60)  # a save that does not end in time
     ds_profutils.attach(engine, config=engine.config)
-    forward = engine.module.forward
-
-    def slow_forward(x):
-        if engine.global_steps == 6:
-            print("recording", flush=True)
-            if mode == "taken-elsewhere":  # a thread of the process takes the SIGTERM while this one sleeps
-                threading.Timer(1.0, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
-            time.sleep(60 if hangs else 0.5)
-        return forward(x)
+    def slowed(forward):
+        def slow_forward(x):
+            if engine.global_steps == 6:
+                print("recording", flush=True)
+                if mode == "taken-elsewhere":  # a thread of the process takes the SIGTERM while this one sleeps
+                    threading.Timer(1.0, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
+                time.sleep(60 if hangs else 0.5)
+            return forward(x)
+        return slow_forward
 
     train_mode = engine.module.train
 
@@ -353,10 +353,17 @@ _JOB = textwrap.dedent("""
 
     if mode in ("between-steps", "saving"):
         engine.module.train = slow_batch
+    elif mode == "other-engine":  # RLHF: a second engine (its profiler idle) hangs in its forward
+        other = AccumulatingEngine(engine.config)
+        ds_profutils.attach(other, config=other.config)
+        other.module.forward = slowed(other.module.forward)
     else:
-        engine.module.forward = slow_forward
+        engine.module.forward = slowed(engine.module.forward)
     try:
-        engine.train(8 if mode == "exit" else 100)
+        for _ in range(16 if mode == "exit" else 200):
+            engine.train_step()
+            if mode == "other-engine":
+                other.train_step()
     finally:
         print("cleanup found the trace on disk" if os.path.exists(out + "/trace_rank_0.json")
               else "cleanup found no trace", flush=True)
@@ -385,7 +392,8 @@ def test_a_process_that_exits_without_close_writes_the_window_in_flight(tmp_path
     assert "was not written" not in output
 
 
-@pytest.mark.parametrize("mode", ["boundary", "hung", "taken-elsewhere", "between-steps", "saving"])
+@pytest.mark.parametrize("mode", ["boundary", "hung", "taken-elsewhere", "between-steps", "saving",
+                                  "other-engine"])
 def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_path, mode):
     """``boundary``: the step in flight ends within the grace period, and the window is written at its
     ``engine.step()``; ``hung``: it does not, the SystemExit raised for the SIGTERM is caught leaving the
@@ -393,7 +401,8 @@ def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_pa
     the SIGTERM (the kernel gives a process's signal to any thread that does not block it), so the sleeping
     main thread ran no handler until the watchdog sent it the signal; ``between-steps``: the program's loop waits
     for a batch that does not come, outside the engine's calls, and the window is written right there; ``saving``:
-    a checkpoint save there does not end, and the window is written as the exception leaves it.  Each time
+    a checkpoint save there does not end, and the window is written as the exception leaves it; ``other-engine``:
+    a second attached engine's forward hangs, and its idle profiler ends the first one's run.  Each time
     the process then ends killed by SIGTERM, as without the profiler: no ``finally`` of the program runs (its
     barriers would meet dead peers)."""
     status, output = _run(tmp_path, mode, send_sigterm=mode != "taken-elsewhere")

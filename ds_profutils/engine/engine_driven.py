@@ -33,7 +33,7 @@ import torch
 from ..config import ProfilerConfig
 from ..logging import logger
 from ..outputs import process_identity
-from ..torch_profiler.calls import advance, finish_run, start_run
+from ..torch_profiler.calls import advance, engine_run, finish_run, start_run
 from ..torch_profiler.run import ProfilerRun
 from ..torch_profiler.writer import show_comms_summary
 from .hooks import Listener, running
@@ -90,6 +90,10 @@ class EngineDrivenProfiler(Listener):
         run = self.run
         if run is not None and exc is run.signals.raised_exception:
             self._finish(exc)  # delivers the SIGTERM with its default action once the window is written
+            return
+        driving = engine_run()  # another engine's profiler runs: RLHF's actor's, as the critic's call unwinds
+        if driving is not None and exc is driving.signals.raised_exception:
+            finish_run(driving, exc, summary=False)  # its profiler finds it done
 
     def stop_after_error(self, exc: Exception) -> None:
         logger.error("profiler: the engine's profiler stopped after an error (%s: %s); training goes on",
@@ -108,7 +112,8 @@ class EngineDrivenProfiler(Listener):
         self._idle = True
         if run is not None:
             try:
-                finish_run(run, passing, summary=False)
+                if not run.done:  # else another engine's profiler ended it (failed())
+                    finish_run(run, passing, summary=False)
             finally:  # a KeyboardInterrupt delivered at the run's end comes out through here
                 self._stopped_by_signal = run.signals.stopped_by_signal
 

@@ -24,7 +24,7 @@ from ..logging import logger
 from .run import ProfilerRun
 from .signals import ends_a_run
 
-__all__ = ["RunBlock", "advance", "finish_run", "start_run", "step_profiler"]
+__all__ = ["RunBlock", "advance", "engine_run", "finish_run", "start_run", "step_profiler"]
 
 _slot = threading.Lock()  # held by the process's active run; acquired only with blocking=False
 _current: Optional[ProfilerRun] = None
@@ -95,6 +95,12 @@ def start_run(settings: ProfilerConfig, engine: Any = None, *, engine_driven: bo
         finish_run(run, exc)
         raise
     return run
+
+
+def engine_run() -> Optional[ProfilerRun]:
+    """The process's active run where an attached engine drives it, else None."""
+    run = _current
+    return run if run is not None and run.engine_driven else None
 
 
 @ends_a_run
