@@ -33,18 +33,17 @@ import torch
 from ..config import ProfilerConfig
 from ..logging import logger
 from ..outputs import process_identity
-from ..torch_profiler.calls import advance, engine_run, finish_run, start_run
+from ..torch_profiler.calls import advance, finish_run, start_run
 from ..torch_profiler.run import ProfilerRun
 from ..torch_profiler.writer import show_comms_summary
 from .hooks import Listener, running
+from .torch_collectives import OURS
 
 __all__ = ["EngineDrivenProfiler"]
 
 
 class EngineDrivenProfiler(Listener):
     """One attached engine's torch profiler (see the module doc); ``close()`` writes the window in flight."""
-
-    watches_errors = True  # the exception a stopping signal raises must end the run where it leaves the engine
 
     def __init__(self, engine: Any, settings: ProfilerConfig) -> None:
         self.engine = engine
@@ -86,15 +85,6 @@ class EngineDrivenProfiler(Listener):
         if run is not None:
             advance(run, self.engine)
 
-    def failed(self, exc: BaseException) -> None:
-        run = self.run
-        if run is not None and exc is run.signals.raised_exception:
-            self._finish(exc)  # delivers the SIGTERM with its default action once the window is written
-            return
-        driving = engine_run()  # another engine's profiler runs: RLHF's actor's, as the critic's call unwinds
-        if driving is not None and exc is driving.signals.raised_exception:
-            finish_run(driving, exc, summary=False)  # its profiler finds it done
-
     def stop_after_error(self, exc: Exception) -> None:
         logger.error("profiler: the engine's profiler stopped after an error (%s: %s); training goes on",
                      type(exc).__name__, exc)
@@ -112,8 +102,7 @@ class EngineDrivenProfiler(Listener):
         self._idle = True
         if run is not None:
             try:
-                if not run.done:  # else another engine's profiler ended it (failed())
-                    finish_run(run, passing, summary=False)
+                finish_run(run, passing, summary=False)  # nothing more where it ended already (an engine's hooks)
             finally:  # a KeyboardInterrupt delivered at the run's end comes out through here
                 self._stopped_by_signal = run.signals.stopped_by_signal
 
@@ -127,7 +116,7 @@ def _inside_ds_profutils(frame: Optional[FrameType]) -> bool:
     """Whether a frame of this package's is on the stack from ``frame`` down (a listener, a live sink: the run must
     not end in the middle of one of its updates)."""
     while frame is not None:
-        if frame.f_globals.get("__name__", "").partition(".")[0] == "ds_profutils":
+        if frame.f_globals.get("__name__", "").startswith(OURS):
             return True
         frame = frame.f_back
     return False

@@ -24,7 +24,7 @@ from ..logging import logger
 from .run import ProfilerRun
 from .signals import ends_a_run
 
-__all__ = ["RunBlock", "advance", "engine_run", "finish_run", "start_run", "step_profiler"]
+__all__ = ["RunBlock", "advance", "end_run_raised_by", "finish_run", "start_run", "step_profiler"]
 
 _slot = threading.Lock()  # held by the process's active run; acquired only with blocking=False
 _current: Optional[ProfilerRun] = None
@@ -97,10 +97,13 @@ def start_run(settings: ProfilerConfig, engine: Any = None, *, engine_driven: bo
     return run
 
 
-def engine_run() -> Optional[ProfilerRun]:
-    """The process's active run where an attached engine drives it, else None."""
+def end_run_raised_by(exc: BaseException) -> None:
+    """``exc`` leaves an attached engine's call (any engine's: RLHF's critic as well as the actor driving the run):
+    where it is what the engine-driven run's signal guard raised when the grace ran out, the run ends here, its
+    window written before the program's cleanup, and the signal is delivered."""
     run = _current
-    return run if run is not None and run.engine_driven else None
+    if run is not None and run.engine_driven and exc is run.signals.raised_exception:
+        finish_run(run, exc, summary=False)
 
 
 @ends_a_run

@@ -163,7 +163,6 @@ class Watchdog:
                 os.close(fd)
         self._read = self._write = self._chained = -1
         self._thread, self._installed, self.guard = None, False, None
-        self._own.clear()
         self._reset()
 
     # ---- the watchdog thread -------------------------------------------------------------------
