@@ -317,6 +317,7 @@ def test_a_rank_outside_the_world_fails_at_attach_naming_the_key(tmp_path):
 
 _JOB = textwrap.dedent("""
     import os, signal, sys, threading, time
+    import torch
     sys.path.insert(0, sys.argv[3])
     import ds_profutils
     from ds_profutils.torch_profiler import watchdog
@@ -353,8 +354,9 @@ _JOB = textwrap.dedent("""
 
     if mode in ("between-steps", "saving"):
         engine.module.train = slow_batch
-    elif mode == "other-engine":  # RLHF: a second engine (its profiler idle) hangs in its forward
-        other = AccumulatingEngine(engine.config)
+    elif mode == "other-engine":  # RLHF: a second engine, its steps recorded but not profiled, hangs in its forward
+        other = AccumulatingEngine({"step_metrics": {"enabled": True, "output_dir": out + "/records"}})
+        other.get_data_types = lambda: (torch.float32, torch.float32)  # what the recorder asks of a DeepSpeed engine
         ds_profutils.attach(other, config=other.config)
         other.module.forward = slowed(other.module.forward)
     else:
@@ -402,7 +404,7 @@ def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_pa
     main thread ran no handler until the watchdog sent it the signal; ``between-steps``: the program's loop waits
     for a batch that does not come, outside the engine's calls, and the window is written right there; ``saving``:
     a checkpoint save there does not end, and the window is written as the exception leaves it; ``other-engine``:
-    a second attached engine's forward hangs, and its idle profiler ends the first one's run.  Each time
+    a second attached engine's forward hangs (no profiler there), and its hooks end the first one's run.  Each time
     the process then ends killed by SIGTERM, as without the profiler: no ``finally`` of the program runs (its
     barriers would meet dead peers)."""
     status, output = _run(tmp_path, mode, send_sigterm=mode != "taken-elsewhere")
