@@ -1,6 +1,6 @@
 """What instrumentation costs on a GPU, measured against DeepSpeed in one run (needs CUDA; one GPU).
 
-    python benchmarks/bench_gpu.py [--pairs 100000] [--repeats 15] [--turns 100]
+    python benchmarks/bench_gpu.py [--pairs 100000] [--repeats 15] [--turns 100] [--shapes 16x2048,2048x4096]
 
 (a) ``timers(name).start()`` + ``.stop()`` as the engine calls it, garbage collector on: ds_profutils'
     timer group against DeepSpeed's ``SynchronizedWallClockTimer``, both on CUDA events (target <= 0.9x),
@@ -9,7 +9,10 @@
     the CPU step benchmarks time it: per turn and mode, attach, ten steps untimed (the attach's warm-up),
     then steps 11-20 timed as one block between two ``torch.cuda.synchronize()`` (the device's work
     included), close; the modes alternate, the order flipping each turn; the figure is the median over
-    the turns of on/off (target <= 1.01x).
+    the turns of on/off (target <= 1.01x).  One line per ``--shapes`` entry (micro batch x layer width): the
+    first, 16 x 2048, is host-bound (the device waits for Python between kernels, so every microsecond of ours
+    shows: the target's case); a wider one keeps the device busy while the host runs ahead, as a large
+    model's step does, and shows what the records cost there.
 """
 from __future__ import annotations
 
@@ -69,7 +72,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def bench_step(turns: int) -> float:
+def bench_step(turns: int, batch_size: int, width: int) -> float:
     import deepspeed
     import torch
 
@@ -79,10 +82,10 @@ def bench_step(turns: int) -> float:
                        "MASTER_PORT": str(_free_port())})
     deepspeed.init_distributed(dist_backend="nccl")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(16)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(16)])
     with tempfile.TemporaryDirectory() as out:
         config = {
-            "train_micro_batch_size_per_gpu": 16,
+            "train_micro_batch_size_per_gpu": batch_size,
             "steps_per_print": 10**9,
             # torch's Adam: DeepSpeed's fused Adam is a JIT build of minutes (and 0.19.8's fails on "9.0a" in
             # TORCH_CUDA_ARCH_LIST); the optimizer is the same on both sides of the ratio.
@@ -91,7 +94,7 @@ def bench_step(turns: int) -> float:
             "partitioned_param_profiler": {"enabled": True, "output_dir": out},
         }
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-        batch = torch.randn(16, 2048, device="cuda")
+        batch = torch.randn(batch_size, width, device="cuda")
 
         def block(steps: int) -> float:
             """Seconds a step over ``steps`` steps timed as one, the device's work included."""
@@ -114,7 +117,7 @@ def bench_step(turns: int) -> float:
                 if attachment is not None:
                     attachment.close()
     ratio = statistics.median(on / off for off, on in zip(seconds["off"], seconds["on"]))
-    print(f"(b) ZeRO-3 step on one GPU ({torch.cuda.get_device_name()}), steps {WARM_STEPS + 1}-"
+    print(f"(b) ZeRO-3 step on one GPU, 16 Linear({width}), micro batch {batch_size}, steps {WARM_STEPS + 1}-"
           f"{WARM_STEPS + BLOCK_STEPS} after attach, {turns} interleaved turns: off "
           f"{statistics.median(seconds['off']) * 1e3:.2f} ms, on {statistics.median(seconds['on']) * 1e3:.2f} ms a "
           f"step, ratio {ratio:.3f}x  (target <= {STEP_TARGET}x)")
@@ -126,6 +129,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--turns", type=int, default=100)
+    parser.add_argument("--shapes", default="16x2048", help="micro batch x layer width, comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -133,7 +137,9 @@ def main() -> None:
         raise SystemExit("bench_gpu.py needs a CUDA device")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     bench_timer(args.pairs, args.repeats)
-    bench_step(args.turns)
+    for shape in args.shapes.split(","):
+        batch_size, width = (int(number) for number in shape.split("x"))
+        bench_step(args.turns, batch_size, width)
 
 
 if __name__ == "__main__":
