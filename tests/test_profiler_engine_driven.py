@@ -17,10 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import ds_profutils
 from ds_profutils import profiler, step_profiler
 from ds_profutils.engine import engine_driven
+from ds_profutils.engine.hooks import EngineHooks, Listener
+from ds_profutils.engine.torch_collectives import TorchCollectives, inside_ours
 from ds_profutils.torch_profiler import calls as profiler_calls
 from ds_profutils.torch_profiler import watchdog
 from ds_profutils.torch_profiler.run import TAIL_RANGE
@@ -417,13 +420,48 @@ def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_pa
     assert not [p for p in tmp_path.rglob(".*")], "temporary files left behind"
 
 
+def test_our_own_work_keeps_the_run_going_where_our_wrapper_waiting_on_the_programs_collective_does_not(monkeypatch):
+    """What the signal guard asks before ending an engine's run where the main thread is: a listener of ours on the
+    stack (its update half done) and our collective wrapper at its own bookkeeping are our work; the wrapper waiting
+    for the program's own collective is not."""
+    seen = {}
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda *args, **kwargs: seen.setdefault(
+        "waiting in the program's collective", inside_ours(sys._getframe())))
+    wrappers = TorchCollectives(lambda op, host_ns: seen.setdefault(
+        "the wrapper's bookkeeping", inside_ours(sys._getframe(1))))  # the wrapper's frame, where it called this
+
+    class Asking(Listener):
+        def step_ended(self):
+            seen.setdefault("in a listener", inside_ours(sys._getframe()))
+
+    engine = Engine()
+    hooks = EngineHooks(engine)
+    hooks.add(Asking())
+    try:
+        torch.distributed.all_reduce(torch.ones(1))
+        engine.train_step()
+    finally:
+        wrappers.remove()
+        hooks.remove()
+    assert seen == {"waiting in the program's collective": False, "the wrapper's bookkeeping": True,
+                    "in a listener": True}
+    assert not inside_ours(sys._getframe())
+
+
+@pytest.mark.parametrize("waits_in", ["sleep", "collective"])
 def test_ctrl_c_while_the_loop_waits_for_a_batch_writes_the_window_before_the_keyboardinterrupt(tmp_path, monkeypatch,
-                                                                                               handlers):
+                                                                                               handlers, waits_in):
     """No optimizer step comes in the grace period and the loop is outside the engine's calls: the window is written
-    there, and the KeyboardInterrupt comes out where the loop waited, finding the trace on disk."""
+    there, and the KeyboardInterrupt comes out where the loop waited, finding the trace on disk.  ``collective``: the
+    loop waits in a ``torch.distributed`` collective of its own (a peer late), timed by our wrapper around it, which
+    is no work of ours to finish first (before, the window was left to the exit)."""
     monkeypatch.setattr(watchdog, "GRACE_S", 0.5)
     summaries = []  # DeepSpeed's comms summary has barriers: never after a signal stopped the run
     monkeypatch.setattr(engine_driven, "show_comms_summary", lambda *args: summaries.append(args))
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, op=None, group=None, async_op=False:
+                        time.sleep(60))  # the peer that never comes, wrapped by ours below as the real one is
+    timed_calls = []
+    wrappers = TorchCollectives(lambda op, host_ns: timed_calls.append(op))
     engine = AccumulatingEngine(profiler_config(tmp_path, wait=0, warmup=1, active=1000))
     found = []
     train_mode = engine.module.train
@@ -432,16 +470,20 @@ def test_ctrl_c_while_the_loop_waits_for_a_batch_writes_the_window_before_the_ke
         if engine.global_steps == 6 and engine.micro_steps % 2 == 0:
             os.kill(os.getpid(), signal.SIGINT)
             try:
-                time.sleep(60)  # a batch that never comes
+                torch.distributed.all_reduce(torch.ones(1)) if waits_in == "collective" else time.sleep(60)
             except KeyboardInterrupt:
                 found.append(profiler_steps(read_trace(tmp_path / "trace_rank_0.json")))
                 raise
         return train_mode(training)
 
-    with ds_profutils.attach(engine, config=engine.config):
-        engine.module.train = slow_batch
-        with pytest.raises(KeyboardInterrupt):
-            engine.train(100)
+    try:
+        with ds_profutils.attach(engine, config=engine.config):
+            engine.module.train = slow_batch
+            with pytest.raises(KeyboardInterrupt):
+                engine.train(100)
+    finally:
+        wrappers.remove()
     assert found == [[1, 2, 3, 4, 5]]
+    assert timed_calls == (["torch.distributed.all_reduce"] if waits_in == "collective" else [])
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert summaries == []  # at close(), after the program caught the KeyboardInterrupt

@@ -18,9 +18,9 @@ It is the decorator's run, driven by other calls:
   until SIGKILL).  Where the main thread is outside the
   engine's calls then (the program's loop waiting for a batch), nothing is raised: the window is
   written right there and the signal delivered (SIGTERM's default action; SIGINT's KeyboardInterrupt
-  goes up from there, the run ended), unless ds_profutils' own code is on the stack (a listener, a
-  live sink, the timing of a ``torch.distributed`` collective), where the exception is raised as
-  inside the engine and the window written at exit.
+  goes up from there, the run ended), also inside a collective of the program's that our wrappers
+  time (a peer late between steps); unless ds_profutils' own code runs there (a listener, a live
+  sink), where the exception is raised as inside the engine and the window written at exit.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from ..torch_profiler.calls import advance, finish_run, start_run
 from ..torch_profiler.run import ProfilerRun
 from ..torch_profiler.writer import show_comms_summary
 from .hooks import Listener, running
-from .torch_collectives import OURS
+from .torch_collectives import inside_ours
 
 __all__ = ["EngineDrivenProfiler"]
 
@@ -75,7 +75,7 @@ class EngineDrivenProfiler(Listener):
         """Asked by the signal guard where no optimizer step came in the grace period (see the module doc): the run
         ends here, before any cleanup of the program's, where the main thread is in the program's own code between
         the engine's calls."""
-        if running.engine_id is not None or _inside_ds_profutils(frame):
+        if running.engine_id is not None or inside_ours(frame):
             return False
         self._finish(None)
         return True
@@ -109,14 +109,4 @@ class EngineDrivenProfiler(Listener):
 
 def _never(frame: Optional[FrameType]) -> bool:
     """The profiler is gone: the run cannot end where the main thread is."""
-    return False
-
-
-def _inside_ds_profutils(frame: Optional[FrameType]) -> bool:
-    """Whether a frame of this package's is on the stack from ``frame`` down (a listener, a live sink: the run must
-    not end in the middle of one of its updates)."""
-    while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith(OURS):
-            return True
-        frame = frame.f_back
     return False

@@ -14,16 +14,18 @@ functions below are wrapped in the module (callers look them up there at call ti
 Calls made inside one of our wrappers (``deepspeed.comm``'s backend calls ``torch.distributed`` itself: the
 thread-local depth of :func:`.hangs.sequence.within_collective`) are that collective's own and pass through
 untouched; calls from ds_profutils' own code (the live figures' exchange) are counted for the sequence numbers
-but not timed: they are not the job's waits.
+but not timed: they are not the job's waits.  Which frames are ours is told here (:func:`inside_ours`); a wrapper
+waiting for the job's call inside it is not ours at that moment.
 """
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict
+from types import CodeType, FrameType
+from typing import Any, Callable, Dict, Optional, Set
 
 from .hangs.sequence import collective_ended, collective_started, group_argument, tensor_bytes, within_collective
 
-__all__ = ["TORCH_GROUP_POSITION", "TorchCollectives"]
+__all__ = ["OURS", "PASSING_ON", "TORCH_GROUP_POSITION", "TorchCollectives", "inside_ours"]
 
 TORCH_GROUP_POSITION: Dict[str, int] = {
     "all_reduce": 2, "all_gather": 2, "all_gather_into_tensor": 2, "reduce_scatter": 3, "reduce_scatter_tensor": 3,
@@ -34,6 +36,23 @@ TORCH_GROUP_POSITION: Dict[str, int] = {
 """The ``torch.distributed`` collectives wrapped (torch 2.x), and where each takes its ``group`` positionally."""
 OURS = "ds_profutils."
 """Calls from modules of this package are ours (the live exchange), not the job's."""
+PASSING_ON: Set[CodeType] = set()
+"""The code of our wrappers around the job's own calls (its collectives, here and in :mod:`.collectives`)."""
+
+
+def inside_ours(frame: Optional[FrameType]) -> bool:
+    """Whether ds_profutils' own code runs from ``frame`` (the innermost) out: a frame of this package's, but for a
+    wrapper of :data:`PASSING_ON` with only the job's code (and such wrappers) inside it, which just waits for the
+    job's call to return (the program's collective between steps, a peer late): none of our state is half updated
+    there, so a signal's grace ending there may end an engine's profiler run there (:mod:`.engine_driven`)."""
+    passing = False  # the frames inside this one are the job's code and wrappers passing it on
+    while frame is not None:
+        if not frame.f_globals.get("__name__", "").startswith(OURS):
+            passing = True
+        elif not (passing and frame.f_code in PASSING_ON):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class TorchCollectives:
@@ -68,6 +87,7 @@ class TorchCollectives:
                 if not ours:
                     self._on_call(name, host_ns)
 
+        PASSING_ON.add(counted.__code__)
         counted.__wrapped__ = original  # type: ignore[attr-defined]
         counted.__name__ = counted.__qualname__ = op
         counted.__doc__ = original.__doc__
