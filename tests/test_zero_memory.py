@@ -172,23 +172,29 @@ def snapshotting(engine, tmp_path, history, **settings):
     return hooks, snapshots
 
 
-def test_an_out_of_memory_error_in_the_engine_writes_the_history_and_goes_on_unchanged(tmp_path):
+@pytest.mark.parametrize("where", ["backward", "save_checkpoint"])
+def test_an_out_of_memory_error_in_the_engine_writes_the_history_and_goes_on_unchanged(tmp_path, where):
+    """In a step (its backward) or in the engine's own work between steps (a checkpoint save, where ZeRO-3 gathers
+    its partitions)."""
     import torch
 
     engine, history = Engine(), History()
     hooks, snapshots = snapshotting(engine, tmp_path, history, max_entries=500)
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB")
 
-    def backward():
+    def out_of_memory(*args, **kwargs):
         raise error
 
-    engine.forward()
-    engine.backward = backward
+    if where == "backward":
+        engine.forward()
+    else:
+        engine.train_step()
+    setattr(engine, where, out_of_memory)
     hooks.remove()  # the hooks wrap what the engine holds when a listener watching errors is added
     hooks = EngineHooks(engine)
     hooks.add(StepSnapshots(engine, snapshots))
     with pytest.raises(torch.OutOfMemoryError) as raised:
-        engine.backward()
+        getattr(engine, where)()
     assert raised.value is error and history.started == [500]
     assert history.dumps[-1].startswith(".memory_snapshot_rank_1.pickle")  # written under a temporary name
     assert pickle.loads((tmp_path / "memory_snapshot_rank_1.pickle").read_bytes())["segments"] == []
