@@ -1,24 +1,25 @@
 """The hooks ``attach`` puts on one engine, once, for every feature that follows the engine's steps.
-The recorder, the live figures, the hang watchdog, the snapshots and the engine-driven profiler need the same moments:
-a forward starts and ends, ``engine.backward()`` returns, ``engine.step()`` starts and returns, and an error leaves
-one of them.  :class:`EngineHooks` puts one forward pre-hook (prepended: before DeepSpeed's own, which resets the
-ZeRO-3 coordinator's counters; with the keyword arguments, which the FLOP counter keys its counts by), one forward
-hook (the output's gradients tell where the backward ends) and wrappers of ``engine.forward`` (torch calls an
-always-call forward hook on an ``Exception`` only: a forward a ``KeyboardInterrupt`` leaves, caught by the program,
-ends there, so no counting mode or running engine stays behind it), ``engine.backward``, ``engine.step`` and the
-engine's own work between steps (``_OWN_WORK``: a save is a part of the gap, and no collective of theirs is a wait of
-it). ``backward`` is a moment of its own: Accelerate (and so the Trainer) calls ``engine.step()`` at the accumulation
-boundary only. The module's hooks hold :class:`EngineHooks` only weakly, and :class:`EngineHooks` holds the engine
-weakly: a copy of the module (``copy.deepcopy``, pickling, ``torch.optim.swa_utils.AveragedModel``: EMA models,
-teacher copies) copies no engine, process group or listener, and gets hooks that do nothing (the copy's forwards are
-no steps of the engine), as without ``attach``.  Removing them restores exactly what was there; a wrapper put over
-ours after attach keeps calling ours, which then passes calls through. The hooks also say which engine is running now
-(:data:`running`), so a collective issued there is that engine's (actor/critic steps interleave); process-wide, since
-DeepSpeed's backward hooks run on autograd's threads. A listener's error never reaches the training loop: it is logged
-and that listener is stopped (:meth:`Listener.stop_after_error`), the engine goes on.  An exception raised by a signal
-handler while a listener ran (torch's DataLoader SIGCHLD handler, a program's own) goes on as without ds_profutils;
-one an engine-driven profiler's signal guard raised ends that run first
-(:func:`..torch_profiler.calls.end_run_raised_by`).
+
+The recorder, live figures, hang watchdog, snapshots and engine-driven profiler need the same moments: a forward
+starts and ends, ``engine.backward()`` returns, ``engine.step()`` starts and returns, an error leaves one of them.
+:class:`EngineHooks` puts one forward pre-hook (prepended: before DeepSpeed's own, which resets the ZeRO-3
+coordinator's counters; with the keyword arguments the FLOP counter keys its counts by), one forward hook (the
+output's gradients tell where the backward ends) and wrappers of ``engine.forward`` (torch calls an always-call hook
+on an ``Exception`` only: a forward a caught ``KeyboardInterrupt`` leaves ends there, so no counting mode or running
+engine stays behind it), ``engine.backward`` (Accelerate, so the Trainer, calls ``step()`` at the accumulation
+boundary only), ``engine.step`` and the engine's own work between steps (``_OWN_WORK``: a save is a part of the gap).
+
+The module's hooks hold :class:`EngineHooks` weakly, and it holds the engine weakly: a copy of the module
+(``copy.deepcopy``, pickling, ``AveragedModel``: EMA models, teacher copies) copies no engine, process group or
+listener, and gets hooks that do nothing, as without ``attach``.  Removing them restores what was there; a wrapper
+put over ours after attach keeps calling ours, which then passes calls through.  The hooks say which engine runs
+now (:data:`running`: process-wide, DeepSpeed's backward hooks run on autograd's threads), so a collective issued
+there is that engine's (actor and critic steps interleave).
+
+A listener's error never reaches the training loop: it is logged and that listener stopped
+(:meth:`Listener.stop_after_error`).  An exception a signal handler raised while a listener ran (torch's DataLoader
+SIGCHLD handler, a program's own) goes on as without ds_profutils; one an engine-driven profiler's signal guard
+raised ends that run first (:func:`..torch_profiler.calls.end_run_raised_by`).
 """
 from __future__ import annotations
 
