@@ -19,10 +19,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from deepspeed.comm import comm as deepspeed_comm
+
 import ds_profutils
 from ds_profutils import profiler, step_profiler
 from ds_profutils.engine import engine_driven
 from ds_profutils.engine.hooks import EngineHooks, Listener
+from ds_profutils.engine.collectives import attach_engine
+from ds_profutils.engine.hangs.sequence import within_collective
+from ds_profutils.engine.step import EngineCollectives, StepRecord
 from ds_profutils.engine.torch_collectives import TorchCollectives, inside_ours
 from ds_profutils.torch_profiler import calls as profiler_calls
 from ds_profutils.torch_profiler import watchdog
@@ -422,30 +427,46 @@ def test_sigterm_writes_the_window_then_ends_the_process_as_sigterm_would(tmp_pa
 
 def test_our_own_work_keeps_the_run_going_where_our_wrapper_waiting_on_the_programs_collective_does_not(monkeypatch):
     """What the signal guard asks before ending an engine's run where the main thread is: a listener of ours on the
-    stack (its update half done) and our collective wrapper at its own bookkeeping are our work; the wrapper waiting
-    for the program's own collective is not."""
+    stack (its update half done) and code our collective wrapper calls for its own bookkeeping are our work; the
+    program's collective our wrappers wait on (``torch.distributed``'s, and ``deepspeed.comm``'s backend's between
+    steps and in a recorded step) is not."""
     seen = {}
-    monkeypatch.setattr(torch.distributed, "all_reduce", lambda *args, **kwargs: seen.setdefault(
-        "waiting in the program's collective", inside_ours(sys._getframe())))
-    wrappers = TorchCollectives(lambda op, host_ns: seen.setdefault(
-        "the wrapper's bookkeeping", inside_ours(sys._getframe(1))))  # the wrapper's frame, where it called this
+    engine = Engine()
+    recorded = EngineCollectives(engine)
+
+    class Backend:  # deepspeed.comm's backend object, its all_reduce the program's
+        @staticmethod
+        def all_reduce(*args, **kwargs):
+            where = "between steps" if recorded.step is None else "in a recorded step"
+            seen.setdefault(f"in deepspeed.comm's, {where}", inside_ours(sys._getframe()))
 
     class Asking(Listener):
         def step_ended(self):
             seen.setdefault("in a listener", inside_ours(sys._getframe()))
 
-    engine = Engine()
-    hooks = EngineHooks(engine)
-    hooks.add(Asking())
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda *args, **kwargs: seen.setdefault(
+        "in torch.distributed's", inside_ours(sys._getframe())))
+    monkeypatch.setattr(deepspeed_comm, "cdb", Backend())
+    wrappers = detach = hooks = None
     try:
+        wrappers = TorchCollectives(lambda op, host_ns: seen.setdefault(  # called by the wrapper, after the wait
+            "in the wrapper's bookkeeping", inside_ours(sys._getframe())))
         torch.distributed.all_reduce(torch.ones(1))
+        detach = attach_engine(recorded, None)
+        deepspeed_comm.cdb.all_reduce(torch.ones(1))
+        recorded.step = StepRecord({"mode": "train"}, None, None)
+        deepspeed_comm.cdb.all_reduce(torch.ones(1))
+        hooks = EngineHooks(engine)
+        hooks.add(Asking())
         engine.train_step()
     finally:
-        wrappers.remove()
-        hooks.remove()
-    assert seen == {"waiting in the program's collective": False, "the wrapper's bookkeeping": True,
+        for undo in (detach, wrappers and wrappers.remove, hooks and hooks.remove):
+            if undo:
+                undo()
+    assert seen == {"in torch.distributed's": False, "in the wrapper's bookkeeping": True,
+                    "in deepspeed.comm's, between steps": False, "in deepspeed.comm's, in a recorded step": False,
                     "in a listener": True}
-    assert not inside_ours(sys._getframe())
+    assert not inside_ours(sys._getframe()) and not within_collective()
 
 
 @pytest.mark.parametrize("waits_in", ["sleep", "collective"])
@@ -461,7 +482,6 @@ def test_ctrl_c_while_the_loop_waits_for_a_batch_writes_the_window_before_the_ke
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, op=None, group=None, async_op=False:
                         time.sleep(60))  # the peer that never comes, wrapped by ours below as the real one is
     timed_calls = []
-    wrappers = TorchCollectives(lambda op, host_ns: timed_calls.append(op))
     engine = AccumulatingEngine(profiler_config(tmp_path, wait=0, warmup=1, active=1000))
     found = []
     train_mode = engine.module.train
@@ -476,6 +496,7 @@ def test_ctrl_c_while_the_loop_waits_for_a_batch_writes_the_window_before_the_ke
                 raise
         return train_mode(training)
 
+    wrappers = TorchCollectives(lambda op, host_ns: timed_calls.append(op))
     try:
         with ds_profutils.attach(engine, config=engine.config):
             engine.module.train = slow_batch
@@ -483,7 +504,7 @@ def test_ctrl_c_while_the_loop_waits_for_a_batch_writes_the_window_before_the_ke
                 engine.train(100)
     finally:
         wrappers.remove()
-    assert found == [[1, 2, 3, 4, 5]]
+    assert found == [[1, 2, 3, 4, 5]] and not within_collective()
     assert timed_calls == (["torch.distributed.all_reduce"] if waits_in == "collective" else [])
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert summaries == []  # at close(), after the program caught the KeyboardInterrupt

@@ -42,7 +42,7 @@ from .hangs.sequence import (Collective, collective_ended, collective_resumed, c
                              tensor_bytes)
 from .hooks import running
 from .step import EngineCollectives, StepRecord
-from .torch_collectives import PASSING_ON, TorchCollectives
+from .torch_collectives import TorchCollectives, passes_on
 
 __all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "P2P_OPS", "attach_engine", "comms_logger_on"]
 
@@ -216,7 +216,8 @@ class _Monitor:
                 step.add_collective(op, stream, False, host_ns, pair)
             return result
 
-        PASSING_ON.update((counted.__code__, timed.__code__))
+        passes_on(counted, "timed", "method")
+        passes_on(timed, "method")
         return counted
 
     def _device_end(self, work: Any) -> Any:

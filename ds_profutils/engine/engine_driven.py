@@ -18,9 +18,10 @@ It is the decorator's run, driven by other calls:
   until SIGKILL).  Where the main thread is outside the
   engine's calls then (the program's loop waiting for a batch), nothing is raised: the window is
   written right there and the signal delivered (SIGTERM's default action; SIGINT's KeyboardInterrupt
-  goes up from there, the run ended), also inside a collective of the program's that our wrappers
-  time (a peer late between steps); unless ds_profutils' own code runs there (a listener, a live
-  sink), where the exception is raised as inside the engine and the window written at exit.
+  goes up from there, the run ended), also in a blocking collective of the program's that our
+  wrappers time, once it returns (a peer late between steps); unless ds_profutils' own code runs
+  there (a listener, a live sink, an async handle's timed wait: :func:`.torch_collectives.inside_ours`),
+  where the exception is raised as inside the engine and the window written at exit.
 """
 from __future__ import annotations
 

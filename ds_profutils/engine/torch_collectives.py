@@ -19,13 +19,14 @@ waiting for the job's call inside it is not ours at that moment.
 """
 from __future__ import annotations
 
+import dis
 import sys
 from types import CodeType, FrameType
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, FrozenSet, Optional
 
 from .hangs.sequence import collective_ended, collective_started, group_argument, tensor_bytes, within_collective
 
-__all__ = ["OURS", "PASSING_ON", "TORCH_GROUP_POSITION", "TorchCollectives", "inside_ours"]
+__all__ = ["OURS", "PASSING_ON", "TORCH_GROUP_POSITION", "TorchCollectives", "inside_ours", "passes_on"]
 
 TORCH_GROUP_POSITION: Dict[str, int] = {
     "all_reduce": 2, "all_gather": 2, "all_gather_into_tensor": 2, "reduce_scatter": 3, "reduce_scatter_tensor": 3,
@@ -36,20 +37,34 @@ TORCH_GROUP_POSITION: Dict[str, int] = {
 """The ``torch.distributed`` collectives wrapped (torch 2.x), and where each takes its ``group`` positionally."""
 OURS = "ds_profutils."
 """Calls from modules of this package are ours (the live exchange), not the job's."""
-PASSING_ON: Set[CodeType] = set()
-"""The code of our wrappers around the job's own calls (its collectives, here and in :mod:`.collectives`)."""
+PASSING_ON: Dict[CodeType, FrozenSet[int]] = {}
+"""Our wrappers around the job's own calls (its collectives, here and in :mod:`.collectives`): each one's code, and
+the lines where it hands the job's call on (:func:`passes_on`)."""
+
+
+def passes_on(wrapper: Callable[..., Any], *callees: str) -> None:
+    """Note ``wrapper`` in :data:`PASSING_ON`: the lines where it loads one of ``callees`` (the names it holds the
+    job's call under, called on that line) hand the call on; its other lines are its own bookkeeping."""
+    code = wrapper.__code__
+    starts, line, lines = dict(dis.findlinestarts(code)), code.co_firstlineno, set()
+    for instruction in dis.get_instructions(code):
+        line = starts.get(instruction.offset) or line
+        if instruction.opname.startswith("LOAD") and instruction.argval in callees:
+            lines.add(line)
+    PASSING_ON[code] = frozenset(lines)
 
 
 def inside_ours(frame: Optional[FrameType]) -> bool:
     """Whether ds_profutils' own code runs from ``frame`` (the innermost) out: a frame of this package's, but for a
-    wrapper of :data:`PASSING_ON` with only the job's code (and such wrappers) inside it, which just waits for the
-    job's call to return (the program's collective between steps, a peer late): none of our state is half updated
-    there, so a signal's grace ending there may end an engine's profiler run there (:mod:`.engine_driven`)."""
+    wrapper of :data:`PASSING_ON` on a line that hands the job's call on, with only the job's code (and such
+    wrappers) inside it: it just waits for the job's call (the program's collective between steps, a peer late).
+    None of our state is half updated there, so a signal's grace ending there may end an engine's profiler run
+    there (:mod:`.engine_driven`)."""
     passing = False  # the frames inside this one are the job's code and wrappers passing it on
     while frame is not None:
         if not frame.f_globals.get("__name__", "").startswith(OURS):
             passing = True
-        elif not (passing and frame.f_code in PASSING_ON):
+        elif not (passing and frame.f_lineno in PASSING_ON.get(frame.f_code, ())):
             return True
         frame = frame.f_back
     return False
@@ -87,7 +102,7 @@ class TorchCollectives:
                 if not ours:
                     self._on_call(name, host_ns)
 
-        PASSING_ON.add(counted.__code__)
+        passes_on(counted, "original")
         counted.__wrapped__ = original  # type: ignore[attr-defined]
         counted.__name__ = counted.__qualname__ = op
         counted.__doc__ = original.__doc__
