@@ -24,18 +24,22 @@ def config(**values: Any) -> Dict[str, Any]:
 def run(tmp_path, *, ds_config=None, fetch_ms=1.0, busy_ms=100.0, collective_ms=2.0, prefetches=1,
         prefetch_numel=MODEL, on_demand=0, in_flight=0, gathers=2, gather_numel=MODEL, live=5000,
         invalidations=0, reduces=1, reduce_op="reduce_scatter_tensor"):
-    """Two ranks, STEPS steps of schema 3 records with these per-step figures; the report's engine."""
+    """Two ranks, STEPS steps of schema 3 records with these per-step figures (``busy_ms`` and ``collective_ms`` a
+    pair: each rank's); the report's engine."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     for rank in (0, 1):
         rows = []
+        rank_busy_ms = busy_ms[rank] if isinstance(busy_ms, tuple) else busy_ms
+        rank_collective_ms = collective_ms[rank] if isinstance(collective_ms, tuple) else collective_ms
         for step in range(STEPS):
-            row = schema3(record(rank, step, busy_ms=busy_ms, fetch_ms=fetch_ms, collective_ms=collective_ms,
+            row = schema3(record(rank, step, busy_ms=rank_busy_ms, fetch_ms=fetch_ms, collective_ms=rank_collective_ms,
                                  model_numel=MODEL), hits=prefetch_numel * prefetches, waited=on_demand,
                           live_params=live, invalidations=invalidations, peak_bytes=2**30)
             row["prefetch"]["in_flight_waited"] = in_flight
             row["events"]["forward_prefetch_submit"] = event(prefetches, prefetch_numel * prefetches, 0.1, "full")
             row["events"]["forward_all_gather"] = event(gathers, gather_numel * gathers, 0.5, "full")
-            row["collectives"] = {reduce_op: {"count": reduces, "time_ms": collective_ms, "exposed_ms": collective_ms,
+            row["collectives"] = {reduce_op: {"count": reduces, "time_ms": rank_collective_ms,
+                                              "exposed_ms": rank_collective_ms,
                                               "stream": "compute", "async": 0, "clock": "host"}}
             if step == 0:
                 row["ds_config"] = config() if ds_config is None else ds_config
@@ -117,6 +121,10 @@ def test_overlap_comm_set_when_gradient_collectives_stall_the_step_with_it_off(t
     short = EXPOSED_REDUCE_SHARE * 101.0 * 0.9
     assert "overlap_comm" not in rules(run(tmp_path / "b", ds_config=off, collective_ms=short))
     assert "overlap_comm" not in rules(run(tmp_path / "c", ds_config=config(stage=2), collective_ms=waited))
+    # the rank that waited least is held to its own step, not to the ranks' median: rank 1 (late) waits 2 ms of
+    # its 23 ms (past the share), rank 0 waits for it 40 ms of 241 (the median step, 132 ms, would hide it)
+    late = rules(run(tmp_path / "d", ds_config=off, busy_ms=(200.0, 20.0), collective_ms=(40.0, 2.0)))
+    assert "2.0 ms of 23.0 ms on the rank that waited least" in late["overlap_comm"]["why"]
 
 
 def test_reduce_bucket_raised_when_it_splits_the_gradients_into_many_messages(tmp_path):

@@ -56,9 +56,15 @@ def _steps(engine: Mapping[str, Any]) -> int:
     return max((row["steps"] for row in engine.get("ranks_summary", {}).values()), default=0)
 
 
-def _rank_median(engine: Mapping[str, Any], column: str, pick: Callable = median) -> Optional[float]:
+def _rank_median(engine: Mapping[str, Any], column: str) -> Optional[float]:
     values = [row[column] for row in engine.get("ranks_summary", {}).values() if row.get(column) is not None]
-    return pick(values) if values else None
+    return median(values) if values else None
+
+
+def _rank_least(engine: Mapping[str, Any], column: str) -> Optional[Mapping[str, Any]]:
+    """The summary row of the rank with the least ``column`` (its other figures told of that same rank)."""
+    rows = [row for row in engine.get("ranks_summary", {}).values() if row.get(column) is not None]
+    return min(rows, key=lambda row: row[column]) if rows else None
 
 
 def _advice(key: Optional[str], now: Any, direction: str, suggest: Any, why: str, figure: str,
@@ -134,8 +140,8 @@ def _op_count(engine: Mapping[str, Any], ops: tuple) -> float:
 def overlap_comm(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Optional[Advice]:
     """Gradient collectives stall the step with ``overlap_comm`` off."""
     on, stage = config.get(Z + "overlap_comm"), config.get(Z + "stage")
-    waited = _rank_median(engine, "collective_wait_ms_median", min)  # the rank that waited least: its own
-    step = _rank_median(engine, "step_ms_median")
+    least = _rank_least(engine, "collective_wait_ms_median")  # the rank that waited least: its waits are its own
+    waited, step = (least["collective_wait_ms_median"], least.get("step_ms_median")) if least else (None, None)
     if on is not False or not stage or waited is None or not step or not _op_count(engine, REDUCE_OPS):
         return None
     if waited / step < EXPOSED_REDUCE_SHARE:
