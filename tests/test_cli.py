@@ -348,17 +348,33 @@ def test_the_fetch_sections_output_dir_and_ranks_are_not_checked_where_step_metr
         "partitioned_param_profiler.output_dir", "partitioned_param_profiler.ranks"]
 
 
-def test_an_output_dir_that_cannot_be_written_is_an_error(tmp_path, capsys):
-    """sysfs is read-only even for root (CI here runs as root, for whom permission bits do not stop writes)."""
-    read_only = Path("/sys")
-    if not read_only.is_dir():
-        pytest.skip("no /sys here")
+@pytest.mark.parametrize("directory, says", [
+    ("/sys", '"/sys" cannot be written: /sys: '),
+    ("/proc/records", '"/proc/records" cannot be created: nothing can be created in /proc (')])
+def test_an_output_dir_that_cannot_be_written_is_an_error(tmp_path, capsys, directory, says):
+    """sysfs and procfs take no files even from root (CI here runs as root, for whom permission bits do not stop
+    writes); a directory to be made is blamed on its parent, not named as missing when it exists (procfs says ENOENT)."""
+    if not Path(directory).parent.is_dir():
+        pytest.skip(f"no {Path(directory).parent} here")
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 3},
-                                "partitioned_param_profiler": {"enabled": True, "output_dir": str(read_only)}}))
+                                "partitioned_param_profiler": {"enabled": True, "output_dir": directory}}))
     assert main(["check-config", str(path)]) == EXIT_INVALID
     err = capsys.readouterr().err
-    assert err.startswith(f'{path}: partitioned_param_profiler.output_dir: "/sys" cannot be written: /sys: '), err
+    assert err.startswith(f'{path}: partitioned_param_profiler.output_dir: {says}'), err
+
+
+def test_an_unusable_output_dir_is_named_beside_the_sections_bad_values(tmp_path, capsys):
+    """One line per problem, in one run: the output_dir is checked on the file's own values where other values of
+    its section are bad (a newcomer fixed those first, then met this one)."""
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc here")
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"step_metrics": {"enabled": True, "output_dir": "/proc/records", "console": 1,
+                                                 "hang_timeout_s": -1}}))
+    assert main(["check-config", str(path)]) == EXIT_INVALID
+    assert [line.split(": ")[1] for line in capsys.readouterr().err.splitlines()] == [
+        "step_metrics.console", "step_metrics.hang_timeout_s", "step_metrics.output_dir"]
 
 
 def test_check_config_checks_step_metrics_ranks_and_output_dir(tmp_path, capsys):

@@ -26,7 +26,7 @@ from .errors import ConfigProblem, show_value
 from .models import SECTIONS, ProfUtilsConfig
 
 __all__ = ["MONITOR_PACKAGES", "missing_monitor_packages", "misspelt_sections", "output_dir_problems",
-           "warn_misspelt_sections", "zero_stage_problems", "zero_stage_warnings"]
+           "section_enabled", "warn_misspelt_sections", "zero_stage_problems", "zero_stage_warnings"]
 
 # difflib's similarity ratio from which a top-level key counts as a misspelling of one of our sections.
 # 0.75 takes "profiller", "proflier", "nvxt", "partition_param_profiler"; DeepSpeed's own top-level keys
@@ -134,28 +134,43 @@ def _output_dir_problem(key: str, directory: str) -> Optional[ConfigProblem]:
     try:
         probe_writable(existing)  # exists already: nothing is created
     except OSError as exc:
-        verb = "written" if existing == path.absolute() else "created"
-        return ConfigProblem(key, f"{show_value(directory)} cannot be {verb}{relative}: {existing}: {exc.strerror}")
+        if existing == path.absolute():
+            return ConfigProblem(key, f"{show_value(directory)} cannot be written{relative}: {existing}: "
+                                 f"{exc.strerror}")
+        # the OS's reason is for the probe made in the parent (ENOENT in /proc), not for the parent itself
+        return ConfigProblem(key, f"{show_value(directory)} cannot be created{relative}: nothing can be created in "
+                             f"{existing} ({exc.strerror})")
     return None
 
 
-def output_dir_problems(config: ProfUtilsConfig) -> List[ConfigProblem]:
+def section_enabled(sections: Mapping[str, Any], section: str) -> bool:
+    """Whether ``section`` is on in ``sections`` (absent "enabled": the section's default, on for the profiler); a
+    bad value, which loading names, counts as off."""
+    settings = sections.get(section)
+    return isinstance(settings, Mapping) and settings.get("enabled", SECTIONS[section]().enabled) is True
+
+
+def output_dir_problems(sections: Mapping[str, Any]) -> List[ConfigProblem]:
     """Each enabled section's ``output_dir`` that cannot be created or written (a disabled one writes nothing); a
     null one (trace_capture's) is step_metrics' output_dir, named under step_metrics' key where that is on.  With
-    step_metrics on, the records go to its output_dir: the fetch section's is not used, so not checked."""
+    step_metrics on, the records go to its output_dir: the fetch section's is not used, so not checked.
+
+    ``sections``: the resolved settings, or (when other values are bad) the file's own, so that these problems are
+    listed beside the others; there an output_dir left out or of a bad type (which loading names) is not checked."""
     problems = []
+    metrics_on = section_enabled(sections, "step_metrics")
     for name in SECTIONS:
-        section = getattr(config, name)
-        if not hasattr(section, "output_dir") or not section.enabled:
+        if "output_dir" not in SECTIONS[name].model_fields or not section_enabled(sections, name):
             continue
-        if name == "partitioned_param_profiler" and config.step_metrics.enabled:
+        if name == "partitioned_param_profiler" and metrics_on:
             continue
-        key, directory = f"{name}.output_dir", section.output_dir
+        key, directory = f"{name}.output_dir", sections[name].get("output_dir", "")
         if directory is None:
-            if config.step_metrics.enabled:
+            metrics = sections.get("step_metrics")
+            if metrics_on or not isinstance(metrics, Mapping):
                 continue
-            key, directory = f"{name}.output_dir (null: step_metrics.output_dir)", config.step_metrics.output_dir
-        problem = _output_dir_problem(key, directory)
+            key, directory = f"{name}.output_dir (null: step_metrics.output_dir)", metrics.get("output_dir", "")
+        problem = _output_dir_problem(key, directory) if isinstance(directory, str) and directory else None
         if problem is not None:
             problems.append(problem)
     return problems

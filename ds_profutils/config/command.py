@@ -14,12 +14,12 @@ import json
 import sys
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from .checks import (missing_monitor_packages, misspelt_sections, output_dir_problems, zero_stage_problems,
-                     zero_stage_warnings)
+from .checks import (missing_monitor_packages, misspelt_sections, output_dir_problems, section_enabled,
+                     zero_stage_problems, zero_stage_warnings)
 from .env import environment_overrides
 from .errors import ConfigError, ConfigProblem
 from .loading import config_from_raw, raw_settings
-from .models import (DEEPSPEED_APPLIED_KEYS, DEEPSPEED_NVTX_DOMAIN, SECTIONS, SHARED_RECORD_KEYS, ProfUtilsConfig,
+from .models import (DEEPSPEED_APPLIED_KEYS, DEEPSPEED_NVTX_DOMAIN, SHARED_RECORD_KEYS, ProfUtilsConfig,
                      check_ranks)
 
 __all__ = ["EFFECTS_HEADER", "check_files"]
@@ -41,13 +41,6 @@ _RANK_KEYS = (("profiler", "ranks"), ("profiler", "summary_ranks"), ("partitione
               ("step_metrics", "ranks"), ("trace_capture", "ranks"))
 
 
-def _enabled(sections: Mapping[str, Any], section: str) -> bool:
-    """Whether ``section`` is on in ``sections`` (absent "enabled": the section's default, on for the profiler); a
-    bad value, which loading names, counts as off."""
-    settings = sections.get(section)
-    return isinstance(settings, Mapping) and settings.get("enabled", SECTIONS[section]().enabled) is True
-
-
 def _rank_problems(sections: Mapping[str, Any], world_size: int) -> List[ConfigProblem]:
     """Every rank list of an enabled section checked against the job's world size, as the features do at run time
     (a disabled section's ranks are not used).
@@ -58,8 +51,8 @@ def _rank_problems(sections: Mapping[str, Any], world_size: int) -> List[ConfigP
     problems: List[ConfigProblem] = []
     for section, key in _RANK_KEYS:
         # with step_metrics on, the records take its ranks: the fetch section's are not used
-        unused = section == "partitioned_param_profiler" and _enabled(sections, "step_metrics")
-        if unused or not _enabled(sections, section):
+        unused = section == "partitioned_param_profiler" and section_enabled(sections, "step_metrics")
+        if unused or not section_enabled(sections, section):
             continue
         ranks = sections[section].get(key)
         if not isinstance(ranks, list) or not all(type(rank) is int for rank in ranks):
@@ -130,10 +123,14 @@ def _check(path: str, world_size: Optional[int]) -> Tuple[ProfUtilsConfig, Mappi
     misspelt = misspelt_sections(raw)
     try:
         config = config_from_raw(raw, origin, strict=True)
-    except ConfigError as exc:
-        ranks = _rank_problems(raw, world_size) if world_size is not None and isinstance(raw, Mapping) else []
-        raise ConfigError(misspelt + list(exc.problems) + ranks, origin) from None
-    problems = misspelt + zero_stage_problems(raw, config) + output_dir_problems(config)
+    except ConfigError as exc:  # with every other problem the file's own values show
+        named = {problem.key for problem in exc.problems}
+        more = [problem for problem in output_dir_problems(raw) if problem.key not in named] \
+            if isinstance(raw, Mapping) else []
+        if world_size is not None and isinstance(raw, Mapping):
+            more += _rank_problems(raw, world_size)
+        raise ConfigError(misspelt + list(exc.problems) + more, origin) from None
+    problems = misspelt + zero_stage_problems(raw, config) + output_dir_problems(config.model_dump())
     if world_size is not None:
         problems += _rank_problems(config.model_dump(), world_size)
     if problems:
