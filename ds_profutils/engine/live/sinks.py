@@ -82,7 +82,7 @@ def _gap_words(figures: Dict[str, float]) -> Optional[str]:
 def console_line(events: Sequence[Event]) -> str:
     """One short line for rank 0's console, the figures it has in the events' order; e.g.
     ``ds_profutils step 40: step 123.4 ms, iteration 130.1 ms (gap 6.7; eval 80.1 ms in the interval),
-    12.3 TFLOP/s, MFU 4.1%, 5,120 tok/s, wait 8%, peak 1.2 GiB, straggler rank 1``."""
+    12.3 TFLOP/s, MFU 4.1%, 5,120 tok/s, wait 8%, peak 1.2 GiB, straggler rank 1 (compute)``."""
     figures = {name: value for name, value, _ in events}
     iteration = _format(figures, "iteration_ms", "iteration {:.1f} ms")
     gap = _gap_words(figures)
