@@ -7,6 +7,7 @@ import json
 import threading
 import time
 
+import pytest
 import torch
 
 from ds_profutils.engine import Attachment
@@ -118,6 +119,24 @@ def test_waiting_on_an_async_collectives_handle_is_being_inside_it_again():
     assert group.seq == collective.seq  # no new sequence number
     sequence.collective_ended(collective)
     assert group.current is None and not sequence.within_collective()
+
+
+def test_an_interruption_as_a_collective_ends_leaves_the_rank_outside_it_once(monkeypatch):
+    """A signal handler's exception raised as the end's clock read returns (CPython runs handlers as a call returns;
+    a program that catches the KeyboardInterrupt trains on): this thread is inside no collective, the group's last
+    is that one, and it is ended (a wrapper whose call raised ends a collective not ended yet: not this one)."""
+    collective = sequence.collective_started("all_reduce", (0, 1, 5), 64)
+    group = next(group for group in sequence.progress() if group.ranks == (0, 1, 5))
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sequence, "perf_counter_ns", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sequence.collective_ended(collective)
+    monkeypatch.undo()
+    assert not sequence.within_collective() and group.current is None and group.last is collective
+    assert collective.ended_ns is not None
 
 
 def test_the_watch_holds_its_engine_weakly(tmp_path):

@@ -128,12 +128,16 @@ def collective_started(name: str, group: Any, nbytes: Optional[int]) -> Collecti
 def collective_ended(collective: Collective) -> int:
     """``collective``'s call returned (on the thread that started it): it is the group's last ended, and this
     rank is inside it no more.  Returns when (``perf_counter_ns``): the end of the call's host time."""
-    ended = collective.ended_ns = perf_counter_ns()
+    # The rank leaves it before the clock is read, with no call in between: CPython runs a signal handler as a call
+    # returns, and a KeyboardInterrupt raised there (one the program catches to go on) must not leave this thread
+    # inside a collective for good, nor have a wrapper end it again (ended_ns, provisionally its start, is not None).
     _thread.depth -= 1  # set by collective_started or collective_resumed on this thread
+    collective.ended_ns = collective.started_ns
     group_progress = collective.group
     group_progress.last = collective
     if group_progress.current is collective:
         group_progress.current = None
+    ended = collective.ended_ns = perf_counter_ns()
     return ended
 
 
