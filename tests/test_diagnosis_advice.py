@@ -23,7 +23,7 @@ def config(**values: Any) -> Dict[str, Any]:
 
 def run(tmp_path, *, ds_config=None, fetch_ms=1.0, busy_ms=100.0, collective_ms=2.0, prefetches=1,
         prefetch_numel=MODEL, on_demand=0, in_flight=0, gathers=2, gather_numel=MODEL, live=5000,
-        invalidations=0, reduces=1, reduce_op="reduce_scatter_tensor"):
+        invalidations=0, reduces=1, reduce_op="reduce_scatter_tensor", all_reduces=0):
     """Two ranks, STEPS steps of schema 3 records with these per-step figures (``busy_ms`` and ``collective_ms`` a
     pair: each rank's); the report's engine."""
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -41,6 +41,9 @@ def run(tmp_path, *, ds_config=None, fetch_ms=1.0, busy_ms=100.0, collective_ms=
             row["collectives"] = {reduce_op: {"count": reduces, "time_ms": rank_collective_ms,
                                               "exposed_ms": rank_collective_ms,
                                               "stream": "compute", "async": 0, "clock": "host"}}
+            if all_reduces:  # e.g. the gradient norm's, beside the buckets' reductions
+                row["collectives"]["all_reduce"] = {"count": all_reduces, "time_ms": 0.1, "exposed_ms": 0.1,
+                                                    "stream": "compute", "async": 0, "clock": "host"}
             if step == 0:
                 row["ds_config"] = config() if ds_config is None else ds_config
             rows.append(row)
@@ -135,6 +138,9 @@ def test_reduce_bucket_raised_when_it_splits_the_gradients_into_many_messages(tm
     assert "bucket_sizes" not in rules(run(tmp_path / "b", ds_config=small, reduces=MANY_REDUCES - 1))
     large = config(stage=2, reduce_bucket_size=MODEL // MANY_REDUCES + 1)
     assert "bucket_sizes" not in rules(run(tmp_path / "c", ds_config=large, reduces=MANY_REDUCES))
+    mixed = rules(run(tmp_path / "d", ds_config=small, reduces=MANY_REDUCES, all_reduces=1))["bucket_sizes"]
+    assert mixed["why"].startswith(f"{MANY_REDUCES} reduce_scatter_tensor, 1 all_reduce per step:"), mixed["why"]
+    assert mixed["expected"]["figure"] == "collectives.reduce_scatter_tensor.count"
 
 
 def test_the_text_names_the_key_the_value_and_the_expected_figure(tmp_path):

@@ -132,9 +132,15 @@ def live_parameters(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Opt
                    "events.forward_all_gather.count", "lower", "live_parameters")
 
 
-def _op_count(engine: Mapping[str, Any], ops: tuple) -> float:
+def _op_counts(engine: Mapping[str, Any], ops: tuple) -> Dict[str, float]:
+    """Calls per step of each of ``ops`` the engine issued, most first."""
     collectives, steps = engine.get("collectives") or {}, _steps(engine)
-    return sum(collectives[op]["count"] for op in ops if op in collectives) / steps if steps else 0.0
+    counts = {op: collectives[op]["count"] / steps for op in ops if op in collectives and steps}
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
+
+
+def _op_count(engine: Mapping[str, Any], ops: tuple) -> float:
+    return sum(_op_counts(engine, ops).values())
 
 
 def overlap_comm(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Optional[Advice]:
@@ -158,12 +164,13 @@ def bucket_sizes(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Option
         bucket = config.get(Z + key)
         if key == "allgather_bucket_size" and config.get(Z + "stage") == 3:
             continue  # ZeRO-3 gathers parameters by its prefetch bucket, not this one
-        per_step = _op_count(engine, ops)
+        counts = _op_counts(engine, ops)
+        per_step = sum(counts.values())
         if bucket and model and per_step >= MANY_REDUCES and model / bucket >= MANY_REDUCES:
-            name = ops[0]
-            return _advice(Z + key, bucket, "raise", int(model), f"{per_step:.0f} {name} per step: the bucket of "
+            calls = ", ".join(f"{count:.0f} {op}" for op, count in counts.items())
+            return _advice(Z + key, bucket, "raise", int(model), f"{calls} per step: the bucket of "
                            f"{bucket:,} elements splits the model's {model:,} into {model / bucket:.0f} messages",
-                           f"collectives.{name}.count", "lower", "bucket_sizes")
+                           f"collectives.{next(iter(counts))}.count", "lower", "bucket_sizes")
     return None
 
 
