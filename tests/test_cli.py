@@ -353,9 +353,10 @@ def test_the_fetch_sections_output_dir_and_ranks_are_not_checked_where_step_metr
     ("/proc/records", '"/proc/records" cannot be created: nothing can be created in /proc (')])
 def test_an_output_dir_that_cannot_be_written_is_an_error(tmp_path, capsys, directory, says):
     """sysfs and procfs take no files even from root (CI here runs as root, for whom permission bits do not stop
-    writes); a directory to be made is blamed on its parent, not named as missing when it exists (procfs says ENOENT)."""
-    if not Path(directory).parent.is_dir():
-        pytest.skip(f"no {Path(directory).parent} here")
+    writes); a directory to be made is blamed on its parent, not named as missing when it exists (procfs: ENOENT)."""
+    needed = Path(directory) if directory == "/sys" else Path(directory).parent  # what must exist to be probed
+    if not needed.is_dir():
+        pytest.skip(f"no {needed} here")
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 3},
                                 "partitioned_param_profiler": {"enabled": True, "output_dir": directory}}))
@@ -364,17 +365,21 @@ def test_an_output_dir_that_cannot_be_written_is_an_error(tmp_path, capsys, dire
     assert err.startswith(f'{path}: partitioned_param_profiler.output_dir: {says}'), err
 
 
-def test_an_unusable_output_dir_is_named_beside_the_sections_bad_values(tmp_path, capsys):
+@pytest.mark.parametrize("overridden", [False, True])
+def test_an_unusable_output_dir_is_named_beside_the_sections_bad_values(tmp_path, capsys, monkeypatch, overridden):
     """One line per problem, in one run: the output_dir is checked on the file's own values where other values of
-    its section are bad (a newcomer fixed those first, then met this one)."""
+    its section are bad (a newcomer fixed those first, then met this one), with the environment's over them (a
+    variable giving a usable output_dir leaves nothing to say of it)."""
     if not Path("/proc").is_dir():
         pytest.skip("no /proc here")
+    if overridden:
+        monkeypatch.setenv("DS_PROFUTILS_STEP_METRICS_OUTPUT_DIR", str(tmp_path / "records"))
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps({"step_metrics": {"enabled": True, "output_dir": "/proc/records", "console": 1,
                                                  "hang_timeout_s": -1}}))
     assert main(["check-config", str(path)]) == EXIT_INVALID
     assert [line.split(": ")[1] for line in capsys.readouterr().err.splitlines()] == [
-        "step_metrics.console", "step_metrics.hang_timeout_s", "step_metrics.output_dir"]
+        "step_metrics.console", "step_metrics.hang_timeout_s"] + ([] if overridden else ["step_metrics.output_dir"])
 
 
 def test_check_config_checks_step_metrics_ranks_and_output_dir(tmp_path, capsys):

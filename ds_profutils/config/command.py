@@ -16,10 +16,10 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from .checks import (missing_monitor_packages, misspelt_sections, output_dir_problems, section_enabled,
                      zero_stage_problems, zero_stage_warnings)
-from .env import environment_overrides
+from .env import environment_overrides, read_environment
 from .errors import ConfigError, ConfigProblem
 from .loading import config_from_raw, raw_settings
-from .models import (DEEPSPEED_APPLIED_KEYS, DEEPSPEED_NVTX_DOMAIN, SHARED_RECORD_KEYS, ProfUtilsConfig,
+from .models import (DEEPSPEED_APPLIED_KEYS, DEEPSPEED_NVTX_DOMAIN, SECTIONS, SHARED_RECORD_KEYS, ProfUtilsConfig,
                      check_ranks)
 
 __all__ = ["EFFECTS_HEADER", "check_files"]
@@ -116,6 +116,18 @@ def _resolved(config: ProfUtilsConfig) -> dict:
     return settings
 
 
+def _with_environment(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The file's own sections with the ``DS_PROFUTILS_*`` variables' values set, as a job would take them (the
+    variables' own problems are named by loading)."""
+    overrides, _ = read_environment(SECTIONS, strict=True)
+    given = dict(raw)
+    for name, fields in overrides.items():
+        section = raw.get(name)
+        given[name] = {**(section if isinstance(section, Mapping) else {}),
+                       **{field: value for field, (_, value) in fields.items()}}
+    return given
+
+
 def _check(path: str, world_size: Optional[int]) -> Tuple[ProfUtilsConfig, Mapping[str, Any]]:
     """The resolved settings and raw contents of a file that passes every check; ConfigError with every
     problem otherwise."""
@@ -123,12 +135,12 @@ def _check(path: str, world_size: Optional[int]) -> Tuple[ProfUtilsConfig, Mappi
     misspelt = misspelt_sections(raw)
     try:
         config = config_from_raw(raw, origin, strict=True)
-    except ConfigError as exc:  # with every other problem the file's own values show
-        named = {problem.key for problem in exc.problems}
-        more = [problem for problem in output_dir_problems(raw) if problem.key not in named] \
-            if isinstance(raw, Mapping) else []
-        if world_size is not None and isinstance(raw, Mapping):
-            more += _rank_problems(raw, world_size)
+    except ConfigError as exc:  # with every other problem the file's own values show (the environment's over them)
+        more: List[ConfigProblem] = []
+        if isinstance(raw, Mapping):
+            named, given = {problem.key for problem in exc.problems}, _with_environment(raw)
+            more = [problem for problem in output_dir_problems(given) if problem.key not in named]
+            more += _rank_problems(given, world_size) if world_size is not None else []
         raise ConfigError(misspelt + list(exc.problems) + more, origin) from None
     problems = misspelt + zero_stage_problems(raw, config) + output_dir_problems(config.model_dump())
     if world_size is not None:

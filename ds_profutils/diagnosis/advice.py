@@ -139,16 +139,13 @@ def _op_counts(engine: Mapping[str, Any], ops: tuple) -> Dict[str, float]:
     return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
 
-def _op_count(engine: Mapping[str, Any], ops: tuple) -> float:
-    return sum(_op_counts(engine, ops).values())
-
 
 def overlap_comm(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Optional[Advice]:
     """Gradient collectives stall the step with ``overlap_comm`` off."""
     on, stage = config.get(Z + "overlap_comm"), config.get(Z + "stage")
     least = _rank_least(engine, "collective_wait_ms_median")  # the rank that waited least: its waits are its own
     waited, step = (least["collective_wait_ms_median"], least.get("step_ms_median")) if least else (None, None)
-    if on is not False or not stage or waited is None or not step or not _op_count(engine, REDUCE_OPS):
+    if on is not False or not stage or waited is None or not step or not sum(_op_counts(engine, REDUCE_OPS).values()):
         return None
     if waited / step < EXPOSED_REDUCE_SHARE:
         return None
@@ -167,7 +164,7 @@ def bucket_sizes(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Option
         counts = _op_counts(engine, ops)
         per_step = sum(counts.values())
         if bucket and model and per_step >= MANY_REDUCES and model / bucket >= MANY_REDUCES:
-            calls = ", ".join(f"{count:.0f} {op}" for op, count in counts.items())
+            calls = ", ".join(f"{count:.3g} {op}" for op, count in counts.items())
             return _advice(Z + key, bucket, "raise", int(model), f"{calls} per step: the bucket of "
                            f"{bucket:,} elements splits the model's {model:,} into {model / bucket:.0f} messages",
                            f"collectives.{next(iter(counts))}.count", "lower", "bucket_sizes")

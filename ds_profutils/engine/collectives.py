@@ -290,6 +290,7 @@ def _p2p_counted(op: str, method: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             collective_ended(collective)
 
+    passes_on(counted, "method")
     return counted
 
 

@@ -46,6 +46,8 @@ def passes_on(wrapper: Callable[..., Any], *callees: str) -> None:
     """Note ``wrapper`` in :data:`PASSING_ON`: the lines where it loads one of ``callees`` (the names it holds the
     job's call under, called on that line) hand the call on; its other lines are its own bookkeeping."""
     code = wrapper.__code__
+    if code in PASSING_ON:  # every op's wrapper shares its code: read once
+        return
     starts, line, lines = dict(dis.findlinestarts(code)), code.co_firstlineno, set()
     for instruction in dis.get_instructions(code):
         line = starts.get(instruction.offset) or line
