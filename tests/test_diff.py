@@ -13,7 +13,7 @@ import pytest
 from ds_profutils.cli import main
 from ds_profutils.report import ReportError
 from ds_profutils.diff.build import build_diff
-from ds_profutils.diff.stats import compare, warmup_steps
+from ds_profutils.diff.stats import compare, unchanged_words, warmup_steps
 from ds_profutils.diff.student import t_two_sided_p
 from ds_profutils.diff.text import render_diff
 
@@ -85,6 +85,11 @@ def test_a_steady_trend_within_each_run_is_taken_for_drift_not_for_independent_s
     few to call a change, which Mann-Whitney's U (p = 0.0008, steps taken for independent) did."""
     found = compare([20.0 + i for i in range(8)], [30.0 + i for i in range(8)])
     assert not found["significant"] and found["effective_steps"] == {"base": 1.0, "new": 1.0}
+    # and the verdict says the test could see only very large changes there, not that nothing changed
+    assert unchanged_words(found) == ("no significant change, but with 1.0 and 1.0 effective steps (the steps drift "
+                                      "together) the test sees only very large changes: record longer runs")
+    steady = compare([20.0 + i % 2 for i in range(8)], [20.0 + (i + 1) % 2 for i in range(8)])
+    assert not steady["significant"] and unchanged_words(steady) == "no significant change"
 
 
 @pytest.mark.parametrize("steps, left_out", [(0, 0), (2, 2), (5, 2), (20, 2), (21, 3), (30, 3), (100, 10), (1000, 100)])

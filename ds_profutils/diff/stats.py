@@ -34,12 +34,13 @@ from __future__ import annotations
 import math
 import operator
 from statistics import fmean, median
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .student import t_two_sided_p
 
-__all__ = ["ALPHA", "MIN_CHANGE", "MIN_STEPS", "RUNS_ALPHA", "WARMUP_SHARE", "WARMUP_STEPS", "WINSOR", "compare",
-           "compare_runs", "drift_test", "effective_steps", "percentile", "significance_rule", "warmup_steps"]
+__all__ = ["ALPHA", "FEW_EFFECTIVE_STEPS", "MIN_CHANGE", "MIN_STEPS", "RUNS_ALPHA", "WARMUP_SHARE", "WARMUP_STEPS",
+           "WINSOR", "compare", "compare_runs", "drift_test", "effective_steps", "percentile", "significance_rule",
+           "unchanged_words", "warmup_steps"]
 
 ALPHA = 0.01
 """One run per side: a change is beyond noise where the test's two-sided p-value is below this ..."""
@@ -58,6 +59,11 @@ MIN_STEPS = 3
 """Steps after warm-up each run needs for the test (fewer: no p-value, never a change)."""
 WINSOR = 4.0
 """Values beyond this many robust standard deviations from their run's median are held at that limit."""
+FEW_EFFECTIVE_STEPS = 5.0
+"""One run per side: with fewer effective steps than this on either side, "no significant change" is said to be
+weak.  n effective steps a side leave the test about 2n - 2 degrees of freedom, so at p < 0.01 a change must pass
+4.6 standard errors at 3 a side, 9.9 at 2, 64 at 1.  A 12-step run whose steps drift together has about 1, and a
++255% change went unseen in one."""
 _ROBUST_SD = 1.4826  # the median absolute deviation of a normal sample times this is its standard deviation
 _MAX_LAG = 2000  # Geyer's sequence stops far earlier on any series that does not drift for thousands of steps
 _MAX_LAG1 = 0.99  # a lag-1 correlation is taken as at most this (tau <= 199): a run of one repeated value
@@ -69,6 +75,17 @@ Runs = Sequence[Sequence[float]]
 def warmup_steps(steps: int) -> int:
     """How many leading recorded train steps of a run of ``steps`` are warm-up (all of a run of 2 or fewer)."""
     return min(steps, max(WARMUP_STEPS, math.ceil(WARMUP_SHARE * steps)))
+
+
+def unchanged_words(figure: Mapping[str, Any]) -> str:
+    """How a tested figure that did not change beyond noise is said: plainly, or weakly where one run per side
+    has too few effective steps for the test to see any but a very large change (:data:`FEW_EFFECTIVE_STEPS`)."""
+    effective = figure.get("effective_steps") or {}
+    if figure.get("method") == "within runs" and None not in effective.values() and \
+            min(effective.values(), default=FEW_EFFECTIVE_STEPS) < FEW_EFFECTIVE_STEPS:
+        return (f"no significant change, but with {effective['base']:.1f} and {effective['new']:.1f} effective steps "
+                "(the steps drift together) the test sees only very large changes: record longer runs")
+    return "no significant change"
 
 
 def significance_rule() -> str:

@@ -10,7 +10,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from ..diagnosis.checked import checked_lines
 from .stages import stage_lines
-from .stats import MIN_STEPS
+from .stats import MIN_STEPS, unchanged_words
 from .summary import MEMORY, PARTS
 from ..report.tables import rank_ranges, table, wrap
 from ..units import flops_rate, share
@@ -62,7 +62,7 @@ def _said(figure: Mapping[str, Any], more: str = "SLOWER", less: str = "FASTER")
     if figure["p_value"] is None:
         return (f"too few steps after warm-up to test ({figure['steps']['base']} and {figure['steps']['new']}; the "
                 f"test needs {MIN_STEPS} or more in each)")
-    return "no significant change"
+    return unchanged_words(figure)
 
 
 def _iteration(engine: Mapping[str, Any]) -> List[str]:
