@@ -51,6 +51,9 @@ def test_stage_table_ideal_bubble_and_a_slow_last_stage(tmp_path: Path) -> None:
     text = render_text(report)
     assert "Pipeline stages (2 stages, 8 micro batches" in text and "SLOW STAGE: stage 1" in text
     assert "11.1%" in text  # the ideal bubble
+    # one rank a stage: nobody to compare a rank with, said so (not "0 tested steps of 2 ranks are too few")
+    assert ("Reach of the test: no rank can be named: ranks are compared only within a pipeline stage, and each "
+            "stage here has one rank") in " ".join(text.split())
     assert any(line.split()[:4] == ["rank", "host", "stage", "steps"] for line in text.splitlines())
 
 
@@ -79,7 +82,9 @@ def test_straggler_test_within_each_stage_only(tmp_path: Path) -> None:
     though stages do different work.  Within stage 0, rank 1 arrives last (rank 0 waits 28 ms for it)."""
     inside = {0: 30.0, 1: 2.2, 2: 1.0, 3: 1.3}
     pipeline_run(tmp_path, [0, 0, 1, 1], 16, lambda stage, step: 30.0, inside=lambda rank, step: inside[rank])
-    engine = build_report(tmp_path)["engines"]["main"]
+    report = build_report(tmp_path)
+    engine = report["engines"]["main"]
+    assert "steps of 2 ranks in a pipeline stage" in " ".join(render_text(report).split())
     assert engine["straggler_ranks"] == [1]
     assert engine["ranks_summary"][2]["straggler_steps"] == 0
     assert [engine["ranks_summary"][rank]["pipe_stage"] for rank in range(4)] == [0, 0, 1, 1]

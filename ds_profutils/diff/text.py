@@ -210,8 +210,9 @@ def _tidy(value: Any) -> Any:
 def _events(engine: Mapping[str, Any]) -> List[str]:
     lines = []
     if engine["events"]:
-        lines += ["", *wrap("Fetch events per train step (median across ranks; numel as DeepSpeed counts it; rows "
-                             "whose count or size changed first, most first, then by the change of their time):")]
+        lines += ["", *wrap("Fetch events per train step (each rank's mean over every recorded train step, warm-up "
+                             "included, the median across ranks; numel as DeepSpeed counts it; rows whose count or "
+                             "size changed first, most first, then by the change of their time):")]
         rows = []
         for name, row in engine["events"].items():
             before, after = row["base"] or {}, row["new"] or {}
@@ -221,7 +222,8 @@ def _events(engine: Mapping[str, Any]) -> List[str]:
         lines += table(("event", "unit", "BASE count", "NEW count", "BASE numel/event", "NEW numel/event",
                          "BASE bytes", "NEW bytes", "BASE ms", "NEW ms", "size changed", "ms change"), rows)
     if engine["collectives"]:
-        lines += ["", "Blocking collectives per train step (median across ranks; the most changed first):"]
+        lines += ["", *wrap("Blocking collectives per train step (each rank's mean over every recorded train step, "
+                             "warm-up included, the median across ranks; the most changed first):")]
         rows = []
         for op, row in engine["collectives"].items():
             before, after = row["base"] or {}, row["new"] or {}

@@ -79,13 +79,18 @@ def steps_to_name(tested_steps: int, ranks: int) -> Optional[int]:
 
 def reach(view: "StepView") -> str:
     """What the test can see in this run, in words: how many steps name a rank, and what it cannot see."""
-    ranks, tested = len(view.ranks), view.tested_steps
+    ranks, tested, within = len(view.ranks), view.tested_steps, ""
+    if view.stage_of:  # a pipeline's ranks are tested within their stage (stages do different work)
+        ranks, within = max(Counter(view.stage_of.values()).values()), " in a pipeline stage"
+        if ranks < 2:
+            return ("no rank can be named: ranks are compared only within a pipeline stage, and each stage here has "
+                    "one rank (a slow stage is named SLOW STAGE instead)")
     needed = steps_to_name(tested, ranks)
     thresholds = [value for value in view.threshold_ms if value is not None]
     threshold = f" (here {median(thresholds):.1f} ms at the median step)" if thresholds else ""
     named = (f"a rank is named when it is the step straggler in at least {needed} of the {tested} tested steps of "
-             f"{ranks} ranks" if needed is not None else
-             f"no rank can be named: {tested} tested steps of {ranks} ranks are too few for any count to pass")
+             f"{ranks} ranks{within}" if needed is not None else
+             f"no rank can be named: {tested} tested steps of {ranks} ranks{within} are too few for any count to pass")
     return (f"{named}; a rank slower by less than the per-step threshold{threshold} is never a step straggler, so "
             "it is not flagged however many steps it lasts (its own busy time in the ranks table shows it)")
 
