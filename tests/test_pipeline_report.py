@@ -13,7 +13,9 @@ from ds_profutils._stages import SLOW_STAGE_RATIO
 from ds_profutils.diff.build import build_diff
 from ds_profutils.diff.text import render_diff
 from ds_profutils.report import build_report, render_text
+from ds_profutils.report.chance import binomial_upper_tail
 from ds_profutils.report.pipeline import ideal_bubble_share
+from ds_profutils.report.steps import STRAGGLER_LEVEL
 
 
 def pipeline_run(directory: Path, stage_of: Sequence[int], steps: int, compute: Callable[[int, int], float], *,
@@ -84,7 +86,13 @@ def test_straggler_test_within_each_stage_only(tmp_path: Path) -> None:
     pipeline_run(tmp_path, [0, 0, 1, 1], 16, lambda stage, step: 30.0, inside=lambda rank, step: inside[rank])
     report = build_report(tmp_path)
     engine = report["engines"]["main"]
-    assert "steps of 2 ranks in a pipeline stage" in " ".join(render_text(report).split())
+    # the reach is the rule applied: a stage's 2 ranks (chance 1/2 a step) at the level of the world's 4
+    test = engine["straggler_test"]
+    needed = test["steps_to_name"]
+    assert test["chance_per_step"] == 0.5 and test["rank_level"] == STRAGGLER_LEVEL / 4
+    assert binomial_upper_tail(needed, 16, 0.5) <= STRAGGLER_LEVEL / 4 < binomial_upper_tail(needed - 1, 16, 0.5)
+    assert (f"at least {needed} of the 16 tested steps of 2 ranks in a pipeline stage"
+            in " ".join(render_text(report).split()))
     assert engine["straggler_ranks"] == [1]
     assert engine["ranks_summary"][2]["straggler_steps"] == 0
     assert [engine["ranks_summary"][rank]["pipe_stage"] for rank in range(4)] == [0, 0, 1, 1]

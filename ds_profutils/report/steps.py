@@ -59,18 +59,21 @@ def straggler_rule() -> str:
             f"{STRAGGLER_LEVEL:.1%} / hosts")
 
 
-def steps_to_name(tested_steps: int, ranks: int) -> Optional[int]:
+def steps_to_name(tested_steps: int, ranks: int, compared: Optional[int] = None) -> Optional[int]:
     """The fewest of ``tested_steps`` a rank must be the step straggler in to be named (None: no count is
-    enough, too few steps).  The tail shrinks as the count grows, so a bisection finds it."""
-    if ranks < 2 or tested_steps < 1:
+    enough, too few steps), at the level of ``ranks`` ranks, each step's chance 1/``compared`` (the ranks compared
+    with each other: a pipeline stage's; default all).  The tail shrinks as the count grows, so a bisection
+    finds it."""
+    compared = ranks if compared is None else compared
+    if compared < 2 or tested_steps < 1:
         return None
     level = STRAGGLER_LEVEL / ranks
-    if binomial_upper_tail(tested_steps, tested_steps, 1 / ranks) > level:
+    if binomial_upper_tail(tested_steps, tested_steps, 1 / compared) > level:
         return None
     low, high = 1, tested_steps  # the answer is in [low, high]
     while low < high:
         middle = (low + high) // 2
-        if binomial_upper_tail(middle, tested_steps, 1 / ranks) <= level:
+        if binomial_upper_tail(middle, tested_steps, 1 / compared) <= level:
             high = middle
         else:
             low = middle + 1
@@ -79,18 +82,18 @@ def steps_to_name(tested_steps: int, ranks: int) -> Optional[int]:
 
 def reach(view: "StepView") -> str:
     """What the test can see in this run, in words: how many steps name a rank, and what it cannot see."""
-    ranks, tested, within = len(view.ranks), view.tested_steps, ""
-    if view.stage_of:  # a pipeline's ranks are tested within their stage (stages do different work)
-        ranks, within = max(Counter(view.stage_of.values()).values()), " in a pipeline stage"
-        if ranks < 2:
-            return ("no rank can be named: ranks are compared only within a pipeline stage, and each stage here has "
-                    "one rank (a slow stage is named SLOW STAGE instead)")
-    needed = steps_to_name(tested, ranks)
+    ranks, compared, tested = len(view.ranks), view.compared_ranks, view.tested_steps
+    within = " in a pipeline stage" if view.stage_of else ""
+    if view.stage_of and compared < 2:
+        return ("no rank can be named: ranks are compared only within a pipeline stage, and each stage here has "
+                "one rank (a slow stage is named SLOW STAGE instead)")
+    needed = steps_to_name(tested, ranks, compared)
     thresholds = [value for value in view.threshold_ms if value is not None]
     threshold = f" (here {median(thresholds):.1f} ms at the median step)" if thresholds else ""
     named = (f"a rank is named when it is the step straggler in at least {needed} of the {tested} tested steps of "
-             f"{ranks} ranks{within}" if needed is not None else
-             f"no rank can be named: {tested} tested steps of {ranks} ranks{within} are too few for any count to pass")
+             f"{compared} ranks{within}" if needed is not None else
+             f"no rank can be named: {tested} tested steps of {compared} ranks{within} are too few for any count "
+             "to pass")
     return (f"{named}; a rank slower by less than the per-step threshold{threshold} is never a step straggler, so "
             "it is not flagged however many steps it lasts (its own busy time in the ranks table shows it)")
 
@@ -151,6 +154,11 @@ class StepView:
     waited_ms: Dict[int, float] = field(default_factory=dict)  # its own excess wait in others' straggler steps
     tested_steps: int = 0  # steps with at least two ranks: those that could have a straggler
     p_values: Dict[int, float] = field(default_factory=dict)  # by chance: its straggler steps or more
+
+    @property
+    def compared_ranks(self) -> int:
+        """How many ranks a step's straggler is found among: a pipeline stage's (the largest), else all."""
+        return max(Counter(self.stage_of.values()).values()) if self.stage_of else len(self.ranks)
 
     def columns(self) -> Dict[str, Matrix]:
         return {"step_ms": self.step_ms, "fetch_wait_ms": self.fetch_wait_ms,
