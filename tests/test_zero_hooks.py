@@ -157,8 +157,6 @@ def test_no_engine_runs_after_its_steps_whatever_left_a_forward():
 def test_errors_leaving_the_engine_reach_listeners_that_watch_them_and_go_on_unchanged():
 
     class Watching(Listener):
-        watches_errors = True
-
         def __init__(self):
             self.seen = []
 

@@ -16,10 +16,9 @@ put over ours after attach keeps calling ours, which then passes calls through. 
 now (:data:`running`: process-wide, DeepSpeed's backward hooks run on autograd's threads), so a collective issued
 there is that engine's (actor and critic steps interleave).
 
-A listener's error never reaches the training loop: it is logged and that listener stopped
-(:meth:`Listener.stop_after_error`).  An exception a signal handler raised while a listener ran (torch's DataLoader
-SIGCHLD handler, a program's own) goes on as without ds_profutils; one an engine-driven profiler's signal guard
-raised ends that run first (:func:`..torch_profiler.calls.end_run_raised_by`).
+A listener's error never reaches the training loop: it is logged and the listener stopped.  A signal handler's
+exception while a listener ran (torch's DataLoader SIGCHLD, a program's) goes on as without ds_profutils; one an
+engine-driven profiler's guard raised ends that run first (:func:`..torch_profiler.calls.end_run_raised_by`).
 """
 from __future__ import annotations
 
@@ -97,8 +96,6 @@ running = _Running()
 class Listener:
     """What a feature hears of an engine; each method is optional (the base does nothing)."""
 
-    watches_errors = False  # True: also told of errors leaving forward, backward, step and the engine's own work
-
     def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         """The engine's module's outermost forward starts with these inputs (FLOPs and tokens are read from them)."""
 
@@ -118,7 +115,7 @@ class Listener:
         pass
 
     def failed(self, exc: BaseException) -> None:
-        pass
+        """An error (any BaseException) leaves the engine's forward, backward, step or own work."""
 
     def checkpoint_saved(self, elapsed_ns: int) -> None:
         """``engine.save_checkpoint()`` returned (or raised) after ``elapsed_ns``."""
@@ -196,7 +193,7 @@ class _ModuleHook:
 
 # Calls between steps whose collectives are the engine's: checkpoints, 16-bit weights gathered (the Trainer's)
 _OWN_WORK = ("save_checkpoint", "load_checkpoint", "save_16bit_model", "_zero3_consolidated_16bit_state_dict")
-_EVENTS = ("forward_started", "forward_ended", "forward_left", "backward_ended", "step_started", "step_ended",
+_EVENTS = ("forward_started", "forward_ended", "forward_left", "backward_ended", "step_started", "step_ended", "failed",
            "checkpoint_saved")  # the Listener methods EngineHooks tells
 
 
@@ -376,7 +373,10 @@ class EngineHooks:
         return result
 
     def _around_own_work(self, saves: bool, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """The engine runs (its collectives are no waits of the gap); a save's time is told, also where it raises."""
+        """The engine runs (its collectives are no waits of the gap); a save's time is told, also where it raises.
+        Own work inside an engine call (``save_16bit_model``'s gather) is that call's: an error is told once."""
+        if running.engine_id == self._engine_id:
+            return call(*args, **kwargs)
         start, outside, running.engine_id = perf_counter_ns(), running.engine_id, self._engine_id
         try:
             return self._around_call(call, *args, **kwargs)  # an error in it is told as one in a step is
@@ -390,11 +390,10 @@ class EngineHooks:
             return call(*args, **kwargs)
         except BaseException as exc:
             self._left_forwards()  # an Exception left the forward in the always-call hook already, not a BaseException
-            for listener in list(self.listeners):
-                if listener.watches_errors:
-                    try:
-                        listener.failed(exc)
-                    except Exception as error:  # the engine's own error goes on, unchanged
-                        self._drop(listener, error)
+            for told in self._told.get("failed", ()):
+                try:
+                    told(exc)
+                except Exception as error:  # the engine's own error goes on, unchanged
+                    self._drop(told.__self__, error)
             end_run_raised_by(exc)  # an interruption unwinding: the engine-driven profiler's window, first
             raise

@@ -133,7 +133,6 @@ class StepSnapshots(OptimizerStepListener):
     def __init__(self, engine: Any, snapshots: MemorySnapshots) -> None:
         super().__init__(engine)
         self.snapshots = snapshots
-        self.watches_errors = snapshots.settings.on_oom
 
     def optimizer_step_ended(self, global_step: int) -> None:
         self.snapshots.step_ended(global_step)
