@@ -138,6 +138,18 @@ def test_diff_compares_each_stage_with_itself(tmp_path: Path) -> None:
     assert "stage 1: compute 20.000 -> 26.000 ms (SLOWER" in text
 
 
+def test_short_drifting_runs_are_not_passed_off_as_unchanged(tmp_path: Path) -> None:
+    """12 steps whose compute drifts step after step (a newcomer's short pipeline runs): NEW's stage 1 is far slower,
+    but each run is one drift, about one effective step a side; the step line and the stage line say the test sees
+    only very large changes there, not that nothing changed."""
+    pipeline_run(tmp_path / "base", [0, 1], 12, lambda stage, step: 10.0 + 5.0 * step)
+    pipeline_run(tmp_path / "new", [0, 1], 12, lambda stage, step: (60.0 if stage else 10.0) + 5.0 * step)
+    text = " ".join(render_diff(build_diff(tmp_path / "base", tmp_path / "new")).split())
+    weak = "no significant change, but with 1.0 and 1.0 effective steps (the steps drift together)"
+    assert "ms median (+" in text and f"): {weak}" in text  # the step line
+    assert "stage 1: compute " in text and f"ms ({weak}" in text.split("stage 1: compute ")[1][:200]
+
+
 def test_no_stage_diff_for_other_engines(tmp_path: Path) -> None:
     for run in ("base", "new"):
         (tmp_path / run).mkdir()

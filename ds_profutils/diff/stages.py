@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..report.tables import wrap
-from .stats import compare, unchanged_words, warmup_steps
+from .stats import compare, verdict_words, warmup_steps
 
 __all__ = ["STAGE_FIGURES", "stage_changes", "stage_lines"]
 
@@ -35,7 +35,7 @@ def stage_changes(base: Optional[Mapping[str, Any]],
 def _figure(name: str, figure: Mapping[str, Any]) -> str:
     if figure["base"] is None or figure["new"] is None:
         return f"{name} not in both runs"
-    verdict = ("SLOWER" if figure["change"] > 0 else "FASTER") if figure["significant"] else unchanged_words(figure)
+    verdict = verdict_words(figure)
     p_value = "-" if figure["p_value"] is None else f"{figure['p_value']:.3g}"
     return f"{name} {figure['base']:.3f} -> {figure['new']:.3f} ms ({verdict}, p = {p_value})"
 

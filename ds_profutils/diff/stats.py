@@ -40,7 +40,7 @@ from .student import t_two_sided_p
 
 __all__ = ["ALPHA", "FEW_EFFECTIVE_STEPS", "MIN_CHANGE", "MIN_STEPS", "RUNS_ALPHA", "WARMUP_SHARE", "WARMUP_STEPS",
            "WINSOR", "compare", "compare_runs", "drift_test", "effective_steps", "percentile", "significance_rule",
-           "unchanged_words", "warmup_steps"]
+           "unchanged_words", "verdict_words", "warmup_steps"]
 
 ALPHA = 0.01
 """One run per side: a change is beyond noise where the test's two-sided p-value is below this ..."""
@@ -75,6 +75,18 @@ Runs = Sequence[Sequence[float]]
 def warmup_steps(steps: int) -> int:
     """How many leading recorded train steps of a run of ``steps`` are warm-up (all of a run of 2 or fewer)."""
     return min(steps, max(WARMUP_STEPS, math.ceil(WARMUP_SHARE * steps)))
+
+
+def verdict_words(figure: Mapping[str, Any], more: str = "SLOWER", less: str = "FASTER") -> str:
+    """A compared figure's verdict in words (``more``/``less``: its direction's names): beyond which noise it
+    changed, or why it was not tested, or that it did not change (:func:`unchanged_words`)."""
+    if figure["significant"]:
+        beyond = "within-run noise" if figure["method"] == "within runs" else "the spread between reruns"
+        return (more if figure["change"] > 0 else less) + f", beyond {beyond}"
+    if figure["p_value"] is None:
+        return (f"too few steps after warm-up to test ({figure['steps']['base']} and {figure['steps']['new']}; the "
+                f"test needs {MIN_STEPS} or more in each)")
+    return unchanged_words(figure)
 
 
 def unchanged_words(figure: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from ..diagnosis.checked import checked_lines
 from .stages import stage_lines
-from .stats import MIN_STEPS, unchanged_words
+from .stats import verdict_words
 from .summary import MEMORY, PARTS
 from ..report.tables import rank_ranges, table, wrap
 from ..units import flops_rate, share
@@ -49,20 +49,9 @@ def _verdict(step_ms: Mapping[str, Any]) -> str:
     change = f"{step_ms['change']:+.3f} ms, {_percent(step_ms['ratio']) or '-'}; p = {_p(step_ms['p_value'])}"
     seen = f" ({_WITHIN})" if step_ms["method"] == "within runs" else ""
     return (f"Step time (per step the largest over ranks: the step the job took): {step_ms['base']:.3f} -> "
-            f"{step_ms['new']:.3f} ms median ({change}): {_said(step_ms)}{seen}; p90 "
+            f"{step_ms['new']:.3f} ms median ({change}): {verdict_words(step_ms)}{seen}; p90 "
             f"{step_ms['p90']['base']:.3f} -> {step_ms['p90']['new']:.3f}, mean {step_ms['mean']['base']:.3f} -> "
             f"{step_ms['mean']['new']:.3f}{_drift(step_ms)}")
-
-
-def _said(figure: Mapping[str, Any], more: str = "SLOWER", less: str = "FASTER") -> str:
-    """The verdict of one compared figure in words."""
-    if figure["significant"]:
-        beyond = "within-run noise" if figure["method"] == "within runs" else "the spread between reruns"
-        return (more if figure["change"] > 0 else less) + f", beyond {beyond}"
-    if figure["p_value"] is None:
-        return (f"too few steps after warm-up to test ({figure['steps']['base']} and {figure['steps']['new']}; the "
-                f"test needs {MIN_STEPS} or more in each)")
-    return unchanged_words(figure)
 
 
 def _iteration(engine: Mapping[str, Any]) -> List[str]:
@@ -75,16 +64,16 @@ def _iteration(engine: Mapping[str, Any]) -> List[str]:
     said = (f"Iteration (end of one optimizer step to the end of the next: what each step cost the user, data "
             f"loading, callbacks and logging included; per step the largest over ranks): {whole['base']:.3f} -> "
             f"{whole['new']:.3f} ms median ({whole['change']:+.3f} ms, {_percent(whole['ratio']) or '-'}; p = "
-            f"{_p(whole['p_value'])}): {_said(whole)}; the step {engine['step_ms']['change']:+.3f} ms")
+            f"{_p(whole['p_value'])}): {verdict_words(whole)}; the step {engine['step_ms']['change']:+.3f} ms")
     if gap is not None:
         said += (f" and the gap between steps (outside forward, backward and step; largest over ranks) "
-                 f"{gap['change']:+.3f} ms ({_said(gap)})")
+                 f"{gap['change']:+.3f} ms ({verdict_words(gap)})")
     for name, label, shown in (("tflops", "TFLOP/s per rank, mean over ranks", flops_rate),
                                ("mfu", "MFU, mean over ranks", share)):
         if name in found:
             figure = found[name]
             said += (f"; {label} {shown(figure['base'])} -> {shown(figure['new'])} "
-                     f"({_said(figure, 'HIGHER', 'LOWER')})")
+                     f"({verdict_words(figure, 'HIGHER', 'LOWER')})")
     return wrap(said)
 
 
