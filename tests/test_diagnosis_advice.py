@@ -141,6 +141,9 @@ def test_reduce_bucket_raised_when_it_splits_the_gradients_into_many_messages(tm
     assert "bucket_sizes" not in rules(run(tmp_path / "c", ds_config=large, reduces=MANY_REDUCES))
     mixed = rules(run(tmp_path / "d", ds_config=small, reduces=MANY_REDUCES, all_reduces=1))["bucket_sizes"]
     assert mixed["why"].startswith(f"{MANY_REDUCES} reduce_scatter_tensor, 1 all_reduce per step:"), mixed["why"]
+    many = config(stage=2, reduce_bucket_size=MODEL // 1120)  # thousands of calls a step read as counts, not 1.12e+03
+    crowded = rules(run(tmp_path / "e", ds_config=many, reduces=1120, all_reduces=1))["bucket_sizes"]
+    assert crowded["why"].startswith("1,120 reduce_scatter_tensor, 1 all_reduce per step:"), crowded["why"]
     assert mixed["expected"]["figure"] == "collectives.reduce_scatter_tensor.count"
 
 

@@ -139,7 +139,6 @@ def _op_counts(engine: Mapping[str, Any], ops: tuple) -> Dict[str, float]:
     return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
 
-
 def overlap_comm(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Optional[Advice]:
     """Gradient collectives stall the step with ``overlap_comm`` off."""
     on, stage = config.get(Z + "overlap_comm"), config.get(Z + "stage")
@@ -164,7 +163,8 @@ def bucket_sizes(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Option
         counts = _op_counts(engine, ops)
         per_step = sum(counts.values())
         if bucket and model and per_step >= MANY_REDUCES and model / bucket >= MANY_REDUCES:
-            calls = ", ".join(f"{count:.3g} {op}" for op, count in counts.items())
+            calls = ", ".join(f"{count:,.0f} {op}" if count >= 1 else f"{count:.2g} {op}"
+                              for op, count in counts.items())
             return _advice(Z + key, bucket, "raise", int(model), f"{calls} per step: the bucket of "
                            f"{bucket:,} elements splits the model's {model:,} into {model / bucket:.0f} messages",
                            f"collectives.{next(iter(counts))}.count", "lower", "bucket_sizes")
