@@ -121,26 +121,52 @@ def test_waiting_on_an_async_collectives_handle_is_being_inside_it_again():
     assert group.current is None and not sequence.within_collective()
 
 
-def test_an_interruption_as_a_collective_ends_leaves_the_rank_outside_it_once(monkeypatch):
+@pytest.mark.parametrize("wrapper", ["torch.distributed", "deepspeed.comm"])
+def test_an_interruption_as_a_collective_ends_leaves_the_rank_outside_it_once(monkeypatch, wrapper):
     """A signal handler's exception raised as the end's clock read returns (CPython runs handlers as a call returns;
-    a program that catches the KeyboardInterrupt trains on): this thread is inside no collective, the group's last
-    is that one, and it is ended (a wrapper whose call raised ends a collective not ended yet: not this one)."""
-    collective = sequence.collective_started("all_reduce", (0, 1, 5), 64)
-    group = next(group for group in sequence.progress() if group.ranks == (0, 1, 5))
+    a program that catches the KeyboardInterrupt trains on), through each of our wrappers: the thread is inside no
+    collective afterwards, neither left inside (torch.distributed's wrapper ends it once, in its finally) nor ended
+    twice (deepspeed.comm's, whose finally ends a collective its timed call did not), and the group's last is it."""
+    from deepspeed.comm import comm as deepspeed_comm
 
-    def interrupted():
-        raise KeyboardInterrupt
+    from ds_profutils.engine.collectives import attach_engine
+    from ds_profutils.engine.step import EngineCollectives, StepRecord
+    from ds_profutils.engine.torch_collectives import TorchCollectives
 
-    monkeypatch.setattr(sequence, "perf_counter_ns", interrupted)
-    depth = sequence._thread.depth - 1  # what it must be after; restored whatever the test finds, for later tests
+    class Backend:  # deepspeed.comm's backend object
+        @staticmethod
+        def all_reduce(*args, **kwargs):
+            pass
+
+    clock_reads = []
+
+    def interrupted_at_the_end():  # the start's read, then the end's
+        clock_reads.append(None)
+        if len(clock_reads) == 2:
+            raise KeyboardInterrupt
+        return time.perf_counter_ns()
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", Backend.all_reduce)
+    monkeypatch.setattr(deepspeed_comm, "cdb", Backend())
+    recorded = EngineCollectives(Engine())
+    recorded.step = StepRecord({"mode": "train"}, None, None)  # deepspeed.comm's call is timed for a recorded step
+    depth = getattr(sequence._thread, "depth", 0)
+    wrappers, detach = TorchCollectives(lambda op, host_ns: None), attach_engine(recorded, None)
     try:
+        monkeypatch.setattr(sequence, "perf_counter_ns", interrupted_at_the_end)
         with pytest.raises(KeyboardInterrupt):
-            sequence.collective_ended(collective)
-        monkeypatch.undo()
-        assert not sequence.within_collective() and group.current is None and group.last is collective
-        assert collective.ended_ns is not None
+            if wrapper == "torch.distributed":
+                torch.distributed.all_reduce(torch.ones(1), group=(0, 1, 5))
+            else:
+                deepspeed_comm.cdb.all_reduce(torch.ones(1), None, (0, 1, 5))
+        monkeypatch.setattr(sequence, "perf_counter_ns", time.perf_counter_ns)
+        group = next(group for group in sequence.progress() if group.ranks == (0, 1, 5))
+        assert sequence._thread.depth == depth and not sequence.within_collective()
+        assert group.current is None and group.last.name == "all_reduce" and group.last.ended_ns is not None
     finally:
-        sequence._thread.depth = depth
+        sequence._thread.depth = depth  # whatever the test found: later tests start outside every collective
+        detach()
+        wrappers.remove()
 
 
 def test_the_watch_holds_its_engine_weakly(tmp_path):
