@@ -78,7 +78,7 @@ class EngineDrivenProfiler(Listener):
         the engine's calls."""
         if running.engine_id is not None or inside_ours(frame):
             return False
-        self._finish(None)
+        self._finish()
         return True
 
     def step_ended(self) -> None:
@@ -89,21 +89,21 @@ class EngineDrivenProfiler(Listener):
     def stop_after_error(self, exc: Exception) -> None:
         logger.error("profiler: the engine's profiler stopped after an error (%s: %s); training goes on",
                      type(exc).__name__, exc)
-        self._finish(None)
+        self._finish()
 
     def close(self) -> None:
         """Write the window in flight and end the run; then DeepSpeed's comms summary, whose barriers every
         rank reaches: each began a run, whether or not it stopped after an error since (not after a signal)."""
-        self._finish(None)
+        self._finish()
         if self._started and not self._stopped_by_signal:
             show_comms_summary(self.settings, process_identity())
 
-    def _finish(self, passing: Optional[BaseException]) -> None:
+    def _finish(self) -> None:
         run, self.run = self.run, None
         self._idle = True
         if run is not None:
             try:
-                finish_run(run, passing, summary=False)  # nothing more where it ended already (an engine's hooks)
+                finish_run(run, None, summary=False)  # nothing more where it ended already (an engine's hooks)
             finally:  # a KeyboardInterrupt delivered at the run's end comes out through here
                 self._stopped_by_signal = run.signals.stopped_by_signal
 
