@@ -16,7 +16,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from .checks import (missing_monitor_packages, misspelt_sections, output_dir_problems, section_enabled,
                      zero_stage_problems, zero_stage_warnings)
-from .env import environment_overrides, read_environment
+from .env import environment_overrides, raw_with_environment
 from .errors import ConfigError, ConfigProblem
 from .loading import config_from_raw, raw_settings
 from .models import (DEEPSPEED_APPLIED_KEYS, DEEPSPEED_NVTX_DOMAIN, SECTIONS, SHARED_RECORD_KEYS, ProfUtilsConfig,
@@ -116,18 +116,6 @@ def _resolved(config: ProfUtilsConfig) -> dict:
     return settings
 
 
-def _with_environment(raw: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The file's own sections with the ``DS_PROFUTILS_*`` variables' values set, as a job would take them (the
-    variables' own problems are named by loading)."""
-    overrides, _ = read_environment(SECTIONS, strict=True)
-    given = dict(raw)
-    for name, fields in overrides.items():
-        section = raw.get(name)
-        given[name] = {**(section if isinstance(section, Mapping) else {}),
-                       **{field: value for field, (_, value) in fields.items()}}
-    return given
-
-
 def _check(path: str, world_size: Optional[int]) -> Tuple[ProfUtilsConfig, Mapping[str, Any]]:
     """The resolved settings and raw contents of a file that passes every check; ConfigError with every
     problem otherwise."""
@@ -138,7 +126,7 @@ def _check(path: str, world_size: Optional[int]) -> Tuple[ProfUtilsConfig, Mappi
     except ConfigError as exc:  # with every other problem the file's own values show (the environment's over them)
         more: List[ConfigProblem] = []
         if isinstance(raw, Mapping):
-            named, given = {problem.key for problem in exc.problems}, _with_environment(raw)
+            named, given = {problem.key for problem in exc.problems}, raw_with_environment(raw, SECTIONS)
             more = [problem for problem in output_dir_problems(given) if problem.key not in named]
             more += _rank_problems(given, world_size) if world_size is not None else []
         raise ConfigError(misspelt + list(exc.problems) + more, origin) from None

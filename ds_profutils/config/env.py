@@ -25,7 +25,7 @@ from .errors import ConfigError, ConfigProblem, describe_error, key_path, not_al
 
 __all__ = [
     "BOOL_FALSE", "BOOL_TRUE", "ENV_PREFIX", "apply_environment", "environment_overrides",
-    "read_environment", "with_values"
+    "raw_with_environment", "read_environment", "with_values"
 ]
 
 # The sections the environment may override, by their key in ds_config.
@@ -180,6 +180,18 @@ def read_environment(sections: Sections,
             continue
         overrides.setdefault(section, {})[field] = (name, value)
     return overrides, problems
+
+
+def raw_with_environment(raw: Mapping[str, Any], sections: Sections) -> Dict[str, Any]:
+    """A file's own sections with the ``DS_PROFUTILS_*`` variables' values set over them, as a job takes them (for
+    checks on the raw values where the file does not validate; the variables' own problems are named by loading)."""
+    overrides, _ = read_environment(sections, strict=True)
+    given = dict(raw)
+    for name, fields in overrides.items():
+        section = raw.get(name)
+        given[name] = {**(section if isinstance(section, Mapping) else {}),
+                       **{field: value for field, (_, value) in fields.items()}}
+    return given
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
