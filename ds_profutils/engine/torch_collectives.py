@@ -56,6 +56,11 @@ def passes_on(wrapper: Callable[..., Any], *callees: str) -> None:
     PASSING_ON[code] = frozenset(lines)
 
 
+def _ours(frame: FrameType) -> bool:
+    """Whether ``frame`` runs a module of this package."""
+    return frame.f_globals.get("__name__", "").startswith(OURS)
+
+
 def inside_ours(frame: Optional[FrameType]) -> bool:
     """Whether ds_profutils' own code runs from ``frame`` (the innermost) out: a frame of this package's, but for a
     wrapper of :data:`PASSING_ON` on a line that hands the job's call on, with only the job's code (and such
@@ -64,7 +69,7 @@ def inside_ours(frame: Optional[FrameType]) -> bool:
     there (:mod:`.engine_driven`)."""
     passing = False  # the frames inside this one are the job's code and wrappers passing it on
     while frame is not None:
-        if not frame.f_globals.get("__name__", "").startswith(OURS):
+        if not _ours(frame):
             passing = True
         elif not (passing and frame.f_lineno in PASSING_ON.get(frame.f_code, ())):
             return True
@@ -95,13 +100,13 @@ class TorchCollectives:
         def counted(*args: Any, **kwargs: Any) -> Any:
             if within_collective():
                 return original(*args, **kwargs)
-            ours = sys._getframe(1).f_globals.get("__name__", "").startswith(OURS)
+            from_ours = _ours(sys._getframe(1))
             collective = collective_started(op, group_argument(args, kwargs, position), tensor_bytes(args))
             try:
                 return original(*args, **kwargs)
             finally:
                 host_ns = collective_ended(collective) - collective.started_ns  # the marker's ends are the call's
-                if not ours:
+                if not from_ours:
                     self._on_call(name, host_ns)
 
         passes_on(counted, "original")
