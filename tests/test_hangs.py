@@ -4,6 +4,7 @@ file saying ``resolved`` when the step ends after all, and the thread's end at c
 The launcher job that hangs for real is in test_hangs_launcher.py."""
 import gc
 import json
+import sys
 import threading
 import time
 
@@ -113,60 +114,75 @@ def test_waiting_on_an_async_collectives_handle_is_being_inside_it_again():
     collective = sequence.collective_started("all_gather_into_tensor", (0, 1, 2), 512)
     sequence.collective_ended(collective)  # launched: the call returned
     group = next(group for group in sequence.progress() if group.ranks == (0, 1, 2))
-    assert group.current is None and group.last is collective and not sequence.within_collective()
+    assert group.current is None and group.last is collective
     sequence.collective_resumed(collective)  # the program waits on its handle
-    assert group.current is collective and collective.ended_ns is None and sequence.within_collective()
+    assert group.current is collective and collective.ended_ns is None
     assert group.seq == collective.seq  # no new sequence number
     sequence.collective_ended(collective)
-    assert group.current is None and not sequence.within_collective()
+    assert group.current is None and collective.ended_ns is not None
 
 
+@pytest.mark.parametrize("where", ["as the end's clock read returns", "as collective_ended starts"])
 @pytest.mark.parametrize("wrapper", ["torch.distributed", "deepspeed.comm"])
-def test_an_interruption_as_a_collective_ends_leaves_the_rank_outside_it_once(monkeypatch, wrapper):
-    """A signal handler's exception raised as the end's clock read returns (CPython runs handlers as a call returns;
-    a program that catches the KeyboardInterrupt trains on), through each of our wrappers: the thread is inside no
-    collective afterwards, neither left inside (torch.distributed's wrapper ends it once, in its finally) nor ended
-    twice (deepspeed.comm's, whose finally ends a collective its timed call did not), and the group's last is it."""
+def test_an_interruption_as_a_collective_ends_leaves_the_rank_outside_it(monkeypatch, wrapper, where):
+    """A signal handler's exception (a KeyboardInterrupt the program catches to train on) raised where CPython runs
+    handlers -- as a call returns, as a function starts -- through each of our wrappers: the thread is inside none
+    of our wrappers' calls afterwards (the program's next collective is counted and timed, not passed through as
+    one of ours), and a collective is never ended twice (deepspeed.comm's ``finally`` ends one its timed call did
+    not).  Raised as the clock read returns, the group's last is it; raised as the end starts, deepspeed.comm's
+    wrapper ends it in its ``finally``, torch.distributed's leaves it the group's current until the next."""
     from deepspeed.comm import comm as deepspeed_comm
 
-    from ds_profutils.engine.collectives import attach_engine
+    from ds_profutils.engine import collectives, torch_collectives
     from ds_profutils.engine.step import EngineCollectives, StepRecord
-    from ds_profutils.engine.torch_collectives import TorchCollectives
 
     class Backend:  # deepspeed.comm's backend object
         @staticmethod
         def all_reduce(*args, **kwargs):
             pass
 
-    clock_reads = []
+    calls = []
 
-    def interrupted_at_the_end():  # the start's read, then the end's
-        clock_reads.append(None)
-        if len(clock_reads) == 2:
-            raise KeyboardInterrupt
-        return time.perf_counter_ns()
+    def interrupted(real, at_call):
+        """``real``, but its ``at_call``-th call raises KeyboardInterrupt instead."""
+        def call(*args):
+            calls.append(None)
+            if len(calls) == at_call:
+                raise KeyboardInterrupt
+            return real(*args)
+        return call
 
     monkeypatch.setattr(torch.distributed, "all_reduce", Backend.all_reduce)
     monkeypatch.setattr(deepspeed_comm, "cdb", Backend())
     recorded = EngineCollectives(Engine())
     recorded.step = StepRecord({"mode": "train"}, None, None)  # deepspeed.comm's call is timed for a recorded step
-    depth = getattr(sequence._thread, "depth", 0)
-    wrappers, detach = TorchCollectives(lambda op, host_ns: None), attach_engine(recorded, None)
+    detach = collectives.attach_engine(recorded, None)  # deepspeed.comm's backend and torch.distributed wrapped
     try:
-        monkeypatch.setattr(sequence, "perf_counter_ns", interrupted_at_the_end)
-        with pytest.raises(KeyboardInterrupt):
-            if wrapper == "torch.distributed":
-                torch.distributed.all_reduce(torch.ones(1), group=(0, 1, 5))
-            else:
-                deepspeed_comm.cdb.all_reduce(torch.ones(1), None, (0, 1, 5))
-        monkeypatch.setattr(sequence, "perf_counter_ns", time.perf_counter_ns)
+        with monkeypatch.context() as interrupting:
+            if where == "as collective_ended starts":
+                for module in (collectives, torch_collectives):
+                    interrupting.setattr(module, "collective_ended", interrupted(sequence.collective_ended, 1))
+            else:  # the start's clock read, then the end's
+                interrupting.setattr(sequence, "perf_counter_ns", interrupted(time.perf_counter_ns, 2))
+            with pytest.raises(KeyboardInterrupt):
+                if wrapper == "torch.distributed":
+                    torch.distributed.all_reduce(torch.ones(1), group=(0, 1, 5))
+                else:
+                    deepspeed_comm.cdb.all_reduce(torch.ones(1), None, (0, 1, 5))
         group = next(group for group in sequence.progress() if group.ranks == (0, 1, 5))
-        assert sequence._thread.depth == depth and not sequence.within_collective()
-        assert group.current is None and group.last.name == "all_reduce" and group.last.ended_ns is not None
+        cut = group.current or group.last
+        assert cut.name == "all_reduce" and cut.seq == group.seq
+        if where == "as collective_ended starts" and wrapper == "torch.distributed":
+            assert group.current is cut and cut.ended_ns is None  # until the group's next
+        else:
+            assert group.current is None and group.last is cut and cut.ended_ns is not None
+        recorded.step = None  # between steps: the program's own collective is a wait of the gap
+        recorded.take_gap_collective_ms()
+        torch.distributed.all_reduce(torch.ones(1), group=(0, 1, 5))  # the program goes on
+        assert group.seq == cut.seq + 1 and group.current is None and group.last.seq == group.seq
+        assert recorded.take_gap_collective_ms() > 0  # timed as the program's: not passed through as one of ours
     finally:
-        sequence._thread.depth = depth  # whatever the test found: later tests start outside every collective
         detach()
-        wrappers.remove()
 
 
 def test_the_watch_holds_its_engine_weakly(tmp_path):
@@ -194,13 +210,14 @@ def test_a_pipeline_send_is_on_its_pairs_sequence_while_it_blocks(monkeypatch):
     import torch.distributed as dist
 
     from ds_profutils.engine.collectives import _p2p_counted
+    from ds_profutils.engine.torch_collectives import handing_on
 
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 3)
     seen = []
 
-    def send(tensor, dst, group=None, tag=0):
+    def send(tensor, dst, group=None, tag=0):  # a torch.distributed collective called here would be the send's own
         group_of_pair = next(group for group in sequence.progress() if group.ranks == (2, 3))
-        seen.append((group_of_pair.current.name, group_of_pair.current.seq, sequence.within_collective()))
+        seen.append((group_of_pair.current.name, group_of_pair.current.seq, handing_on(sys._getframe(1))))
 
     counted = _p2p_counted("send", send)
     counted(torch.zeros(4), 2)

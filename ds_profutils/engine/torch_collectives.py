@@ -11,8 +11,8 @@ functions below are wrapped in the module (callers look them up there at call ti
 * is handed, with its host time, to the ``on_call`` given at install: inside an engine's forward, backward or
   step it is that step's collective, between steps it adds to the engines' ``gap_collective_ms``.
 
-Calls made inside one of our wrappers (``deepspeed.comm``'s backend calls ``torch.distributed`` itself: the
-thread-local depth of :func:`.hangs.sequence.within_collective`) are that collective's own and pass through
+Calls made inside one of our wrappers (``deepspeed.comm``'s backend calls ``torch.distributed`` itself: a wrapper
+on the thread's stack hands a call on there, :func:`handing_on`) are that collective's own and pass through
 untouched; calls from ds_profutils' own code (the live figures' exchange) are counted for the sequence numbers
 but not timed: they are not the job's waits.  Which frames are ours is told here (:func:`inside_ours`); a wrapper
 waiting for the job's call inside it is not ours at that moment.
@@ -24,9 +24,10 @@ import sys
 from types import CodeType, FrameType
 from typing import Any, Callable, Dict, FrozenSet, Optional
 
-from .hangs.sequence import collective_ended, collective_started, group_argument, tensor_bytes, within_collective
+from .hangs.sequence import collective_ended, collective_started, group_argument, tensor_bytes
 
-__all__ = ["OURS", "PASSING_ON", "TORCH_GROUP_POSITION", "TorchCollectives", "inside_ours", "passes_on"]
+__all__ = ["OURS", "PASSING_ON", "TORCH_GROUP_POSITION", "TorchCollectives", "handing_on", "inside_ours",
+           "passes_on"]
 
 TORCH_GROUP_POSITION: Dict[str, int] = {
     "all_reduce": 2, "all_gather": 2, "all_gather_into_tensor": 2, "reduce_scatter": 3, "reduce_scatter_tensor": 3,
@@ -59,6 +60,19 @@ def passes_on(wrapper: Callable[..., Any], *callees: str) -> None:
 def _ours(frame: FrameType) -> bool:
     """Whether ``frame`` runs a module of this package."""
     return frame.f_globals.get("__name__", "").startswith(OURS)
+
+
+def handing_on(frame: Optional[FrameType]) -> bool:
+    """Whether a wrapper of :data:`PASSING_ON` runs, from ``frame`` out, on a line that hands the job's call on: a
+    collective called there is that call's own (``deepspeed.comm``'s backend calling ``torch.distributed``).  Read
+    off the thread's stack, not kept in a per-thread count: an exception that cuts a wrapper's bookkeeping short
+    (a signal handler's, which CPython runs as any function of ours starts) leaves nothing to undo."""
+    while frame is not None:
+        lines = PASSING_ON.get(frame.f_code)
+        if lines is not None and frame.f_lineno in lines:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def inside_ours(frame: Optional[FrameType]) -> bool:
@@ -98,9 +112,10 @@ class TorchCollectives:
         name = f"torch.distributed.{op}"
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            if within_collective():
+            caller = sys._getframe(1)
+            if handing_on(caller):
                 return original(*args, **kwargs)
-            from_ours = _ours(sys._getframe(1))
+            from_ours = _ours(caller)
             collective = collective_started(op, group_argument(args, kwargs, position), tensor_bytes(args))
             try:
                 return original(*args, **kwargs)

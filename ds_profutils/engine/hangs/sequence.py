@@ -18,13 +18,12 @@ one key, and ``collective_ended`` after the call; an ``async_op`` handle's ``wai
 """
 from __future__ import annotations
 
-import threading
 import time
 from time import perf_counter_ns
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["Collective", "GroupProgress", "collective_ended", "collective_resumed", "collective_started",
-           "group_argument", "group_ranks", "progress", "tensor_bytes", "within_collective"]
+           "group_argument", "group_ranks", "progress", "tensor_bytes"]
 
 
 class GroupProgress:
@@ -60,15 +59,6 @@ class Collective:
 def wall_time(ns: int) -> float:
     """``time.time()`` at the ``perf_counter_ns()`` reading ``ns`` (read now, so a clock step since is not in it)."""
     return time.time() - (perf_counter_ns() - ns) / 1e9
-
-
-_thread = threading.local()  # depth: our wrappers' calls this thread is inside now
-
-
-def within_collective() -> bool:
-    """Whether this thread is inside a collective one of our wrappers counts (a ``torch.distributed`` call made
-    there is that collective's own, e.g. ``deepspeed.comm``'s backend calling torch, and is not counted again)."""
-    return getattr(_thread, "depth", 0) > 0
 
 
 _by_ranks: Dict[Tuple[int, ...], GroupProgress] = {}
@@ -121,17 +111,20 @@ def collective_started(name: str, group: Any, nbytes: Optional[int]) -> Collecti
     group_progress = _by_group.get(group) or _first_seen(group)
     group_progress.seq += 1
     collective = group_progress.current = Collective(name, group_progress, nbytes)
-    _thread.depth = getattr(_thread, "depth", 0) + 1
     return collective
 
 
 def collective_ended(collective: Collective) -> int:
     """``collective``'s call returned (on the thread that started it): it is the group's last ended, and this
-    rank is inside it no more.  Returns when (``perf_counter_ns``): the end of the call's host time."""
-    # The rank leaves it before the clock is read, with no call in between: CPython runs a signal handler as a call
-    # returns, and a KeyboardInterrupt raised there (one the program catches to go on) must not leave this thread
-    # inside a collective for good, nor have a wrapper end it again (ended_ns, provisionally its start, is not None).
-    _thread.depth -= 1  # set by collective_started or collective_resumed on this thread
+    rank is inside it no more.  Returns when (``perf_counter_ns``): the end of the call's host time.
+
+    CPython runs a signal handler as a function starts and as a call returns; an exception one raises (a
+    KeyboardInterrupt the program catches to go on) can cut this short.  Raised as it starts, the group's
+    ``current`` stays on this collective until the group's next one; whether the thread is inside one of our
+    wrappers' calls is read off its stack (:func:`..torch_collectives.handing_on`), so nothing of the thread's
+    stays behind.  Raised as the clock read returns, the collective has ended already, provisionally at its
+    start: a wrapper's ``finally`` that ends a collective its timed call did not (``ended_ns`` None) does not
+    end it again."""
     collective.ended_ns = collective.started_ns
     group_progress = collective.group
     group_progress.last = collective
@@ -146,7 +139,6 @@ def collective_resumed(collective: Collective) -> None:
     the one the rank is inside until the next :func:`collective_ended`; its sequence number stays."""
     collective.group.current = collective
     collective.ended_ns = None
-    _thread.depth = getattr(_thread, "depth", 0) + 1
 
 
 def progress() -> List[GroupProgress]:
