@@ -105,6 +105,28 @@ def test_a_listeners_own_error_stops_it_and_training_goes_on():
     assert "step" not in vars(engine)  # the last listener gone: the engine is as DeepSpeed made it
 
 
+def test_the_last_listener_failing_as_a_forward_ends_leaves_no_hook_on_its_output():
+    """The hooks are removed as their last listener fails inside ``forward_ended``: the forward's output gets no
+    backward watch then, which would keep the removed hooks alive for as long as the program keeps its graph."""
+    import gc
+    import weakref
+
+    class FailingAtForwardEnd(Listener):
+        def forward_ended(self, module, output):
+            raise RuntimeError("ours")
+
+    engine = Engine()
+    engine.module.train()
+    hooks = EngineHooks(engine)
+    hooks.add(FailingAtForwardEnd())
+    output = engine.forward(torch.ones(1, requires_grad=True))
+    assert output.requires_grad and not hooks.listeners and "forward" not in vars(engine)
+    removed = weakref.ref(hooks)
+    del hooks
+    gc.collect()
+    assert removed() is None
+
+
 def test_an_exception_from_a_signal_handler_inside_a_hook_reaches_the_training_loop():
     """torch's DataLoader SIGCHLD handler raises RuntimeError when a worker dies, from whatever code runs;
     inside one of our hooks that is the program's error, not ours to swallow."""

@@ -315,7 +315,7 @@ class EngineHooks:
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._active and self._forwards == 1:
             self._tell("forward_ended", module, output)
-            if module.training and torch.is_grad_enabled():
+            if self._active and module.training and torch.is_grad_enabled():  # inactive: its last listener failed
                 self._backward_watch = on_backward_end(output, do_nothing, self._torch_style_backward_ended)
                 self.phase = "backward"  # to come
 
