@@ -42,7 +42,7 @@ from .hangs.sequence import (Collective, collective_ended, collective_resumed, c
                              tensor_bytes)
 from .hooks import running
 from .step import EngineCollectives, StepRecord
-from .torch_collectives import TorchCollectives, passes_on
+from .torch_collectives import TorchCollectives, handing_on, passes_on
 
 __all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "P2P_OPS", "attach_engine", "comms_logger_on"]
 
@@ -163,6 +163,7 @@ class _Monitor:
             collective = collective_started(op, group_argument(args, kwargs, group_position), tensor_bytes(args))
             between_steps = False
             try:
+                handing_on.depth += 1  # first in the try, and lowered first in the finally (torch_collectives)
                 # the engines it belongs to: the running one if it records, else (outside every engine's calls)
                 # every engine recording; and their records, taken now (a signal handler may close one meanwhile).
                 # Inline, as the rest of this path: each call here costs microseconds inside a step
@@ -178,6 +179,7 @@ class _Monitor:
                 between_steps = now is None
                 return method(*args, **kwargs)
             finally:
+                handing_on.depth -= 1
                 if collective.ended_ns is None:  # not ended with the timed call's end (raised, or untimed)
                     ended = collective_ended(collective)
                     if between_steps:
@@ -286,8 +288,10 @@ def _p2p_counted(op: str, method: Callable[..., Any]) -> Callable[..., Any]:
         peer = int(peer)
         collective = collective_started(op, (rank, peer) if rank < peer else (peer, rank), tensor_bytes(args))
         try:
+            handing_on.depth += 1
             return method(*args, **kwargs)
         finally:
+            handing_on.depth -= 1
             collective_ended(collective)
 
     passes_on(counted, "method")

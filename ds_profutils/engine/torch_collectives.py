@@ -11,9 +11,8 @@ functions below are wrapped in the module (callers look them up there at call ti
 * is handed, with its host time, to the ``on_call`` given at install: inside an engine's forward, backward or
   step it is that step's collective, between steps it adds to the engines' ``gap_collective_ms``.
 
-Calls made inside one of our wrappers (``deepspeed.comm``'s backend calls ``torch.distributed`` itself: a wrapper
-on the thread's stack hands a call on there, :func:`handing_on`) are that collective's own and pass through
-untouched; calls from ds_profutils' own code (the live figures' exchange) are counted for the sequence numbers
+Calls made inside one of our wrappers (``deepspeed.comm``'s backend calls ``torch.distributed`` itself: the
+per-thread count :data:`handing_on`) are that collective's own and pass through untouched; calls from ds_profutils' own code (the live figures' exchange) are counted for the sequence numbers
 but not timed: they are not the job's waits.  Which frames are ours is told here (:func:`inside_ours`); a wrapper
 waiting for the job's call inside it is not ours at that moment.
 """
@@ -21,6 +20,7 @@ from __future__ import annotations
 
 import dis
 import sys
+import threading
 from types import CodeType, FrameType
 from typing import Any, Callable, Dict, FrozenSet, Optional
 
@@ -36,6 +36,19 @@ TORCH_GROUP_POSITION: Dict[str, int] = {
     "monitored_barrier": 0,
 }
 """The ``torch.distributed`` collectives wrapped (torch 2.x), and where each takes its ``group`` positionally."""
+
+
+class _HandingOn(threading.local):
+    depth = 0  # every thread starts at 0
+
+
+handing_on = _HandingOn()
+"""``depth``: how many of our collective wrappers hand the job's call on, on this thread, now: a ``torch.distributed``
+call made while it is above 0 is that call's own (``deepspeed.comm``'s backend calling torch) and passes through.
+Each wrapper raises it as the first statement of the ``try`` around its hand-off and lowers it as the first of the
+``finally``, with no Python call between either and the block's edge: CPython runs a signal handler only as a
+function starts, as a call returns or as a loop jumps back, so an exception a handler raises (a KeyboardInterrupt
+the program catches to go on) never leaves it up for good, where every later call would pass through uncounted."""
 OURS = "ds_profutils."
 """Calls from modules of this package are ours (the live exchange), not the job's."""
 PASSING_ON: Dict[CodeType, FrozenSet[int]] = {}
@@ -60,19 +73,6 @@ def passes_on(wrapper: Callable[..., Any], *callees: str) -> None:
 def _ours(frame: FrameType) -> bool:
     """Whether ``frame`` runs a module of this package."""
     return frame.f_globals.get("__name__", "").startswith(OURS)
-
-
-def handing_on(frame: Optional[FrameType]) -> bool:
-    """Whether a wrapper of :data:`PASSING_ON` runs, from ``frame`` out, on a line that hands the job's call on: a
-    collective called there is that call's own (``deepspeed.comm``'s backend calling ``torch.distributed``).  Read
-    off the thread's stack, not kept in a per-thread count: an exception that cuts a wrapper's bookkeeping short
-    (a signal handler's, which CPython runs as any function of ours starts) leaves nothing to undo."""
-    while frame is not None:
-        lines = PASSING_ON.get(frame.f_code)
-        if lines is not None and frame.f_lineno in lines:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def inside_ours(frame: Optional[FrameType]) -> bool:
@@ -112,14 +112,15 @@ class TorchCollectives:
         name = f"torch.distributed.{op}"
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            caller = sys._getframe(1)
-            if handing_on(caller):
+            if handing_on.depth:
                 return original(*args, **kwargs)
-            from_ours = _ours(caller)
+            from_ours = _ours(sys._getframe(1))
             collective = collective_started(op, group_argument(args, kwargs, position), tensor_bytes(args))
             try:
+                handing_on.depth += 1
                 return original(*args, **kwargs)
             finally:
+                handing_on.depth -= 1
                 host_ns = collective_ended(collective) - collective.started_ns  # the marker's ends are the call's
                 if not from_ours:
                     self._on_call(name, host_ns)

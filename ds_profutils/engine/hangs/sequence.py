@@ -121,8 +121,8 @@ def collective_ended(collective: Collective) -> int:
     CPython runs a signal handler as a function starts and as a call returns; an exception one raises (a
     KeyboardInterrupt the program catches to go on) can cut this short.  Raised as it starts, the group's
     ``current`` stays on this collective until the group's next one; whether the thread is inside one of our
-    wrappers' calls is read off its stack (:func:`..torch_collectives.handing_on`), so nothing of the thread's
-    stays behind.  Raised as the clock read returns, the collective has ended already, provisionally at its
+    wrappers' calls is the wrappers' own count (:data:`..torch_collectives.handing_on`), kept where no handler
+    runs.  Raised as the clock read returns, the collective has ended already, provisionally at its
     start: a wrapper's ``finally`` that ends a collective its timed call did not (``ended_ns`` None) does not
     end it again."""
     collective.ended_ns = collective.started_ns
