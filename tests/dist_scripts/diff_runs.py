@@ -9,7 +9,7 @@ ranks on two busy cores stay even).
 - ``base``: the job (engine "main", ``stage3_prefetch_bucket_size`` ``BUCKET``);
 - ``same``: the unchanged job again (engine "same");
 - ``slowed``: rank 1 computes more in every forward (engine "slowed"): ``SLOW_ITERATIONS`` turns of a
-  Python loop, about 40 ms of one core here.  Work, not a sleep: on two cores that other jobs keep busy,
+  Python loop, about 80 ms of one core here.  Work, not a sleep: on two cores that other jobs keep busy,
   a rank sleeping longer leaves its peer more CPU, and the step came out no slower (at load 7 here:
   -0.5 ms, p = 0.28, while rank 0's wait for rank 1 grew by 22 ms); more work is a slower step at
   any load, as a slower rank's is;
@@ -30,9 +30,9 @@ import torch
 
 import ds_profutils
 
-STEPS = 60
+STEPS = 90
 DEVICE_MS = 20.0
-SLOW_ITERATIONS = 500_000
+SLOW_ITERATIONS = 1_000_000
 BUCKET, BIG_BUCKET = 600, 10**6
 RUNS = {"base": (None, BUCKET, False), "same": ("same", BUCKET, False), "slowed": ("slowed", BUCKET, True),
         "bucket": ("bucket", BIG_BUCKET, False)}  # run -> (engine name, bucket size, rank 1 slowed)
