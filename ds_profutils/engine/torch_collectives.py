@@ -12,8 +12,9 @@ functions below are wrapped in the module (callers look them up there at call ti
   step it is that step's collective, between steps it adds to the engines' ``gap_collective_ms``.
 
 Calls made inside one of our wrappers (``deepspeed.comm``'s backend calls ``torch.distributed`` itself: the
-per-thread count :data:`handing_on`) are that collective's own and pass through untouched; calls from ds_profutils' own code (the live figures' exchange) are counted for the sequence numbers
-but not timed: they are not the job's waits.  Which frames are ours is told here (:func:`inside_ours`); a wrapper
+per-thread count :data:`handing_on`) are that collective's own and pass through untouched; calls from ds_profutils'
+own code (the live figures' exchange) are counted for the sequence numbers but not timed: they are not the job's
+waits.  Which frames are ours is told here (:func:`inside_ours`); a wrapper
 waiting for the job's call inside it is not ours at that moment.
 """
 from __future__ import annotations
@@ -46,9 +47,9 @@ handing_on = _HandingOn()
 """``depth``: how many of our collective wrappers hand the job's call on, on this thread, now: a ``torch.distributed``
 call made while it is above 0 is that call's own (``deepspeed.comm``'s backend calling torch) and passes through.
 Each wrapper raises it as the first statement of the ``try`` around its hand-off and lowers it as the first of the
-``finally``, with no Python call between either and the block's edge: CPython runs a signal handler only as a
-function starts, as a call returns or as a loop jumps back, so an exception a handler raises (a KeyboardInterrupt
-the program catches to go on) never leaves it up for good, where every later call would pass through uncounted."""
+``finally``, with no call between either and the block's edge: CPython runs a signal handler only as a function
+starts, as a call into C returns or as a loop jumps back, so an exception a handler raises (a KeyboardInterrupt the
+program catches to go on) never leaves it up for good, where every later call would pass through uncounted."""
 OURS = "ds_profutils."
 """Calls from modules of this package are ours (the live exchange), not the job's."""
 PASSING_ON: Dict[CodeType, FrozenSet[int]] = {}

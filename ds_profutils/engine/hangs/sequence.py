@@ -118,7 +118,7 @@ def collective_ended(collective: Collective) -> int:
     """``collective``'s call returned (on the thread that started it): it is the group's last ended, and this
     rank is inside it no more.  Returns when (``perf_counter_ns``): the end of the call's host time.
 
-    CPython runs a signal handler as a function starts and as a call returns; an exception one raises (a
+    CPython runs a signal handler as a function starts and as a call into C returns; an exception one raises (a
     KeyboardInterrupt the program catches to go on) can cut this short.  Raised as it starts, the group's
     ``current`` stays on this collective until the group's next one; whether the thread is inside one of our
     wrappers' calls is the wrappers' own count (:data:`..torch_collectives.handing_on`), kept where no handler
