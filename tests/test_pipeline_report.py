@@ -19,9 +19,11 @@ from ds_profutils.report.steps import STRAGGLER_LEVEL
 
 
 def pipeline_run(directory: Path, stage_of: Sequence[int], steps: int, compute: Callable[[int, int], float], *,
-                 inside: Callable[[int, int], float] = lambda rank, step: 2.0, micro_batches: int = 8) -> None:
+                 inside: Callable[[int, int], float] = lambda rank, step: 2.0, micro_batches: int = 8,
+                 stage_numel: Callable[[int], int] = lambda stage: 1000) -> None:
     """Records of a pipeline: rank r on stage ``stage_of[r]``, whose compute at step s is ``compute(stage, s)``;
-    ``inside``: the rank's time inside collectives (a data-parallel gradient all-reduce)."""
+    ``inside``: the rank's time inside collectives (a data-parallel gradient all-reduce); ``stage_numel``: the
+    parameters of a stage's layers, each rank's ``model_numel`` (what a PipelineEngine's module holds)."""
     stages = max(stage_of) + 1
     directory.mkdir(exist_ok=True)
     for rank, stage in enumerate(stage_of):
@@ -30,7 +32,8 @@ def pipeline_run(directory: Path, stage_of: Sequence[int], steps: int, compute: 
             work, wait = compute(stage, step), inside(rank, step)
             p2p = 40.0 - work / 2
             base = record(rank, step, busy_ms=work + p2p, fetch_ms=0.0, collective_ms=wait, world_size=len(stage_of))
-            rows.append(dict(schema3(base, inside_ms=wait), pipe_stage=stage, pipe_stages=stages, data_parallel_rank=0,
+            rows.append(dict(schema3(base, inside_ms=wait), model_numel=stage_numel(stage), pipe_stage=stage,
+                             pipe_stages=stages, data_parallel_rank=0,
                              micro_batches=micro_batches, compute_ms=work, p2p_ms=p2p, bubble_ms=p2p + 1.0,
                              instructions_ms={"ForwardPass": work / 3, "BackwardPass": 2 * work / 3}))
         write_records(directory, rank, rows)
@@ -148,6 +151,21 @@ def test_short_drifting_runs_are_not_passed_off_as_unchanged(tmp_path: Path) -> 
     weak = "no significant change, but with 1.0 and 1.0 effective steps (the steps drift together)"
     assert "ms median (+" in text and f"): {weak}" in text  # the step line
     assert "stage 1: compute " in text and f"ms ({weak}" in text.split("stage 1: compute ")[1][:200]
+
+
+def test_the_model_is_every_stage_and_repartitioning_it_is_the_same_model(tmp_path: Path) -> None:
+    """Each rank's module is its stage's layers: the report's ``model_numel`` adds one rank per stage, so the same
+    model in 2 and in 4 stages (with data parallelism) is one size, and the diff gives no different-models warning;
+    a model that grew is still told."""
+    sizes = [8_320, 8_320, 8_320, 8_320]
+    pipeline_run(tmp_path / "two", [0, 0, 1, 1], 12, lambda stage, step: 20.0, stage_numel=lambda stage: 16_640)
+    pipeline_run(tmp_path / "four", [0, 1, 2, 3], 12, lambda stage, step: 10.0, stage_numel=sizes.__getitem__)
+    pipeline_run(tmp_path / "bigger", [0, 1], 12, lambda stage, step: 20.0, stage_numel=lambda stage: 20_000)
+    assert build_report(tmp_path / "two")["engines"]["main"]["model_numel"] == 33_280
+    assert build_report(tmp_path / "four")["engines"]["main"]["model_numel"] == 33_280
+    assert not build_diff(tmp_path / "two", tmp_path / "four")["warnings"]
+    assert "different sizes (model_numel 33,280 -> 40,000)" in build_diff(tmp_path / "two", tmp_path / "bigger")[
+        "warnings"][0]
 
 
 def test_no_stage_diff_for_other_engines(tmp_path: Path) -> None:

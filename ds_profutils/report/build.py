@@ -173,6 +173,20 @@ def _sum_counts(counters: Iterable[Mapping[str, int]]) -> Dict[str, int]:
     return dict(total)
 
 
+def _model_numel(files: Sequence[FileRecords]) -> Optional[int]:
+    """The model's parameter count.  A pipeline's rank counts its own stage's layers: one rank's count per stage,
+    added up (a layer tied across stages, shared embeddings, counts in each stage holding it); None where a stage
+    recorded none (``ranks`` left it out), rather than part of the model."""
+    counts: Dict[Optional[int], int] = {}
+    for records in files:
+        if records.model_numel is not None:
+            counts.setdefault(records.pipe_stage, records.model_numel)
+    stages = next((records.pipe_stages for records in files if records.pipe_stage is not None), None)
+    if stages is None:
+        return counts.get(None)
+    return sum(counts.values()) if len(counts) == stages and None not in counts else None
+
+
 def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[int, float]],
                    incomplete: List[Dict[str, Any]]) -> Dict[str, Any]:
     """One engine's tables; its missing and incomplete files are appended to ``incomplete``."""
@@ -212,7 +226,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "old_format_records": sum(records.old_format for records in files),
         "comms_logger_records": sum(records.comms_logger for records in files),
         "superseded_records": sum(records.superseded for records in files),
-        "model_numel": next((f.model_numel for f in with_records if f.model_numel is not None), None),
+        "model_numel": _model_numel(with_records),
         "peak_tflops": next((f.peak_tflops for f in with_records if f.peak_tflops is not None), None),
         "segments": max((records.segment + 1 for records in files), default=1),
         "straggler_figure": view.arrival,
