@@ -141,6 +141,27 @@ def test_diff_compares_each_stage_with_itself(tmp_path: Path) -> None:
     assert "stage 1: compute 20.000 -> 26.000 ms (SLOWER" in text
 
 
+def test_several_runs_a_side_compare_each_stage_over_all_of_them(tmp_path: Path) -> None:
+    """Each side's runs are pooled as for the step time: the same two runs on both sides, in either order, are no
+    change of any stage (the first runs alone differ by 30% in stage 1); three runs a side whose stage 1 computes
+    30% longer in NEW are, by the test between runs."""
+    def jitter(stage: int, step: int, run: int) -> float:
+        return 0.2 * ((step * 7 + stage * 3 + run) % 5 - 2) + 0.1 * run
+
+    def runs(side: str, stage_1_ms: float) -> list:
+        paths = [tmp_path / f"{side}{run}" for run in range(3)]
+        for run, path in enumerate(paths):
+            pipeline_run(path, [0, 1], 40, lambda stage, step: (stage_1_ms if stage else 20.0) + jitter(stage, step, run))
+        return paths
+
+    base, new = runs("base", 20.0), runs("new", 26.0)
+    same = build_diff([base[0], new[0]], [new[0], base[0]])["engines"]["main"]["stages"]
+    assert not any(same[stage][figure]["significant"] for stage in same for figure in same[stage])
+    changed = build_diff(base, new)["engines"]["main"]["stages"]
+    assert changed["1"]["compute_ms"]["runs"] == {"base": 3, "new": 3} and changed["1"]["compute_ms"]["significant"]
+    assert not changed["0"]["compute_ms"]["significant"]
+
+
 def test_short_drifting_runs_are_not_passed_off_as_unchanged(tmp_path: Path) -> None:
     """12 steps whose compute drifts step after step (a newcomer's short pipeline runs): NEW's stage 1 is far slower,
     but each run is one drift, about one effective step a side; the step line and the stage line say the test sees

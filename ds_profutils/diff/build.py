@@ -136,7 +136,7 @@ def _engine(base: Mapping[str, Any], new: Mapping[str, Any], names: Tuple[str, s
         "collectives": _figures(base["collectives"], new["collectives"]),
         "settings": settings_differences(*settings),
         "series": {"base": base["series"], "new": new["series"]},
-        "stages": stage_changes(base.get("pipeline"), new.get("pipeline")),
+        "stages": stage_changes(base["pipelines"], new["pipelines"]),
     }
 
 

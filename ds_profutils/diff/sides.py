@@ -71,10 +71,10 @@ def _engine(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         "events": _merged_figures([run["events"] for run in runs]),
         "collectives": _merged_figures([run["collectives"] for run in runs]),
         "series": runs[0]["series"] if len(runs) == 1 else [run["series"] for run in runs],
-        # one configuration per side: the first run's advice, config values and pipeline stages stand for it
+        # one configuration per side: the first run's advice and config values stand for it
         "advice": runs[0]["advice"],
         "config": runs[0]["config"],
-        "pipeline": runs[0]["pipeline"],
+        "pipelines": [run["pipeline"] for run in runs],  # each run's stages, compared as the step time is
     }
 
 

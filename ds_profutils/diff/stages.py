@@ -2,14 +2,15 @@
 
 Stages do different work, so a stage is compared only with itself in the other run: its per-step compute and
 bubble (the report's ``pipeline.per_step``, the median over the stage's ranks) after warm-up, by the diff's own
-test (:func:`.stats.compare`).  Nothing here where either run is not a pipeline.
+test with every run of each side (:func:`.stats.compare_runs`: within the runs for one run a side, between them
+for several, as the step time).  Nothing here where a run of either side is not a pipeline.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..report.tables import wrap
-from .stats import compare, verdict_words, warmup_steps
+from .stats import compare_runs, verdict_words, warmup_steps
 
 __all__ = ["STAGE_FIGURES", "stage_changes", "stage_lines"]
 
@@ -21,15 +22,18 @@ def _after_warmup(pipeline: Mapping[str, Any], figure: str, stage: str) -> List[
     return [value for value in values[warmup_steps(len(values)):] if value is not None]
 
 
-def stage_changes(base: Optional[Mapping[str, Any]],
-                  new: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Dict[str, Any]]]:
-    """Per stage of both runs (``"0"``, ``"1"``, ...), :func:`.stats.compare` of its compute and bubble; None unless
-    both runs are pipelines (their report's ``pipeline`` section, with ``per_step``)."""
-    if base is None or new is None or "per_step" not in base or "per_step" not in new:
+def stage_changes(base: Sequence[Optional[Mapping[str, Any]]],
+                  new: Sequence[Optional[Mapping[str, Any]]]) -> Optional[Dict[str, Dict[str, Any]]]:
+    """Per stage of every run of both sides (``"0"``, ``"1"``, ...), :func:`.stats.compare_runs` of its compute and
+    bubble; None unless every run is a pipeline (its report's ``pipeline`` section, with ``per_step``)."""
+    runs = [*base, *new]
+    if not runs or any(pipeline is None or "per_step" not in pipeline for pipeline in runs):
         return None
-    return {stage: {figure: compare(_after_warmup(base, figure, stage), _after_warmup(new, figure, stage))
+    stages = [stage for stage in base[0]["stages"] if all(stage in pipeline["stages"] for pipeline in runs)]
+    return {stage: {figure: compare_runs([_after_warmup(pipeline, figure, stage) for pipeline in base],
+                                         [_after_warmup(pipeline, figure, stage) for pipeline in new])
                     for figure in STAGE_FIGURES}
-            for stage in base["stages"] if stage in new["stages"]}
+            for stage in stages}
 
 
 def _figure(name: str, figure: Mapping[str, Any]) -> str:
