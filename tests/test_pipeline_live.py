@@ -7,6 +7,7 @@ from typing import List, Optional
 import pytest
 
 from ds_profutils.engine.live import EVENT_NAMES, PIPELINE_EVENT_NAMES, StepFigures, console_line
+from ds_profutils.diagnosis.causes import CAUSE_CODES
 from ds_profutils.engine.live.interval import interval_events, pack_interval, packed_length
 
 
@@ -66,3 +67,20 @@ def test_the_live_straggler_within_a_stage_is_named_by_its_row() -> None:
     """Stage 1's two data-parallel ranks: the one that waited least (row 3) held its peer back."""
     events = events_of(waiting(0, 40.0), waiting(0, 40.0), waiting(1, 45.0), waiting(1, 5.0))
     assert events["ds_profutils/straggler_rank"] == 3
+
+
+def pipe(stage: int, compute_ms: float, p2p_ms: float, inside_ms: float, steps: int = 4) -> List[StepFigures]:
+    """A rank of a 2-stage, 2-way data-parallel pipeline: its compute, its sends and receives, its time inside the
+    stage's gradient all-reduce."""
+    return [StepFigures(global_step=step, step_ms=60.0, iteration_ms=61.0, gap_ms=1.0, flops=None, tokens=None,
+                        samples=4, exposed_wait_ms=inside_ms, collective_ms=inside_ms, peak_allocated_bytes=None,
+                        pipe_stage=stage, compute_ms=compute_ms, bubble_ms=p2p_ms + 1.0) for step in range(steps)]
+
+
+def test_the_live_straggler_is_the_slow_rank_not_its_pipe_neighbour_that_waited_for_it() -> None:
+    """Rank 3 (stage 1) computes 44 ms a step where its peer computes 3; rank 1 (stage 0, rank 3's pipe) waits for it
+    in its receives, so it too reaches its stage's all-reduce last, at its peer's pace.  Named: rank 3, compute (its
+    own compute stands out), not rank 1 (stage 0 comes first; its busy time with the waits in it looked like compute)."""
+    events = events_of(pipe(0, 2.3, 4.5, 49.6), pipe(0, 2.4, 46.4, 7.8), pipe(1, 2.9, 4.1, 50.1), pipe(1, 44.1, 4.7, 8.3))
+    assert events["ds_profutils/straggler_rank"] == 3
+    assert events["ds_profutils/straggler_cause"] == CAUSE_CODES["compute"]

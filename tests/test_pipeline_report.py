@@ -141,6 +141,22 @@ def test_diff_compares_each_stage_with_itself(tmp_path: Path) -> None:
     assert "stage 1: compute 20.000 -> 26.000 ms (SLOWER" in text
 
 
+def test_a_rank_that_waits_for_its_pipe_neighbour_is_not_called_slow_compute(tmp_path: Path) -> None:
+    """2 stages x 2 data-parallel ranks, rank 3 (stage 1) computing 44 ms a step where its peer computes 3: rank 1
+    (stage 0, rank 3's pipe) waits for it in its receives and reaches its stage's all-reduce last.  Both are their
+    stage's stragglers; rank 3's cause is compute, rank 1's is not (its own compute is its peer's: its busy time
+    less its waits, the sends and receives, would call it slow compute)."""
+    figures = {0: (2.3, 4.5, 49.6), 1: (2.4, 46.4, 7.8), 2: (2.9, 4.1, 50.1), 3: (44.1, 4.7, 8.3)}
+    for rank, stage in enumerate([0, 0, 1, 1]):
+        compute, p2p, inside = figures[rank]
+        rows = [dict(schema3(record(rank, step, busy_ms=60.0 - inside, fetch_ms=0.0, collective_ms=inside,
+                                    world_size=4), inside_ms=inside), pipe_stage=stage, pipe_stages=2, micro_batches=4,
+                     compute_ms=compute, p2p_ms=p2p, bubble_ms=p2p + 1.0) for step in range(16)]
+        write_records(tmp_path, rank, rows)
+    summary = build_report(tmp_path)["engines"]["main"]["ranks_summary"]
+    assert summary[3]["cause"] == "compute" and summary[1]["cause"] != "compute"
+
+
 def test_several_runs_a_side_compare_each_stage_over_all_of_them(tmp_path: Path) -> None:
     """Each side's runs are pooled as for the step time: the same two runs on both sides, in either order, are no
     change of any stage (the first runs alone differ by 30% in stage 1); three runs a side whose stage 1 computes

@@ -219,7 +219,9 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
     for rank_index, records in enumerate(files):
         positions = None if records.global_steps == everything else [index[s] for s in records.global_steps]
         exposed = array("d", map(float.__add__, records.fetch_wait_ms, records.collective_wait_ms))
-        busy = array("d", map(float.__sub__, records.step_ms, exposed))
+        # a pipeline rank's own work is its compute: its sends and receives wait for the neighbour stage's rank
+        busy = records.compute_ms if records.pipe_stage is not None else array("d", map(float.__sub__,
+                                                                                        records.step_ms, exposed))
         for matrix, values in ((view.step_ms, records.step_ms), (view.fetch_wait_ms, records.fetch_wait_ms),
                                (view.collective_ms, arrival_ms(records)),
                                (view.collective_wait_ms, records.collective_wait_ms),

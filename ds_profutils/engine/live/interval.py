@@ -92,6 +92,7 @@ _PIPELINE_TOTALS = 3
 # after the totals, a pipeline stage's: stage, median compute and bubble sum (NaN in every other engine's rows)
 _STAGE, _COMPUTE, _BUBBLE = range(_TOTALS, _TOTALS + _PIPELINE_TOTALS)
 _GAP_PARTS = 2
+_UNKNOWN = CAUSE_CODES["unknown"]
 # then the sums over the interval of the gap's eval and save times (every engine's rows)
 _EVAL, _SAVE = range(_TOTALS + _PIPELINE_TOTALS, _TOTALS + _PIPELINE_TOTALS + _GAP_PARTS)
 
@@ -178,10 +179,12 @@ def interval_cause(rows: Sequence[Sequence[float]], steps: int, straggler: int) 
     The live figures are host times, so communication is never named here."""
     if straggler < 0:
         return CAUSE_CODES[None]
-    totals = [row[2 * steps:2 * steps + _TOTALS] for row in rows]
+    totals = [row[2 * steps:2 * steps + _TOTALS + _PIPELINE_TOTALS] for row in rows]
     work = next((column for column in (_FLOPS, _TOKENS) if not any(math.isnan(t[column]) for t in totals)), None)
-    figures = [Figures(busy_ms=(t[_STEP_SUM] - t[_WAIT]) / steps, gap_ms=None if math.isnan(t[_GAP]) else t[_GAP],
-                       work=None if work is None else t[work] / steps) for t in totals]
+    # a pipeline rank's own work is its compute (its sends and receives wait for the neighbour stage), as the report's
+    figures = [Figures(busy_ms=(t[_STEP_SUM] - t[_WAIT]) / steps if math.isnan(t[_COMPUTE]) else t[_COMPUTE],
+                       gap_ms=None if math.isnan(t[_GAP]) else t[_GAP], work=None if work is None else t[work] / steps)
+               for t in totals]
     threshold = straggler_threshold([median(row[:steps]) for row in rows])
     cause, _ = decide_cause(figures[straggler], figures[:straggler] + figures[straggler + 1:], threshold)
     return CAUSE_CODES[cause]
@@ -199,13 +202,19 @@ def _stage_groups(rows: Sequence[Sequence[float]], steps: int) -> List[List[int]
 
 def staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, List[int]]:
     """The interval's straggler (its row index, -1: none), tested within each pipeline stage's rows only
-    (:func:`_stage_groups`), and its stage's row indices.  With several stages, the first stage that names one."""
+    (:func:`_stage_groups`), and its stage's row indices.  Where several stages name one, the first whose own
+    figures say why it is late (a cause other than unknown): a rank that only waited in its sends and receives for a
+    slow rank of its pipe, its own compute at its peers' pace, is late because of that rank."""
+    found = []
     for members in _stage_groups(rows, steps):
         if len(members) > 1:
-            found = interval_straggler([rows[index] for index in members], steps)
-            if found >= 0:
-                return members[found], members
-    return -1, []
+            at = interval_straggler([rows[index] for index in members], steps)
+            if at >= 0:
+                found.append((members[at], members))
+    for straggler, members in found:
+        if interval_cause([rows[index] for index in members], steps, members.index(straggler)) != _UNKNOWN:
+            return straggler, members
+    return found[0] if found else (-1, [])
 
 
 def _staged_straggler_and_cause(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, int]:
