@@ -2,8 +2,8 @@
 then the report's per-rank work figures and causes on records written here."""
 import pytest
 
-from ds_profutils.diagnosis.causes import (CAUSE_CODES, MORE_WORK_RATIO, SAME_PACE_RATIO, Figures, decide_cause,
-                                           GAP_OVER_BUSY, late_by_gap)
+from ds_profutils.diagnosis.causes import (CAUSE_CODES, COMPUTE_EXCESS_SHARE, MORE_WORK_RATIO, SAME_PACE_RATIO, Figures,
+                                           decide_cause, GAP_OVER_BUSY, late_by_gap)
 from ds_profutils.report import build_report, render_text
 
 from report_testing import iteration_record, write_records
@@ -45,6 +45,16 @@ def test_more_work_at_a_slower_pace_is_compute():
 def test_busy_per_unit_above_the_pace_ratio_is_compute_and_at_it_is_not():
     assert cause(Figures(50.0 * SAME_PACE_RATIO * 1.01, 2.0, 100.0)) == "compute"
     assert cause(Figures(50.0 * SAME_PACE_RATIO, 2.0, 100.0)) == "unknown"
+
+
+def test_a_slower_pace_is_compute_only_where_it_adds_half_the_threshold_to_the_busy_time():
+    """A pipeline rank's busy time is its compute, a small part of its step: 13% slower on 2.2 ms adds 0.3 ms, far
+    from what made it late (its wait for its pipe neighbour); the same pace ratio on a larger compute is compute."""
+    peer = Figures(busy_ms=2.2, gap_ms=1.0, work=5.0)
+    assert decide_cause(Figures(2.2 * 1.13, 1.0, 5.0), [peer], THRESHOLD)[0] == "unknown"
+    at_share = 2.2 + COMPUTE_EXCESS_SHARE * THRESHOLD
+    assert decide_cause(Figures(at_share, 1.0, 5.0), [peer], THRESHOLD)[0] == "compute"
+    assert decide_cause(Figures(at_share - 0.1, 1.0, 5.0), [peer], THRESHOLD)[0] == "unknown"
 
 
 def test_without_work_the_busy_time_per_step_decides():

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-__all__ = ["CAUSES", "CAUSE_CODES", "GAP_OVER_BUSY", "MORE_WORK_RATIO", "SAME_PACE_RATIO", "Figures", "decide_cause", "describe_cause", "late_by_gap"]
+__all__ = ["CAUSES", "CAUSE_CODES", "COMPUTE_EXCESS_SHARE", "GAP_OVER_BUSY", "MORE_WORK_RATIO", "SAME_PACE_RATIO",
+           "Figures", "decide_cause", "describe_cause", "late_by_gap"]
 
 MORE_WORK_RATIO = 1.15
 """More work: the straggler's work median is at least this times the others' median.  Below it, work varies as
@@ -38,6 +39,12 @@ SAME_PACE_RATIO = 1.10
 """Busy time per unit of work at most this times the others' is the same pace (more work then explains the
 lateness); above it the rank computes slower (``compute``).  The straggler test's own 10 % of the step: a pace
 difference smaller than that cannot make a rank the step straggler by itself."""
+COMPUTE_EXCESS_SHARE = 0.5
+"""... and only where its busy time exceeds the others' by at least this share of the step straggler's threshold: a
+slower pace makes a rank late by what it adds to its busy time.  Where busy time is most of the step, a pace
+above ``SAME_PACE_RATIO`` adds about the threshold; a pipeline rank's busy time is its compute, a small part of its
+step (the rest its sends and receives): a 2.2 ms compute 13% slower adds 0.3 ms to a 60 ms step whose threshold is
+6 ms, and a rank that waited for its pipe neighbour would be called slow compute."""
 CAUSES = ("more_work", "input_pipeline", "compute", "communication", "unknown")
 CAUSE_CODES: Dict[Optional[str], int] = {None: 0, **{cause: code for code, cause in enumerate(CAUSES, 1)}}
 """The live event ``ds_profutils/straggler_cause``: 0 none, 1 more_work, 2 input_pipeline, 3 compute,
@@ -110,7 +117,9 @@ def decide_cause(own: Figures, others: Sequence[Figures], threshold_ms: float,
     if (with_work and work_ratio is not None and pace_ratio is not None and work_ratio >= MORE_WORK_RATIO
             and pace_ratio <= SAME_PACE_RATIO):
         return "more_work", figures
-    if pace_ratio is not None and pace_ratio > SAME_PACE_RATIO:
+    others_busy = figures["others_busy_ms"]
+    if (pace_ratio is not None and pace_ratio > SAME_PACE_RATIO and own.busy_ms is not None and others_busy is not None
+            and own.busy_ms - others_busy >= COMPUTE_EXCESS_SHARE * threshold_ms):
         return "compute", figures
     waited = _others(others, "exposed_wait_ms")
     if device_clock and own.exposed_wait_ms is not None and waited is not None:
