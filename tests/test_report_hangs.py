@@ -80,6 +80,17 @@ def test_nobody_inside_a_collective_names_nobody_and_shows_the_stacks(tmp_path):
     assert "no rank waits inside a collective" in text and text.count("sleep_before_forward") == 2
 
 
+def test_nobody_inside_a_collective_but_one_rank_ahead_names_the_ranks_behind(tmp_path):
+    """Rank 0 issued a collective rank 1 never issued and waits on its async handle (not marked inside): rank 1,
+    behind on the group, is named; the group of rank 0 alone is nobody's wait."""
+    hang_file(tmp_path, 0, groups=[((0, 1), 25), ((0,), 4)])
+    hang_file(tmp_path, 1, groups=[((0, 1), 24)])
+    report = build_report(tmp_path)
+    hang = report["engines"]["main"]["hang"]
+    assert hang["culprits"] == [1] and hang["waiting"] == [] and hang["missing"] == []
+    assert "never arrived: rank 1" in render_text(report)
+
+
 def test_a_resolved_hang_is_a_slow_step_not_a_hang(tmp_path):
     engine = Engine(stage=2)
     with attach_recorder(engine, tmp_path):

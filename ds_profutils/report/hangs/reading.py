@@ -5,8 +5,10 @@ sequence number on its group, and how many collectives it issued on each group. 
 in one order on every member, so where some ranks wait inside collective n of a group, a member that issued
 fewer than n there never arrived: it is a *culprit*, whatever it does instead (its stack says: a sleep, a data
 loader, a collective on another group, a deadlock).  A member without a file at all (killed, or on a host
-whose files are elsewhere) is named too.  Where no rank is inside a collective, nobody waits for anybody: the
-section shows each rank's stack and names no culprit.
+whose files are elsewhere) is named too.  Where no rank is inside a collective, the members of a group that issued
+fewer collectives there than another member are named (that member waits on one the watchdog does not see as
+inside: the program's ``async_op`` handle); with equal counts nobody waits for anybody: the section shows each
+rank's stack and names no culprit.
 
 A file that says ``resolved`` was a slow step, not a hang: it is left out here (the step's record shows the
 time).  Nothing here needs the step records: a job that hung before its first step is reported too.
@@ -63,14 +65,30 @@ def _issued(content: Mapping[str, Any], group: Tuple[int, ...]) -> int:
     return 0
 
 
+def _issued_apart(files: Mapping[int, Mapping[str, Any]]) -> Dict[Tuple[int, ...], int]:
+    """Per group every member of which wrote a file and whose members issued different numbers of collectives
+    there: the most.  Where no rank is inside a collective, a rank ahead waits on one that is not marked (the
+    program's ``async_op`` handle, a ``wait()`` in a step ``log_interval`` skips) for the ranks behind."""
+    groups = {tuple(entry["group"]) for content in files.values() for entry in content.get("groups") or []}
+    apart = {}
+    for group in groups:
+        if all(rank in files for rank in group):
+            issued = [_issued(files[rank], group) for rank in group]
+            if len(set(issued)) > 1:
+                apart[group] = max(issued)
+    return apart
+
+
 def _culprits(files: Mapping[int, Mapping[str, Any]]) -> Tuple[List[int], List[int]]:
-    """The ranks that never arrived where others wait, and the ranks without a file among those awaited."""
+    """The ranks that never arrived where others wait, and the ranks without a file among those awaited; where no
+    rank is inside a collective, the ranks behind on a group whose members issued different numbers."""
     awaited: Dict[Tuple[int, ...], int] = {}  # per group: the highest sequence number a rank waits inside
     for content in files.values():
         inside = content.get("collective")
         if inside:
             group = tuple(inside["group"])
             awaited[group] = max(awaited.get(group, 0), int(inside["seq"]))
+    awaited = awaited or _issued_apart(files)
     culprits, missing = set(), set()
     for group, seq in awaited.items():
         for rank in group:
