@@ -118,7 +118,7 @@ def decide_cause(own: Figures, others: Sequence[Figures], threshold_ms: float,
             and pace_ratio <= SAME_PACE_RATIO):
         return "more_work", figures
     others_busy = figures["others_busy_ms"]
-    if (pace_ratio is not None and pace_ratio > SAME_PACE_RATIO and own.busy_ms is not None and others_busy is not None
+    if (pace_ratio is not None and pace_ratio > SAME_PACE_RATIO  # a ratio: both busy times are known
             and own.busy_ms - others_busy >= COMPUTE_EXCESS_SHARE * threshold_ms):
         return "compute", figures
     waited = _others(others, "exposed_wait_ms")

@@ -27,7 +27,7 @@ def stage_changes(base: Sequence[Optional[Mapping[str, Any]]],
     """Per stage of every run of both sides (``"0"``, ``"1"``, ...), :func:`.stats.compare_runs` of its compute and
     bubble; None unless every run is a pipeline (its report's ``pipeline`` section, with ``per_step``)."""
     runs = [*base, *new]
-    if not runs or any(pipeline is None or "per_step" not in pipeline for pipeline in runs):
+    if any(pipeline is None or "per_step" not in pipeline for pipeline in runs):
         return None
     stages = [stage for stage in base[0]["stages"] if all(stage in pipeline["stages"] for pipeline in runs)]
     return {stage: {figure: compare_runs([_after_warmup(pipeline, figure, stage) for pipeline in base],

@@ -58,9 +58,9 @@ def grad_outputs(output: Any) -> List[torch.Tensor]:
     return found
 
 
-def on_backward_end(output: Any, reached: Callable[[], None], done: Callable[[], None]) -> Optional[Any]:
-    """Call ``reached`` when a backward first reaches ``output``'s tensors that need a gradient, and ``done``
-    when that whole backward is done (an autograd-engine callback), whichever call started the backward:
+def on_backward_end(output: Any, done: Callable[[], None]) -> Optional[Any]:
+    """Call ``done`` when a backward that reaches ``output``'s tensors that need a gradient is done (an
+    autograd-engine callback queued as it reaches them), whichever call started the backward:
     ``engine.backward()`` or a torch-style ``loss.backward()``.  Both may run on an autograd device thread.
     Returns the hook's handle (remove it when the forward is forgotten), None where nothing needs a gradient."""
     tensors = grad_outputs(output)
@@ -68,7 +68,6 @@ def on_backward_end(output: Any, reached: Callable[[], None], done: Callable[[],
         return None
 
     def on_gradient(_grad: Any) -> None:
-        reached()
         torch.autograd.Variable._execution_engine.queue_callback(done)
 
     if len(tensors) == 1:  # the usual output (a loss, logits): its node's pre-hook, 0.6x a tensor hook's cost
@@ -78,7 +77,7 @@ def on_backward_end(output: Any, reached: Callable[[], None], done: Callable[[],
 
 
 def do_nothing() -> None:
-    """A callback with nothing to do (a backward watch that only needs its end, a listener with nothing to close)."""
+    """A callback with nothing to do (a listener with nothing to close)."""
 
 
 class _Running:
@@ -316,7 +315,7 @@ class EngineHooks:
         if self._active and self._forwards == 1:
             self._tell("forward_ended", module, output)
             if self._active and module.training and torch.is_grad_enabled():  # inactive: its last listener failed
-                self._backward_watch = on_backward_end(output, do_nothing, self._torch_style_backward_ended)
+                self._backward_watch = on_backward_end(output, self._torch_style_backward_ended)
                 self.phase = "backward"  # to come
 
     def _torch_style_backward_ended(self) -> None:

@@ -200,29 +200,27 @@ def _stage_groups(rows: Sequence[Sequence[float]], steps: int) -> List[List[int]
     return list(groups.values())
 
 
-def staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, List[int]]:
+def _straggler_and_cause(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, List[int], int]:
     """The interval's straggler (its row index, -1: none), tested within each pipeline stage's rows only
-    (:func:`_stage_groups`), and its stage's row indices.  Where several stages name one, the first whose own
-    figures say why it is late (a cause other than unknown): a rank that only waited in its sends and receives for a
-    slow rank of its pipe, its own compute at its peers' pace, is late because of that rank."""
-    found = []
+    (:func:`_stage_groups`), its stage's row indices and its cause code among them.  Where several stages name one,
+    the first whose own figures say why it is late (a cause other than unknown): a rank that only waited in its sends
+    and receives for a slow rank of its pipe, its own compute at its peers' pace, is late because of that rank."""
+    first = None
     for members in _stage_groups(rows, steps):
-        if len(members) > 1:
-            at = interval_straggler([rows[index] for index in members], steps)
-            if at >= 0:
-                found.append((members[at], members))
-    for straggler, members in found:
-        if interval_cause([rows[index] for index in members], steps, members.index(straggler)) != _UNKNOWN:
-            return straggler, members
-    return found[0] if found else (-1, [])
+        member_rows = [rows[index] for index in members]
+        at = interval_straggler(member_rows, steps) if len(members) > 1 else -1
+        if at >= 0:
+            cause = interval_cause(member_rows, steps, at)
+            if cause != _UNKNOWN:
+                return members[at], members, cause
+            first = first or (members[at], members, cause)
+    return first or (-1, [], CAUSE_CODES[None])
 
 
-def _staged_straggler_and_cause(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, int]:
-    """The interval's straggler (:func:`staged_straggler`) and its cause code among its stage's rows."""
-    straggler, members = staged_straggler(rows, steps)
-    if straggler < 0:
-        return -1, CAUSE_CODES[None]
-    return straggler, interval_cause([rows[index] for index in members], steps, members.index(straggler))
+def staged_straggler(rows: Sequence[Sequence[float]], steps: int) -> Tuple[int, List[int]]:
+    """The interval's straggler (its row index, -1: none) and its stage's row indices (:func:`_straggler_and_cause`)."""
+    straggler, members, _ = _straggler_and_cause(rows, steps)
+    return straggler, members
 
 
 def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: int,
@@ -250,6 +248,7 @@ def interval_events(rows: Sequence[Sequence[float]], steps: int, global_step: in
                                                   if step_sum > 0 else None)
     peak = _largest([total[_PEAK] for total in totals])
     figures["ds_profutils/peak_allocated_gib"] = peak / _GIB if peak is not None else None
-    figures["ds_profutils/straggler_rank"], figures["ds_profutils/straggler_cause"] = _staged_straggler_and_cause(rows, steps)
+    straggler, _, cause = _straggler_and_cause(rows, steps)
+    figures["ds_profutils/straggler_rank"], figures["ds_profutils/straggler_cause"] = straggler, cause
     figures.update(pipeline_events(totals))
     return [(name, value, global_step) for name, value in figures.items() if value is not None]

@@ -65,18 +65,13 @@ def _issued(content: Mapping[str, Any], group: Tuple[int, ...]) -> int:
     return 0
 
 
-def _issued_apart(files: Mapping[int, Mapping[str, Any]]) -> Dict[Tuple[int, ...], int]:
-    """Per group every member of which wrote a file and whose members issued different numbers of collectives
-    there: the most.  Where no rank is inside a collective, a rank ahead waits on one that is not marked (the
+def _issued_most(files: Mapping[int, Mapping[str, Any]]) -> Dict[Tuple[int, ...], int]:
+    """Per group every member of which wrote a file: the most collectives a member issued there (the members that
+    issued fewer are behind; with equal counts none is).  Where no rank is inside a collective, a rank ahead waits on one that is not marked (the
     program's ``async_op`` handle, a ``wait()`` in a step ``log_interval`` skips) for the ranks behind."""
     groups = {tuple(entry["group"]) for content in files.values() for entry in content.get("groups") or []}
-    apart = {}
-    for group in groups:
-        if all(rank in files for rank in group):
-            issued = [_issued(files[rank], group) for rank in group]
-            if len(set(issued)) > 1:
-                apart[group] = max(issued)
-    return apart
+    return {group: max(_issued(files[rank], group) for rank in group) for group in groups
+            if all(rank in files for rank in group)}
 
 
 def _culprits(files: Mapping[int, Mapping[str, Any]]) -> Tuple[List[int], List[int]]:
@@ -88,7 +83,7 @@ def _culprits(files: Mapping[int, Mapping[str, Any]]) -> Tuple[List[int], List[i
         if inside:
             group = tuple(inside["group"])
             awaited[group] = max(awaited.get(group, 0), int(inside["seq"]))
-    awaited = awaited or _issued_apart(files)
+    awaited = awaited or _issued_most(files)
     culprits, missing = set(), set()
     for group, seq in awaited.items():
         for rank in group:
