@@ -175,6 +175,8 @@ def test_an_interruption_as_a_collective_ends_leaves_the_rank_outside_it(monkeyp
             assert group.current is cut and cut.ended_ns is None  # until the group's next
         else:
             assert group.current is None and group.last is cut and cut.ended_ns is not None
+        if where == "as the end's clock read returns":  # ended once, provisionally at its start: never again
+            assert cut.ended_ns == cut.started_ns
         recorded.step = None  # between steps: the program's own collective is a wait of the gap
         recorded.take_gap_collective_ms()
         torch.distributed.all_reduce(torch.ones(1), group=(0, 1, 5))  # the program goes on

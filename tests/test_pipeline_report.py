@@ -174,6 +174,7 @@ def test_several_runs_a_side_compare_each_stage_over_all_of_them(tmp_path: Path)
 
     base, new = runs("base", 20.0), runs("new", 26.0)
     same = build_diff([base[0], new[0]], [new[0], base[0]])["engines"]["main"]["stages"]
+    assert set(same) == {"0", "1"} and same["1"]["compute_ms"]["runs"] == {"base": 2, "new": 2}
     assert not any(same[stage][figure]["significant"] for stage in same for figure in same[stage])
     changed = build_diff(base, new)["engines"]["main"]["stages"]
     assert changed["1"]["compute_ms"]["runs"] == {"base": 3, "new": 3} and changed["1"]["compute_ms"]["significant"]
