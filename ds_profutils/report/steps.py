@@ -143,6 +143,7 @@ class StepView:
     own_gap_ms: Matrix  # the gap less the frameworks' collectives in it (own_gap_ms): the rank's own time there
     tflops: Matrix  # the step's model FLOPs over its iteration, TFLOP/s
     work: Matrix  # the step's work in ``work_unit`` (diagnosis.stragglers.WORK_UNITS)
+    own_busy_ms: Matrix  # what a straggler's cause weighs: busy time, a pipeline rank's compute (not its p2p waits)
     work_unit: Optional[str] = None  # None: no work recorded on every rank
     stage_of: Dict[int, int] = field(default_factory=dict)  # a pipeline's ranks: their stage (causes within it)
     arrival: str = "collective_ms"
@@ -214,18 +215,18 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
     arrival = "exposed_wait_ms" if any(f.without_collective_ms for f in files) else "collective_ms"
     unit = work_unit({name: bool(files) and all(any(v == v for v in getattr(f, name)) for f in files)
                       for name, _, _ in WORK_UNITS})
-    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(13)), arrival=arrival,
+    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(14)), arrival=arrival,
                     work_unit=unit and unit[1])
     for rank_index, records in enumerate(files):
         positions = None if records.global_steps == everything else [index[s] for s in records.global_steps]
         exposed = array("d", map(float.__add__, records.fetch_wait_ms, records.collective_wait_ms))
+        busy = array("d", map(float.__sub__, records.step_ms, exposed))
         # a pipeline rank's own work is its compute: its sends and receives wait for the neighbour stage's rank
-        busy = records.compute_ms if records.pipe_stage is not None else array("d", map(float.__sub__,
-                                                                                        records.step_ms, exposed))
+        own = records.compute_ms if records.pipe_stage is not None else busy
         for matrix, values in ((view.step_ms, records.step_ms), (view.fetch_wait_ms, records.fetch_wait_ms),
                                (view.collective_ms, arrival_ms(records)),
                                (view.collective_wait_ms, records.collective_wait_ms),
-                               (view.exposed_wait_ms, exposed), (view.busy_ms, busy),
+                               (view.exposed_wait_ms, exposed), (view.busy_ms, busy), (view.own_busy_ms, own),
                                (view.peak_allocated_bytes, records.peak_allocated_bytes),
                                (view.iteration_ms, records.iteration_ms), (view.gap_ms, records.gap_ms),
                                (view.own_gap_ms, own_gap_ms(records)),
