@@ -2,12 +2,14 @@
 the whole iteration, the profiler's active window, and the figures for live metrics on every rank."""
 import time
 
+import pytest
 import torch
 
 from ds_profutils.config import PartitionedParamProfilerConfig
 from ds_profutils.engine import Attachment
 from ds_profutils.engine.recorder import StepRecorder
 
+from test_flops_windows import Blocks, TorchEngine, attached, reference, train_step
 from test_zero_attach import IDENTITY, Engine, read_records
 
 
@@ -138,3 +140,52 @@ def test_a_no_grad_forward_in_train_mode_counts_as_eval_and_a_micro_step_record_
     assert records[2]["eval_ms"] is None and records[2]["save_ms"] is None
     assert records[3]["eval_ms"] > 0 and records[3]["save_ms"] == 0.0
     assert records[3]["eval_ms"] <= records[3]["gap_ms"]
+
+
+def test_a_micro_step_an_error_cut_short_is_no_record_and_its_retry_is_the_steps(tmp_path):
+    """An OOM the program catches to retry the batch (transformers' find_executable_batch_size, a loop of its own):
+    raised in the backward, in ``step()`` or in the forward, the attempt is no micro step -- the global step has one
+    record, numbered as without the attempt, its FLOPs counted whole; the attempt's time is in the iteration's gap."""
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise torch.OutOfMemoryError("out of memory in the backward (stand-in)")
+
+    class FailingStepEngine(TorchEngine):
+        step_fails = False
+
+        def step(self):
+            if self.step_fails:
+                self.step_fails = False
+                raise torch.OutOfMemoryError("out of memory in the optimizer step (stand-in)")
+            super().step()
+
+    engine = FailingStepEngine(Blocks())
+    x = torch.randn(8, 32)
+    with attached(engine, tmp_path):
+        train_step(engine, x)
+        with pytest.raises(torch.OutOfMemoryError):  # global step 1: its backward fails
+            output = engine(x)
+            time.sleep(0.1)
+            engine.backward(Boom.apply(output).sum())
+        train_step(engine, x)
+        with pytest.raises(RuntimeError):  # global step 2: its forward fails
+            engine(torch.randn(8, 31))
+        time.sleep(0.1)
+        train_step(engine, x)
+        engine.step_fails = True  # global step 3: its step() fails
+        with pytest.raises(torch.OutOfMemoryError):
+            engine.backward(engine(x).pow(2).mean())
+            time.sleep(0.1)
+            engine.step()
+        train_step(engine, x)
+    records = read_records(tmp_path)
+    assert [(record["global_step"], record["micro_step"]) for record in records] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    assert {record["flops"] for record in records} == {reference(lambda: engine.module(x).pow(2).mean().backward())}
+    assert all(record["iteration_ms"] - record["step_time_ms"] >= 100 and record["gap_ms"] >= 100
+               for record in records[1:])

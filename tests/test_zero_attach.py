@@ -21,6 +21,7 @@ from ds_profutils.outputs import ProcessIdentity
 from ds_profutils.report import build_report
 from ds_profutils.engine import AttachError, Attachment, StepRecorder
 from ds_profutils.engine.recorder import RECORDER_ATTR
+from ds_profutils.engine.step import StepRecord
 from launcher import DIST_SCRIPTS, run_deepspeed
 from report_testing import read_records_file
 
@@ -343,13 +344,13 @@ def test_an_error_of_the_recorder_stops_recording_never_the_training(tmp_path, m
 def test_an_interruption_while_a_record_is_built_leaves_it_for_close(tmp_path, monkeypatch):
     engine = Engine()
     recorder = recorder_for(engine, tmp_path).recorder
-    build = recorder._line
+    build = StepRecord.line
 
-    def interrupted_once(step):
-        monkeypatch.setattr(recorder, "_line", build)
+    def interrupted_once(*args):
+        monkeypatch.setattr(StepRecord, "line", build)
         raise SystemExit(143)  # the profiler's SIGTERM handler, while the record is built
 
-    monkeypatch.setattr(recorder, "_line", interrupted_once)
+    monkeypatch.setattr(StepRecord, "line", interrupted_once)
     with pytest.raises(SystemExit):
         engine.train_step()
     recorder.close()  # as run_before_signal_exit does before the process ends

@@ -34,10 +34,9 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
-import orjson
 import torch
 
-from .._device_clock import DeviceEvents, pairs_clock
+from .._device_clock import DeviceEvents
 from .._signal_exit import close_at_exit
 from ..config import PartitionedParamProfilerConfig
 from ..diagnosis.settings import effective_values
@@ -251,6 +250,22 @@ class StepRecorder(Listener):
     def checkpoint_saved(self, elapsed_ns: int) -> None:
         self.totals.checkpoint_saved(elapsed_ns)
 
+    def failed(self, exc: BaseException) -> None:
+        """An error left the engine's forward, backward or step (an OOM the program catches to retry the batch): the
+        train micro step it cut short is none -- no record, number or FLOP count; its time is the gap's."""
+        step = self._open
+        if step is None or step.fields["mode"] != "train" or step.backward_done:
+            return  # nothing open, or a whole micro step (its backward returned) that a later call's error leaves
+        self._open = None
+        self._pause()  # and fetches are DeepSpeed's to reset at the next forward
+        self._micro_steps.take_back()
+        if self.memory is not None:
+            self.memory.record()  # its phases go with it
+        if self.flops is not None:
+            self.flops.discard()  # a count in progress is taken again at the retry
+        if self.device_events is not None:
+            self.device_events.release(step.start_mark, step.end_mark)
+
     def _optimizer_step_ended(self, global_step: int, end_ns: int) -> None:
         """Global step ``global_step`` is done: its iteration and gap go on the record that ended it, its
         figures to the listeners (host clock: final now, whatever the device clock says later)."""
@@ -332,26 +347,11 @@ class StepRecorder(Listener):
             self.device_events.poll()
         host_clock = self.device_events is None  # every time is final once taken
         while self._unwritten and (settled or host_clock or all(pair.resolved for pair in self._unwritten[0].pairs())):
-            line = self._line(self._unwritten[0])  # an interruption while it is built leaves the step queued
+            # an interruption while it is built leaves the step queued
+            line = self._unwritten[0].line(self._header, self._first_fields, self.device_events is not None)
             self._unwritten.popleft()
             self._first_fields = {}  # the file's first record only
             self.records_file.write(line)
-
-    def _line(self, step: StepRecord) -> bytes:
-        record = {**self._header, **self._first_fields, **step.fields}
-        events = step.fetches.entries() if step.fetches is not None else {}
-        timing = step.timing()
-        record["step_time_ms"] = timing["step_time_ms"]  # first of the timing's keys in the line (update keeps it)
-        record["fetch_wait_ms"] = fetch_wait_ms(events)
-        record.update(timing)
-        for part in step.parts:
-            record.update(part.fields(record["step_time_ms"]))
-        record["exposed_wait_ms"] = record["fetch_wait_ms"] + record["collective_wait_ms"]
-        if self.device_events is not None:
-            record["clock"] = pairs_clock(step.pairs())
-        record["events"] = events
-        # orjson: a record is built on the step's own time, and the stdlib's encoder was a quarter of it.
-        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
 
     def close(self) -> None:
         """Write what is finished (an eval forward that ended; no train step whose ``step()`` did not return), give

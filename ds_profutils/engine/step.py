@@ -18,8 +18,11 @@ from functools import lru_cache
 from time import perf_counter_ns
 from typing import Any, Dict, List, Optional, Tuple
 
+import orjson
+
 from .._device_clock import Pair, pair_ns, pairs_clock
 from ..units import rank_ranges
+from ..zero3.fetches import fetch_wait_ms
 
 __all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord", "optimizer_step_due"]
 
@@ -149,6 +152,24 @@ class StepRecord:
         return timing
 
 
+    def line(self, header: Dict[str, Any], first_fields: Dict[str, Any], device_clock: bool) -> bytes:
+        """The record's JSONL line once its times are known: ``header`` (the file's fields), ``first_fields`` (the
+        first record's own), then the step's."""
+        record = {**header, **first_fields, **self.fields}
+        events = self.fetches.entries() if self.fetches is not None else {}
+        timing = self.timing()
+        record["step_time_ms"] = timing["step_time_ms"]  # first of the timing's keys in the line (update keeps it)
+        record["fetch_wait_ms"] = fetch_wait_ms(events)
+        record.update(timing)
+        for part in self.parts:
+            record.update(part.fields(record["step_time_ms"]))
+        record["exposed_wait_ms"] = record["fetch_wait_ms"] + record["collective_wait_ms"]
+        if device_clock:
+            record["clock"] = pairs_clock(self.pairs())
+        record["events"] = events
+        # orjson: a record is built on the step's own time, and the stdlib's encoder was a quarter of it.
+        return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
+
     def _overlap_ns(self) -> float:
         """How much of the collectives' device intervals on this step's time axis overlap (a prefetch beside
         a side stream's reduce-scatter): counted once in ``collective_ms``, which so stays within the step.
@@ -224,3 +245,7 @@ class MicroSteps:
         number = engine.global_steps * engine.gradient_accumulation_steps() + self._index
         self._index += train
         return number
+
+    def take_back(self) -> None:
+        """The last train forward's micro step was cut short by an error: its number is the retry's."""
+        self._index = max(self._index - 1, 0)

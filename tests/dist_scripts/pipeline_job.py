@@ -76,7 +76,8 @@ def main() -> None:
     recorder = attachment.recorder
     for batch in range(args.steps):
         if batch == args.break_after:
-            recorder._line = lambda step: 1 / 0  # a bug of ours: training must go on, the engine be DeepSpeed's again
+            # a bug of ours: training must go on, the engine be DeepSpeed's again
+            recorder._write_ready = lambda settled=False: 1 / 0
         engine.train_batch(data_iter=data)
         held = max(held, len(recorder._step_records) + len(recorder._unwritten))
     engine.eval_batch(data_iter=data)
