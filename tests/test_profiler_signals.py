@@ -38,11 +38,14 @@ def _export_sending(monkeypatch, *signums):
 
 
 def test_handlers_are_installed_only_while_a_window_holds_unsaved_steps(tmp_path, handlers):
-    seen = []
+    """And the watchdog keeping their deadline runs only then: no thread or pipe of ours outside a window."""
+    seen, watchdogs, fds = [], [], []
 
     def train():
         for _ in range(8):
             seen.append(signal.getsignal(signal.SIGTERM))
+            watchdogs.append([thread.name for thread in threading.enumerate()].count("ds_profutils-signal-watchdog"))
+            fds.append(len(os.listdir("/proc/self/fd")))
             step_profiler()
 
     profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
@@ -50,6 +53,8 @@ def test_handlers_are_installed_only_while_a_window_holds_unsaved_steps(tmp_path
     assert all(callable(handler) for handler in seen[3:6])  # active steps
     assert seen[6:] == [signal.SIG_DFL] * 2  # the window is on disk
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert watchdogs == [0, 0, 0, 1, 1, 1, 0, 0]
+    assert fds[6:] == [fds[0]] * 2 and fds[3] == fds[0] + 2  # its pipe, closed with it
 
 
 def test_a_programs_own_handler_is_called_instead_and_kept(tmp_path, handlers):

@@ -56,6 +56,7 @@ _GIVE_UP_SIGINTS = 3
 _RESOLVED = 0  # the byte the main thread writes: every signal before it is dealt with
 _STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
 _FLUSH_WAIT_S = 1.0
+_END_WAIT_S = 1.0  # the thread's end, awaited at uninstall
 _POLL_S = 0.25  # while the clock runs: the guard's state (waiting for a boundary or not) changes without a byte
 
 
@@ -105,6 +106,7 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
         self._chained = -1  # the program's wakeup fd while ours is installed
         self._installed = False
+        self._ending = False  # uninstalled: the thread ends at its next byte
         self.guard: Optional[Watched] = None
         # Kept by the watchdog thread only:
         self._first_at: Optional[float] = None
@@ -128,12 +130,14 @@ class Watchdog:
         previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         self._chained = previous if previous != self._write else -1
         self._installed = True
-        if self._thread is None:
+        self._ending = False
+        if self._thread is None or not self._thread.is_alive():  # or it ended after an uninstall gave up waiting
             self._thread = threading.Thread(target=self._loop, name="ds_profutils-signal-watchdog", daemon=True)
             self._thread.start()
 
     def uninstall(self, guard: Watched) -> None:
-        """Stop watching ``guard`` and give the program its wakeup fd back; the clock stops."""
+        """Stop watching ``guard`` and give the program its wakeup fd back; the clock stops, and the thread ends with
+        its pipe (nothing of ours is left between windows: the next window's install starts them again)."""
         if self.guard is guard:
             self.guard = None
         if self._installed:
@@ -141,7 +145,16 @@ class Watchdog:
             current = signal.set_wakeup_fd(self._chained)
             if current != self._write:  # the program set its own meanwhile: that one stays
                 signal.set_wakeup_fd(current)
-        self.resolved()
+        thread = self._thread
+        self._ending = thread is not None
+        self.resolved()  # the byte wakes the thread, which then ends
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_END_WAIT_S)
+            if not thread.is_alive():  # else (starved of the GIL for a second) it keeps its pipe, harmlessly
+                os.close(self._read)
+                os.close(self._write)
+                self._read = self._write = -1
+                self._thread = None
 
     def resolved(self) -> None:
         """Every SIGTERM/SIGINT the main thread has seen is dealt with (the clock stops at this byte)."""
@@ -168,7 +181,7 @@ class Watchdog:
     # ---- the watchdog thread -------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
+        while not self._ending:
             try:
                 self._take(self._timeout())
                 self._on_clock()
