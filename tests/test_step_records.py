@@ -7,6 +7,7 @@ import torch
 
 from ds_profutils.config import PartitionedParamProfilerConfig
 from ds_profutils.engine import Attachment
+from ds_profutils.engine.hooks import Listener, do_nothing
 from ds_profutils.engine.recorder import StepRecorder
 
 from test_flops_windows import Blocks, TorchEngine, attached, reference, train_step
@@ -41,6 +42,24 @@ def test_our_own_work_at_a_steps_end_is_in_the_iteration_not_the_programs_gap(tm
     closed: the iteration holds it, the gap (the program's time between steps) does not."""
     engine = Engine()
     with attach_recorder(engine, tmp_path, step_listeners=[lambda figures: time.sleep(0.05)]):
+        for _ in range(3):
+            engine.train_step()
+    records = read_records(tmp_path)[1:]
+    assert len(records) == 2
+    assert all(record["gap_ms"] < 25 and record["iteration_ms"] >= record["step_time_ms"] + 45 for record in records)
+
+
+def test_a_later_listeners_work_at_a_steps_end_is_ours_too(tmp_path):
+    """The engine-driven torch profiler exports its window as ``step()`` returns, after the recorder heard it: that
+    time is in the iteration, not in the program's gap."""
+
+    class Exporting(Listener):
+        def step_ended(self):
+            time.sleep(0.05)
+
+    engine = Engine()
+    with attach_recorder(engine, tmp_path) as attachment:
+        attachment.add(Exporting(), do_nothing)
         for _ in range(3):
             engine.train_step()
     records = read_records(tmp_path)[1:]

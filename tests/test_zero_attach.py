@@ -287,7 +287,7 @@ def test_log_interval_skips_steps_with_the_profiler_not_recording(tmp_path):
     engine = Engine()
     deepspeeds = getattr(engine.coordinator, PROFILER_ATTR)
     with recorder_for(engine, tmp_path, log_interval=2) as attached:
-        profiler = attached.recorder.profiler
+        profiler = attached.recorder.fetches.profiler
         recording = []
         for _ in range(5):
             engine.forward()
@@ -330,7 +330,7 @@ def test_an_error_of_the_recorder_stops_recording_never_the_training(tmp_path, m
     def broken(*args, **kwargs):
         raise RuntimeError("event recorded on another stream")
 
-    monkeypatch.setattr(recorder.profiler, "host_statistics", broken)  # read when engine.step() returns
+    monkeypatch.setattr(recorder.fetches.profiler, "host_statistics", broken)  # read when engine.step() returns
     engine.train_step()  # the hooks and step() of this step meet the error: training goes on
     engine.train_step()
     assert engine.global_steps == 3 and recorder.closed
@@ -432,15 +432,15 @@ def test_trace_ranges_follow_the_torch_profiler_at_forward_start(tmp_path, trace
     with recorder_for(engine, tmp_path, trace_ranges=trace_ranges) as attached:
         recorder = attached.recorder
         engine.forward()
-        assert not recorder.profiler.trace_ranges
+        assert not recorder.fetches.profiler.trace_ranges
         nvtx.set_torch_profiler_recording(True)
         try:
             engine.forward()
-            assert recorder.profiler.trace_ranges is trace_ranges
+            assert recorder.fetches.profiler.trace_ranges is trace_ranges
         finally:
             nvtx.set_torch_profiler_recording(False)
         engine.forward()
-        assert not recorder.profiler.trace_ranges
+        assert not recorder.fetches.profiler.trace_ranges
 
 
 def fetch_config(**section):

@@ -26,7 +26,7 @@ import functools
 import signal
 import weakref
 from time import perf_counter_ns
-from types import TracebackType
+from traceback import walk_tb
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -114,6 +114,9 @@ class Listener:
     def step_ended(self) -> None:
         pass
 
+    def step_listeners_done(self) -> None:
+        """Every listener heard ``step_ended``: what ran since the step's end was ours (a profiler window's export)."""
+
     def failed(self, exc: BaseException) -> None:
         """An error (any BaseException) leaves the engine's forward, backward, step or own work."""
 
@@ -134,8 +137,7 @@ class OptimizerStepListener(Listener):
         self._steps_before: Optional[int] = None
 
     def _global_steps(self) -> Optional[int]:
-        engine = self._engine()
-        return None if engine is None else engine.global_steps
+        return getattr(self._engine(), "global_steps", None)  # None once the engine is collected
 
     def step_started(self) -> None:
         self._steps_before = self._global_steps()
@@ -161,12 +163,7 @@ def raised_by_signal_handler(exc: BaseException) -> bool:
         code = getattr(getattr(handler, "__func__", handler), "__code__", None)
         if code is not None:
             handlers.add(code)
-    traceback: Optional[TracebackType] = exc.__traceback__
-    while traceback is not None:
-        if traceback.tb_frame.f_code in handlers:
-            return True
-        traceback = traceback.tb_next
-    return False
+    return any(frame.f_code in handlers for frame, _ in walk_tb(exc.__traceback__))
 
 
 class _ModuleHook:
@@ -176,8 +173,7 @@ class _ModuleHook:
     __slots__ = ("_hooks", "_method")
 
     def __init__(self, hooks: Optional["EngineHooks"], method: str) -> None:
-        self._hooks = None if hooks is None else weakref.ref(hooks)
-        self._method = method
+        self._hooks, self._method = (None if hooks is None else weakref.ref(hooks)), method
 
     def __call__(self, *args: Any) -> None:
         hooks = None if self._hooks is None else self._hooks()
@@ -193,8 +189,8 @@ class _ModuleHook:
 
 # Calls between steps whose collectives are the engine's: checkpoints, 16-bit weights gathered (the Trainer's)
 _OWN_WORK = ("save_checkpoint", "load_checkpoint", "save_16bit_model", "_zero3_consolidated_16bit_state_dict")
-_EVENTS = ("forward_started", "forward_ended", "forward_left", "backward_ended", "step_started", "step_ended", "failed",
-           "checkpoint_saved")  # the Listener methods EngineHooks tells
+_EVENTS = ("forward_started", "forward_ended", "forward_left", "backward_ended", "step_started", "step_ended",
+           "step_listeners_done", "failed", "checkpoint_saved")  # the Listener methods EngineHooks tells
 
 
 class EngineHooks:
@@ -370,6 +366,7 @@ class EngineHooks:
             running.engine_id = outside
             self.phase = BETWEEN_STEPS
         self._tell("step_ended")  # not on an exception: that step did not finish
+        self._tell("step_listeners_done")
         return result
 
     def _around_own_work(self, saves: bool, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

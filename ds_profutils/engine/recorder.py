@@ -119,6 +119,7 @@ class StepRecorder(Listener):
         self._unwritten: Deque[StepRecord] = deque()
         self.totals = OptimizerStepTotals()
         self._steps_before: Optional[int] = None  # global_steps when engine.step() started
+        self._own_work_from: Optional[int] = None  # the end of an optimizer step whose listeners are being told
         self._step_records: List[StepRecord] = []  # the measured micro steps of the optimizer step in progress
         self.collectives = EngineCollectives(engine)
         # once: at close, or when the recorder is collected with its engine
@@ -126,11 +127,6 @@ class StepRecorder(Listener):
                                                                                     device_events))
         self._forget_at_exit = close_at_exit(self.close)  # a SIGTERM the profiler re-raises skips atexit
         setattr(engine, RECORDER_ATTR, self)
-
-    @property
-    def profiler(self) -> Any:
-        """The ZeRO-3 fetch profiler in the engine's coordinator (None without fetch events)."""
-        return self.fetches.profiler if self.fetches is not None else None
 
     @property
     def closed(self) -> bool:
@@ -241,11 +237,15 @@ class StepRecorder(Listener):
             step.ends_optimizer_step = boundary
             self._finish_open(closing=False)
         if boundary:
-            end_ns = step.end_ns if step is not None else perf_counter_ns()
-            self._optimizer_step_ended(self._steps_before, end_ns)
+            self._own_work_from = step.end_ns if step is not None else perf_counter_ns()
+            self._optimizer_step_ended(self._steps_before, self._own_work_from)
         self._write_ready()
-        if boundary:  # the listeners' work (the live exchange) and the writing: ours, not the program's gap
-            self.totals.own_work(perf_counter_ns() - end_ns)
+
+    def step_listeners_done(self) -> None:
+        """What ran since the optimizer step's end (the live exchange, writing, a profiler's export) was ours."""
+        if self._own_work_from is not None:
+            self.totals.own_work(perf_counter_ns() - self._own_work_from)
+            self._own_work_from = None
 
     def checkpoint_saved(self, elapsed_ns: int) -> None:
         self.totals.checkpoint_saved(elapsed_ns)

@@ -115,6 +115,7 @@ class PipelineHooks(EngineHooks):
         self._tell("forward_ended", view, None)
         if train:
             self._tell("step_ended")  # not on an exception: that batch did not finish
+            self._tell("step_listeners_done")
         return result
 
     def _batch_times(self) -> Optional[InstructionTimes]:
