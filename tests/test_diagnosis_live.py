@@ -14,13 +14,17 @@ def cause_of(fast, slow, steps=4):
 
 
 # rank 0 waits 60 ms for rank 1 in the collectives each step; rank 1's step is as long, spent otherwise
-WAITER = dict(step_ms=100.0, collective_ms=65.0, exposed_wait_ms=60.0, gap_ms=2.0, flops=10**12, tokens=1000)
+WAITER = dict(step_ms=100.0, collective_ms=65.0, exposed_wait_ms=60.0, gap_ms=2.0, flops=10**12, tokens=1000,
+              eval_ms=0.0, save_ms=0.0)
 
 
 @pytest.mark.parametrize("slow, code", [
     (dict(step_ms=80.0, collective_ms=5.0, exposed_wait_ms=0.0, gap_ms=2.0, flops=2 * 10**12, tokens=2000), 1),
     (dict(step_ms=40.0, collective_ms=5.0, exposed_wait_ms=0.0, gap_ms=62.0, flops=10**12, tokens=1000), 2),
     (dict(step_ms=100.0, collective_ms=5.0, exposed_wait_ms=0.0, gap_ms=2.0, flops=10**12, tokens=1000), 3),
+    # slower in every forward, 3 eval forwards between steps among them: its gap is eval time, no input pipeline
+    (dict(step_ms=100.0, collective_ms=5.0, exposed_wait_ms=0.0, gap_ms=302.0, eval_ms=300.0, save_ms=0.0,
+          flops=10**12, tokens=1000), 3),
 ])
 def test_the_straggler_cause_code(slow, code):
     events = cause_of(WAITER, slow)

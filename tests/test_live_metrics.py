@@ -257,11 +257,13 @@ def test_a_bad_interval_names_the_key(interval):
 
 def test_packed_rows_mark_unknown_with_nan():
     row = pack_interval([figures(0, iteration_ms=None, gap_ms=None, flops=None, tokens=None, peak=None)])
-    assert len(row) == packed_length(1) == 2 + 8 + 3 + 2 and row[:2] == [100.0, 30.0]
-    # the eight totals, the three pipeline columns (NaN outside a pipeline), then the gap's eval and save sums
+    assert len(row) == packed_length(1) == 2 + 8 + 3 + 3 and row[:2] == [100.0, 30.0]
+    # the eight totals, the three pipeline columns (NaN outside a pipeline), then the gap's eval and save sums and
+    # the median gap without them (unknown without a gap)
     assert [math.isnan(value) for value in row[2:]] == [True, True, False, True, True, False, False, True,
-                                                        True, True, True, False, False]
-    assert row[-2:] == [4.0, 2.0]
+                                                        True, True, True, False, False, True]
+    assert row[-3:-1] == [4.0, 2.0]
+    assert pack_interval([figures(0, gap_ms=20.0), figures(1, gap_ms=30.0)])[-1] == 19.0  # (14 + 24) / 2
 
 
 def test_eval_and_save_are_each_ranks_sum_over_the_interval_the_largest_over_ranks():

@@ -115,6 +115,22 @@ def test_a_straggler_late_by_its_gap_is_said_to_be_the_input_pipeline_not_comput
     assert text.count("input pipeline") == 1  # said once, with the figures that decided it
 
 
+def test_a_straggler_whose_gap_is_its_slow_eval_forwards_is_slow_in_compute(tmp_path):
+    """Rank 1 is 40 ms slower in every forward, its train forward and the 3 eval forwards between steps (or alone
+    evaluates): its gap stands out by its eval time, which is no input pipeline.  The cause weighs the gap without
+    eval forwards and saves; the gap shown stays the recorded one."""
+    for rank in (0, 1):
+        rows = []
+        for step in range(10):
+            rows += iteration_record(rank, step, busy_ms=60.0 if rank == 1 else 20.0,
+                                     gap_ms=125.0 if rank == 1 else 5.0, collective_ms=2.0 + 40.0 * (rank == 0))
+            rows[-1].update(eval_ms=120.0 if rank == 1 else 0.0, save_ms=0.0, gap_collective_ms=0.0)
+        write_records(tmp_path, rank, rows)
+    summary = build_report(tmp_path)["engines"]["main"]["ranks_summary"]
+    assert summary[1]["straggler"] and summary[1]["cause"] == "compute" and summary[1]["late_by_gap"] is False
+    assert summary[1]["gap_ms_median"] == 125.0 and summary[1]["own_gap_ms_median"] == 5.0
+
+
 def test_a_straggler_slow_in_compute_is_not_put_on_its_gap(tmp_path):
     for rank in (0, 1):
         rows = []

@@ -140,7 +140,7 @@ class StepView:
     peak_allocated_bytes: Matrix
     iteration_ms: Matrix  # end of the previous optimizer step to the end of this one (NaN: not recorded)
     gap_ms: Matrix  # its part outside forward, backward and step
-    own_gap_ms: Matrix  # the gap less the frameworks' collectives in it (own_gap_ms): the rank's own time there
+    own_gap_ms: Matrix  # the gap less the frameworks' collectives, eval forwards and saves in it (own_gap_ms)
     tflops: Matrix  # the step's model FLOPs over its iteration, TFLOP/s
     work: Matrix  # the step's work in ``work_unit`` (diagnosis.stragglers.WORK_UNITS)
     own_busy_ms: Matrix  # what a straggler's cause weighs: busy time, a pipeline rank's compute (not its p2p waits)
@@ -197,10 +197,15 @@ def arrival_ms(records: FileRecords) -> array:
 
 
 def own_gap_ms(records: FileRecords) -> array:
-    """Per step, the gap less its time inside the frameworks' collectives: waiting there for a late peer is no
-    slow input pipeline of one's own (the late rank's own gap is what stands out)."""
-    return array("d", (gap - inside if inside == inside else gap
-                       for gap, inside in zip(records.gap_ms, records.gap_collective_ms)))
+    """Per step, the gap less its time inside the frameworks' collectives, eval forwards and checkpoint saves: waiting
+    there for a late peer is no slow input pipeline of one's own (the late rank's own gap is what stands out), nor is
+    a slow eval forward (its compute) or save."""
+    own = array("d", records.gap_ms)
+    for part in (records.gap_collective_ms, records.eval_ms, records.save_ms):
+        for index, value in enumerate(part):
+            if value == value:  # NaN: not recorded (files of earlier writers)
+                own[index] -= value
+    return own
 
 
 def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[int, float]]) -> StepView:

@@ -91,10 +91,11 @@ _TOTALS = 8
 _PIPELINE_TOTALS = 3
 # after the totals, a pipeline stage's: stage, median compute and bubble sum (NaN in every other engine's rows)
 _STAGE, _COMPUTE, _BUBBLE = range(_TOTALS, _TOTALS + _PIPELINE_TOTALS)
-_GAP_PARTS = 2
+_GAP_PARTS = 3
 _UNKNOWN = CAUSE_CODES["unknown"]
-# then the sums over the interval of the gap's eval and save times (every engine's rows)
-_EVAL, _SAVE = range(_TOTALS + _PIPELINE_TOTALS, _TOTALS + _PIPELINE_TOTALS + _GAP_PARTS)
+# then the sums over the interval of the gap's eval and save times, and the median of the gap without them (the
+# input pipeline's and host work's, what a cause weighs: a slow eval forward is no slow data loader)
+_EVAL, _SAVE, _INPUT_GAP = range(_TOTALS + _PIPELINE_TOTALS, _TOTALS + _PIPELINE_TOTALS + _GAP_PARTS)
 
 
 def packed_length(steps: int) -> int:
@@ -110,10 +111,11 @@ def _known_sum(values: Sequence[Optional[float]]) -> float:
 def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
     """This rank's interval as :func:`packed_length` floats: per step its step and collective times (the
     straggler rule needs each step across ranks), then its medians and sums, then a pipeline stage's figures,
-    then the sums of the gap's eval and save times; NaN where unknown (every row has one length, an empty row's
-    included: the exchange gathers equal rows)."""
+    then the sums of the gap's eval and save times and the median gap without them; NaN where unknown (every row
+    has one length, an empty row's included: the exchange gathers equal rows)."""
     iterations = [step.iteration_ms for step in steps if step.iteration_ms is not None]
     gaps = [step.gap_ms for step in steps if step.gap_ms is not None]
+    input_gaps = [step.gap_ms - step.eval_ms - step.save_ms for step in steps if step.gap_ms is not None]
     peaks = [step.peak_allocated_bytes for step in steps if step.peak_allocated_bytes is not None]
     # the first step after attach has no iteration time: its step time is the best known part of it
     wall = sum(step.step_ms if step.iteration_ms is None else step.iteration_ms for step in steps)
@@ -129,6 +131,7 @@ def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
         *_pipeline_totals(steps),
         sum(step.eval_ms for step in steps),
         sum(step.save_ms for step in steps),
+        median(input_gaps) if input_gaps else _NAN,
     ]
     return [step.step_ms for step in steps] + [step.collective_ms for step in steps] + totals
 
@@ -179,11 +182,12 @@ def interval_cause(rows: Sequence[Sequence[float]], steps: int, straggler: int) 
     The live figures are host times, so communication is never named here."""
     if straggler < 0:
         return CAUSE_CODES[None]
-    totals = [row[2 * steps:2 * steps + _TOTALS + _PIPELINE_TOTALS] for row in rows]
+    totals = [row[2 * steps:] for row in rows]
     work = next((column for column in (_FLOPS, _TOKENS) if not any(math.isnan(t[column]) for t in totals)), None)
     # a pipeline rank's own work is its compute (its sends and receives wait for the neighbour stage), as the report's
     figures = [Figures(busy_ms=(t[_STEP_SUM] - t[_WAIT]) / steps if math.isnan(t[_COMPUTE]) else t[_COMPUTE],
-                       gap_ms=None if math.isnan(t[_GAP]) else t[_GAP], work=None if work is None else t[work] / steps)
+                       gap_ms=None if math.isnan(t[_INPUT_GAP]) else t[_INPUT_GAP],
+                       work=None if work is None else t[work] / steps)
                for t in totals]
     threshold = straggler_threshold([median(row[:steps]) for row in rows])
     cause, _ = decide_cause(figures[straggler], figures[:straggler] + figures[straggler + 1:], threshold)
