@@ -2,6 +2,8 @@
 silent short of it, and a job where nothing stands out gets no advice."""
 from typing import Any, Dict
 
+import pytest
+
 from ds_profutils.diagnosis.advice import (EXPOSED_REDUCE_SHARE, FETCH_WAIT_SHARE, LIVE_AT_LIMIT, MANY_REDUCES,
                                            MANY_SMALL_GATHERS, SMALL_GATHER_FACTOR, WAITED_SHARE)
 from ds_profutils.report import build_report, render_text
@@ -169,8 +171,23 @@ def test_the_diff_checks_that_following_the_advice_did_what_it_said(tmp_path):
     assert diff["engines"]["main"]["advice_checked"] == [
         {"key": Z + "stage3_prefetch_bucket_size", "base": 100, "new": 50_000_000,
          "figure": "events.forward_all_gather.count", "expected": "lower", "change_pct": -100.0 * 6 / 7,
-         "as_expected": True}]
+         "significant": True, "as_expected": True}]
     assert "the change did what the advice said" in " ".join(render_diff(diff).split())
-    worse = build_diff(tmp_path / "base", tmp_path / "worse")["engines"]["main"]["advice_checked"]
-    assert [found["as_expected"] for found in worse] == [False]
+    worse = build_diff(tmp_path / "base", tmp_path / "worse")
+    assert [found["as_expected"] for found in worse["engines"]["main"]["advice_checked"]] == [False]
+    assert "the change did NOT do what the advice said: it moved the other way" in " ".join(render_diff(worse).split())
     assert build_diff(tmp_path / "base", tmp_path / "unchanged")["engines"]["main"]["advice_checked"] == []
+
+
+@pytest.mark.parametrize("change_pct, significant, says", [
+    (-32.7, False, "the change moved it the expected way, within the diff's noise: not shown to help"),
+    (5.0, False, "the change did not move it beyond the diff's noise"),
+    (5.0, True, "the change did NOT do what the advice said: it moved the other way"),
+])
+def test_a_move_the_diffs_test_cannot_tell_from_noise_is_said_to_show_nothing(change_pct, significant, says):
+    from ds_profutils.diagnosis.checked import checked_lines
+
+    (line, ) = checked_lines([{"key": Z + "overlap_comm", "base": False, "new": True, "figure": "collective_wait_ms",
+                               "expected": "lower", "change_pct": change_pct, "significant": significant,
+                               "as_expected": False}])
+    assert says in line

@@ -34,9 +34,9 @@ def _figure(engine: Mapping[str, Any], figure: str, min_change: float) -> Option
 
 def advice_checked(advice: List[Mapping[str, Any]], base_config: Mapping[str, Any], new_config: Mapping[str, Any],
                    engine: Mapping[str, Any], min_change: float) -> List[Dict[str, Any]]:
-    """Per advice of BASE whose key NEW changed: ``{key, base, new, figure, expected, change_pct, as_expected}``;
-    ``as_expected``: the figure moved in the expected direction and the diff's test calls it significant
-    (None where the diff lacks the figure)."""
+    """Per advice of BASE whose key NEW changed: ``{key, base, new, figure, expected, change_pct, significant,
+    as_expected}``; ``as_expected``: the figure moved in the expected direction and the diff's test calls it
+    significant (both None where the diff lacks the figure)."""
     checked = []
     for found in advice:
         key = found["key"]
@@ -44,14 +44,15 @@ def advice_checked(advice: List[Mapping[str, Any]], base_config: Mapping[str, An
             continue
         expected = found["expected"]
         values = _figure(engine, expected["figure"], min_change)
-        change_pct = as_expected = None
+        change_pct = significant = as_expected = None
         if values is not None:
             before, after, significant = values
             change_pct = 100.0 * (after - before) / before if before else None
             moved = after < before if expected["direction"] == "lower" else after > before
             as_expected = moved and significant
         checked.append({"key": key, "base": base_config[key], "new": new_config[key], "figure": expected["figure"],
-                        "expected": expected["direction"], "change_pct": change_pct, "as_expected": as_expected})
+                        "expected": expected["direction"], "change_pct": change_pct, "significant": significant,
+                        "as_expected": as_expected})
     return checked
 
 
@@ -60,8 +61,20 @@ def checked_lines(checked: List[Mapping[str, Any]]) -> List[str]:
     lines = []
     for found in checked:
         moved = ("the diff lacks it" if found["change_pct"] is None else f"{found['change_pct']:+.1f}%")
-        verdict = {True: "did what the advice said", False: "did NOT do what the advice said",
-                   None: "cannot be checked"}[found["as_expected"]]
         lines.append(f"Advice checked: {found['key']} {found['base']!r} -> {found['new']!r}: {found['figure']} "
-                     f"{moved} (expected {found['expected']}): the change {verdict}.")
+                     f"{moved} (expected {found['expected']}): the change {_verdict(found)}.")
     return lines
+
+
+def _verdict(found: Mapping[str, Any]) -> str:
+    """What the check showed, in words: a move the diff's test cannot tell from noise shows nothing either way."""
+    if found["as_expected"] is None:
+        return "cannot be checked"
+    if found["as_expected"]:
+        return "did what the advice said"
+    change = found["change_pct"]
+    expected_way = change is not None and change != 0 and (change < 0) == (found["expected"] == "lower")
+    if not found["significant"]:
+        return ("moved it the expected way, within the diff's noise: not shown to help (more steps, or several runs "
+                "a side, would tell)" if expected_way else "did not move it beyond the diff's noise")
+    return "did NOT do what the advice said: it moved the other way"
