@@ -4,7 +4,7 @@ stage."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Dict, Sequence
 
 import pytest
 from report_testing import record, schema3, write_records
@@ -20,10 +20,12 @@ from ds_profutils.report.steps import STRAGGLER_LEVEL
 
 def pipeline_run(directory: Path, stage_of: Sequence[int], steps: int, compute: Callable[[int, int], float], *,
                  inside: Callable[[int, int], float] = lambda rank, step: 2.0, micro_batches: int = 8,
-                 stage_numel: Callable[[int], int] = lambda stage: 1000) -> None:
+                 stage_numel: Callable[[int], int] = lambda stage: 1000,
+                 extra: Callable[[int], Dict[str, float]] = lambda rank: {}) -> None:
     """Records of a pipeline: rank r on stage ``stage_of[r]``, whose compute at step s is ``compute(stage, s)``;
     ``inside``: the rank's time inside collectives (a data-parallel gradient all-reduce); ``stage_numel``: the
-    parameters of a stage's layers, each rank's ``model_numel`` (what a PipelineEngine's module holds)."""
+    parameters of a stage's layers, each rank's ``model_numel`` (what a PipelineEngine's module holds); ``extra``:
+    further fields of each of a rank's records."""
     stages = max(stage_of) + 1
     directory.mkdir(exist_ok=True)
     for rank, stage in enumerate(stage_of):
@@ -35,7 +37,7 @@ def pipeline_run(directory: Path, stage_of: Sequence[int], steps: int, compute: 
             rows.append(dict(schema3(base, inside_ms=wait), model_numel=stage_numel(stage), pipe_stage=stage,
                              pipe_stages=stages, data_parallel_rank=0,
                              micro_batches=micro_batches, compute_ms=work, p2p_ms=p2p, bubble_ms=p2p + 1.0,
-                             instructions_ms={"ForwardPass": work / 3, "BackwardPass": 2 * work / 3}))
+                             instructions_ms={"ForwardPass": work / 3, "BackwardPass": 2 * work / 3}, **extra(rank)))
         write_records(directory, rank, rows)
 
 
@@ -53,6 +55,7 @@ def test_stage_table_ideal_bubble_and_a_slow_last_stage(tmp_path: Path) -> None:
     assert pipeline["ideal_bubble_share"] == pytest.approx(1 / 9)
     assert pipeline["stage_imbalance"] == pytest.approx(40.0 / 25.0)
     assert pipeline["slowest_stage"] == 1
+    assert pipeline["slow_input_stage"] is None and pipeline["gap_stands_out"] == {}
     text = render_text(report)
     assert "Pipeline stages (2 stages, 8 micro batches" in text and "SLOW STAGE: stage 1" in text
     assert "11.1%" in text  # the ideal bubble
@@ -60,6 +63,27 @@ def test_stage_table_ideal_bubble_and_a_slow_last_stage(tmp_path: Path) -> None:
     assert ("Reach of the test: no rank can be named: ranks are compared only within a pipeline stage, and each "
             "stage here has one rank") in " ".join(text.split())
     assert any(line.split()[:4] == ["rank", "host", "stage", "steps"] for line in text.splitlines())
+
+
+def test_a_slow_data_iterator_or_gap_that_no_stage_compute_shows_is_named(tmp_path: Path) -> None:
+    """Stage 0's data iterator takes 40 ms of its 47 ms step, or rank 1 spends 45.7 ms between train_batch() calls:
+    each stage waits for it in its receives, so neither compute nor a straggler shows it; the report names it."""
+    pipeline_run(tmp_path / "load", [0, 1], 12, lambda stage, step: 10.0,
+                 extra=lambda rank: {"load_ms": 40.0 if rank == 0 else 0.1, "gap_ms": 4.5, "iteration_ms": 52.0})
+    report = build_report(tmp_path / "load")
+    pipeline = report["engines"]["main"]["pipeline"]
+    assert pipeline["slowest_stage"] is None and pipeline["gap_stands_out"] == {}
+    assert pipeline["slow_input_stage"] == 0 and pipeline["load_share"] == pytest.approx(40.0 / 47.0)
+    assert pipeline["stages"]["0"]["load_ms_median"] == 40.0
+    assert ("SLOW INPUT: stage 0 loads its micro batches (LoadMicroBatch: the data iterator) for 40.0 ms of its "
+            "47.0 ms step (85.1%)") in " ".join(render_text(report).split())
+    pipeline_run(tmp_path / "gap", [0, 1], 12, lambda stage, step: 10.0,
+                 extra=lambda rank: {"load_ms": 0.1, "gap_ms": 45.7 if rank == 1 else 4.5, "iteration_ms": 90.0})
+    report = build_report(tmp_path / "gap")
+    pipeline = report["engines"]["main"]["pipeline"]
+    assert pipeline["slow_input_stage"] is None and pipeline["gap_stands_out"] == {1: 45.7}
+    assert "SLOW BETWEEN BATCHES: rank 1 spends 45.7 ms between train_batch() calls" in " ".join(
+        render_text(report).split())
 
 
 @pytest.mark.parametrize("ratio, slow_steps, named", [

@@ -52,7 +52,7 @@ _NO_PEAKS = (_NAN, _NAN)  # a step's peak allocated and reserved bytes where the
 # optional per-record figures, added up per step where present (compute_ms, p2p_ms, bubble_ms: a pipeline stage's,
 # docs/pipeline.md)
 _STEP_EXTRAS = ("iteration_ms", "gap_ms", "flops", "tokens", "samples", "compute_ms", "p2p_ms", "bubble_ms",
-                "gap_collective_ms", "eval_ms", "save_ms")
+                "gap_collective_ms", "eval_ms", "save_ms", "load_ms")
 
 # What is counted per record, as one key: mode, host, clock, old format, comms logger on, memory source
 # (None: no memory figures), time inside collectives recorded.
@@ -95,6 +95,7 @@ class FileRecords:
     compute_ms: array = field(default_factory=lambda: array("d"))  # a pipeline stage's forward and backward
     p2p_ms: array = field(default_factory=lambda: array("d"))  # its send and receive instructions
     bubble_ms: array = field(default_factory=lambda: array("d"))  # p2p_ms and the time outside instructions
+    load_ms: array = field(default_factory=lambda: array("d"))  # its LoadMicroBatch instructions (its data iterator)
     gap_collective_ms: array = field(default_factory=lambda: array("d"))  # of gap_ms: inside torch.distributed calls
     eval_ms: array = field(default_factory=lambda: array("d"))  # of gap_ms: inside eval and no-grad forwards
     save_ms: array = field(default_factory=lambda: array("d"))  # of gap_ms: inside engine.save_checkpoint()
@@ -308,7 +309,7 @@ class FileRecords:
         steps = self.global_steps
         summed = (self.step_ms, self.fetch_wait_ms, self.collective_wait_ms, self.collective_ms)
         present = (self.iteration_ms, self.gap_ms, self.flops, self.tokens, self.samples, self.compute_ms, self.p2p_ms,
-                   self.bubble_ms, self.gap_collective_ms, self.eval_ms, self.save_ms)
+                   self.bubble_ms, self.gap_collective_ms, self.eval_ms, self.save_ms, self.load_ms)
         largest = (self.peak_allocated_bytes, self.peak_reserved_bytes)
         if steps and steps[-1] == step:  # another micro step of the same optimizer step
             index = len(steps) - 1

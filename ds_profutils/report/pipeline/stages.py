@@ -11,13 +11,19 @@ from statistics import median
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..._stages import SLOW_STAGE_RATIO, SLOW_STAGE_STEPS, slow_stage
+from ..._straggler import straggler_threshold
 from ..records import FileRecords
 from ..steps import StepView, step_view, tflops
 from ...units import flops_rate, rank_ranges, share
 from ..tables import percent, table, wrap
 
-__all__ = ["ideal_bubble_share", "pipeline_lines", "pipeline_report", "staged_view"]
+__all__ = ["SLOW_INPUT_SHARE", "ideal_bubble_share", "pipeline_lines", "pipeline_report", "staged_view"]
 
+SLOW_INPUT_SHARE = 0.2
+"""A stage whose micro batches' loading (its ``LoadMicroBatch`` instructions: the data iterator's ``next()`` and the
+copy to the device) takes at least this share of its step median holds every stage back by its input: the others
+wait for it in their receives, where no compute or collective shows it.  A data iterator that keeps up takes a few
+percent (a tensor handed over)."""
 
 
 def ideal_bubble_share(stages: int, micro_batches: int) -> Optional[float]:
@@ -91,9 +97,8 @@ def pipeline_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
         return None
     table_rows: Dict[str, Dict[str, Any]] = {}
     for stage, stage_files in stages.items():
-        steps = [(step_ms, compute, p2p, bubble) for records in stage_files
-                 for step_ms, compute, p2p, bubble in zip(records.step_ms, records.compute_ms, records.p2p_ms,
-                                                          records.bubble_ms)]
+        steps = [row for records in stage_files for row in zip(records.step_ms, records.compute_ms, records.p2p_ms,
+                                                                records.bubble_ms, records.load_ms, records.gap_ms)]
         table_rows[str(stage)] = {
             "ranks": sorted(records.rank for records in stage_files),
             "steps": len(steps),
@@ -102,6 +107,8 @@ def pipeline_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
             "p2p_ms_median": _median([row[2] for row in steps]),
             "bubble_ms_median": _median([row[3] for row in steps]),
             "bubble_share_median": _median([row[3] / row[0] for row in steps if row[0] > 0]),
+            "load_ms_median": _median([row[4] for row in steps]),
+            "gap_ms_median": _median([row[5] for row in steps]),
             **_stage_throughput(stage_files),
         }
     computes = {int(stage): row["compute_ms_median"] for stage, row in table_rows.items()
@@ -116,8 +123,32 @@ def pipeline_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
         "stage_imbalance": max(computes.values()) / middle if middle else None,
         "slowest_stage": _slowest_stage(stages),
         "slow_stage_rule": {"ratio": SLOW_STAGE_RATIO, "steps_share": SLOW_STAGE_STEPS},
+        **_slow_input(table_rows, files),
         "per_step": _per_step(stages),
     }
+
+
+def _slow_input(stages: Mapping[str, Mapping[str, Any]], files: Sequence[FileRecords]) -> Dict[str, Any]:
+    """What holds a pipeline back by its input, which its stages' compute does not show: ``slow_input_stage``, the
+    stage whose loading is the largest share of its step, at least :data:`SLOW_INPUT_SHARE` (None otherwise), with
+    that ``load_share``; and ``gap_stands_out``, the ranks whose median gap between batches (the program's time
+    outside ``train_batch()``, comparable across stages) exceeds the other ranks' median by a step straggler's
+    threshold (``gap_threshold_ms``), with their medians."""
+    shares = {int(stage): row["load_ms_median"] / row["step_ms_median"] for stage, row in stages.items()
+              if row["load_ms_median"] is not None and row["step_ms_median"]}
+    slowest = max(shares, key=shares.__getitem__, default=None)
+    if slowest is not None and shares[slowest] < SLOW_INPUT_SHARE:
+        slowest = None
+    threshold = straggler_threshold([row["step_ms_median"] for row in stages.values()
+                                     if row["step_ms_median"] is not None])
+    gaps = {records.rank: _median(records.gap_ms) for records in files}
+    standing_out = {}
+    for rank, gap in sorted(gaps.items()):
+        others = [other for peer, other in gaps.items() if peer != rank and other is not None]
+        if gap is not None and others and gap - median(others) >= threshold:
+            standing_out[rank] = gap
+    return {"slow_input_stage": slowest, "load_share": shares.get(slowest) if slowest is not None else None,
+            "gap_stands_out": standing_out, "gap_threshold_ms": threshold}
 
 
 def staged_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[int, float]]) -> StepView:
@@ -158,7 +189,7 @@ def pipeline_lines(pipeline: Optional[Mapping[str, Any]]) -> List[str]:
              *((flops_rate(row["tflops_median"]), ) if counted else ()), *((share(row["mfu_median"]), ) if with_peak else ()))
             for stage, row in pipeline["stages"].items()]
     slowest = pipeline["slowest_stage"]
-    verdict = (f"SLOW STAGE: stage {slowest}" if slowest is not None else "no stage stands out")
+    verdict = (f"SLOW STAGE: stage {slowest}" if slowest is not None else "no stage's compute stands out")
     imbalance = pipeline["stage_imbalance"]
     return ["", *wrap(f"Pipeline stages ({pipeline['pipe_stages']} stages, {pipeline['micro_batches']} micro batches; "
                       f"median per train step, ms; compute = forward and backward with the loss; p2p = sends and "
@@ -168,4 +199,23 @@ def pipeline_lines(pipeline: Optional[Mapping[str, Any]]) -> List[str]:
                       f"{percent(pipeline['ideal_bubble_share'])}): {verdict}"
                       + (f", slowest stage's compute {imbalance:.2f}x the median stage's" if imbalance else "")),
             *table(("stage", "ranks", "step", "compute", "p2p", "bubble", "bubble share",
-                    *(("FLOP/s", ) if counted else ()), *(("MFU", ) if with_peak else ())), rows)]
+                    *(("FLOP/s", ) if counted else ()), *(("MFU", ) if with_peak else ())), rows),
+            *_input_lines(pipeline)]
+
+
+def _input_lines(pipeline: Mapping[str, Any]) -> List[str]:
+    """What holds the pipeline back by its input (:func:`_slow_input`), in words: each stage waits for it in its
+    receives, so no stage's compute and no straggler shows it."""
+    lines = []
+    stage = pipeline["slow_input_stage"]
+    if stage is not None:
+        row = pipeline["stages"][str(stage)]
+        lines += wrap(f"SLOW INPUT: stage {stage} loads its micro batches (LoadMicroBatch: the data iterator) for "
+                      f"{row['load_ms_median']:,.1f} ms of its {row['step_ms_median']:,.1f} ms step "
+                      f"({percent(pipeline['load_share'])}); every stage waits for it in its receives: a slow input "
+                      f"pipeline (data loader workers, pinned memory, prefetch), not a slow stage")
+    for rank, gap in pipeline["gap_stands_out"].items():
+        lines += wrap(f"SLOW BETWEEN BATCHES: rank {rank} spends {gap:,.1f} ms between train_batch() calls, over "
+                      f"the other ranks' median by {pipeline['gap_threshold_ms']:,.1f} ms or more; the other stages "
+                      f"wait for it in their receives: a slow input pipeline or host work between steps")
+    return lines
