@@ -208,3 +208,47 @@ def test_a_micro_step_an_error_cut_short_is_no_record_and_its_retry_is_the_steps
     assert {record["flops"] for record in records} == {reference(lambda: engine.module(x).pow(2).mean().backward())}
     assert all(record["iteration_ms"] - record["step_time_ms"] >= 100 and record["gap_ms"] >= 100
                for record in records[1:])
+
+
+def test_an_error_after_the_optimizer_step_or_in_a_side_forward_leaves_the_micro_step_whole(tmp_path):
+    """A ``step()`` that raises after its optimizer step was taken (DeepSpeed's monitor and timers come after
+    ``_take_model_step``) ended that step; a reference forward under no_grad (DPO's) that raises and is retried
+    leaves the policy's micro step awaiting its backward: one train record per global step either way."""
+
+    class MonitorFails(TorchEngine):
+        fails = False
+
+        def step(self):
+            super().step()
+            if self.fails:
+                self.fails = False
+                raise RuntimeError("the monitor's write after the optimizer step (stand-in)")
+
+    engine = MonitorFails(Blocks())
+    x = torch.randn(8, 32)
+    reference_fails = {"next": True}
+    forward = engine.module.forward
+
+    def reference_forward(inputs):
+        if not torch.is_grad_enabled() and reference_fails["next"]:
+            reference_fails["next"] = False
+            raise torch.OutOfMemoryError("out of memory in the reference forward (stand-in)")
+        return forward(inputs)
+
+    engine.module.forward = reference_forward
+    with attached(engine, tmp_path):
+        train_step(engine, x)
+        engine.fails = True
+        with pytest.raises(RuntimeError):
+            train_step(engine, x)  # global step 1, taken
+        output = engine(x)  # global step 2: the policy's forward, then the reference's, retried
+        with pytest.raises(torch.OutOfMemoryError), torch.no_grad():
+            engine(x)
+        with torch.no_grad():
+            reference = engine(x)
+        engine.backward((output - reference).pow(2).mean())
+        engine.step()
+        train_step(engine, x)
+    records = read_records(tmp_path)
+    assert [(record["mode"], record["global_step"], record["micro_step"]) for record in records] == [
+        ("train", 0, 0), ("train", 1, 1), ("train", 2, 2), ("train", 3, 3)]

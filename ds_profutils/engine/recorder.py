@@ -35,6 +35,7 @@ from time import perf_counter_ns
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 import torch
+from deepspeed.accelerator import get_accelerator
 
 from .._device_clock import DeviceEvents
 from .._signal_exit import close_at_exit
@@ -102,18 +103,18 @@ class StepRecorder(Listener):
         self.fetches = None if coordinator is None else CoordinatorFetches(
             engine, coordinator, element_size=torch.empty((), dtype=dtype).element_size(),
             device_events=device_events)
-        fetches = self.fetches
         self._header = {
             "schema": RECORD_SCHEMA, "engine": name, "rank": identity.rank, "world_size": identity.world_size,
             "local_rank": identity.local_rank, "host": identity.host, "pid": identity.pid,
             "recording_ranks": settings.ranks, "dtype": str(dtype)[len("torch."):], "clock": "host",
             "model_numel": model_numel, "peak_tflops": peak_tflops, "job_config_hash": config_hash,
-            **(fetches.header if fetches is not None else {})
+            **(self.fetches.header if self.fetches is not None else {})
         }  # on the device clock, each record says its own clock
         self._first_fields = {"ds_config": effective_values(engine)}  # on the first record this process writes
         self._engine = engine
         self._open: Optional[StepRecord] = None
-        self._side_forward = False  # a forward under no_grad runs inside the open train micro step (forward_started)
+        self._side_forward = False  # the last forward ran under no_grad inside the open train micro step
+        self._forward_returned = True  # the last forward returned (else an error leaving the engine is its)
         self._waits_at_open = 0
         self._micro_steps = MicroSteps()
         self._unwritten: Deque[StepRecord] = deque()
@@ -143,8 +144,11 @@ class StepRecorder(Listener):
 
     def forward_started(self, module: torch.nn.Module, args: Tuple[Any, ...], kwargs: Any) -> None:
         engine = self._engine
-        if self._open is not None and module.training and not torch.is_grad_enabled() and self._open.awaits_backward():
-            self._side_forward = True  # DPO's reference logits after the policy's forward: that micro step's time
+        self._forward_returned = False
+        # DPO's reference logits after the policy's forward: that micro step's time (the last forward's kind, kept)
+        self._side_forward = self._open is not None and module.training and not torch.is_grad_enabled() and \
+            self._open.awaits_backward()
+        if self._side_forward:
             if self.fetches is not None:  # and fetches: DeepSpeed's reset at this forward's start must zero none
                 self.fetches.profiler.keep_events = True
             return
@@ -173,11 +177,7 @@ class StepRecorder(Listener):
         if self.flops is not None:
             self.flops.forward_started(module, args, kwargs)
         events = self.device_events if recorded else None  # a step measured only for listeners: host clock
-        compute_stream = None
-        if events is not None:
-            from deepspeed.accelerator import get_accelerator
-
-            compute_stream = get_accelerator().current_stream()
+        compute_stream = get_accelerator().current_stream() if events is not None else None
         self._waits_at_open = events.waits if events is not None else 0
         self._open = self.collectives.step = StepRecord(fields, events.mark() if events is not None else None,
                                                         compute_stream)
@@ -186,7 +186,7 @@ class StepRecorder(Listener):
             self.memory.begin("forward")
 
     def forward_ended(self, module: torch.nn.Module, output: Any) -> None:
-        step = self._open
+        step, self._forward_returned = self._open, True
         if step is None or self._side_forward:
             return
         if self.flops is not None:
@@ -204,7 +204,6 @@ class StepRecorder(Listener):
     def forward_left(self) -> None:
         if self._side_forward and self.fetches is not None:
             self.fetches.profiler.keep_events = False
-        self._side_forward = False
         if self.flops is not None:
             self.flops.forward_left()
 
@@ -229,8 +228,8 @@ class StepRecorder(Listener):
             self.memory.begin("step")
 
     def step_ended(self) -> None:
-        step = self._open
-        boundary = self._steps_before is not None and self._engine.global_steps != self._steps_before
+        step, before, self._steps_before = self._open, self._steps_before, None
+        boundary = before is not None and self._engine.global_steps != before
         if step is not None and step.forward_done:
             self._mark_end(step)
             step.step_done = True
@@ -238,7 +237,7 @@ class StepRecorder(Listener):
             self._finish_open(closing=False)
         if boundary:
             self._own_work_from = step.end_ns if step is not None else perf_counter_ns()
-            self._optimizer_step_ended(self._steps_before, self._own_work_from)
+            self._optimizer_step_ended(before, self._own_work_from)
         self._write_ready()
 
     def step_listeners_done(self) -> None:
@@ -251,20 +250,21 @@ class StepRecorder(Listener):
         self.totals.checkpoint_saved(elapsed_ns)
 
     def failed(self, exc: BaseException) -> None:
-        """An error left the engine's forward, backward or step (an OOM the program catches to retry the batch): the
-        train micro step it cut short is none -- no record, number or FLOP count; its time is the gap's."""
-        step = self._open
-        if step is None or step.fields["mode"] != "train" or step.backward_done:
-            return  # nothing open, or a whole micro step (its backward returned) that a later call's error leaves
-        self._open = None
-        self._pause()  # and fetches are DeepSpeed's to reset at the next forward
+        """An error left the engine's forward, backward or step (an OOM the program catches to retry): the train micro
+        step it cut short is none -- no record, number or FLOP count; its time is the gap's.  A step() that took its
+        optimizer step first ended it; a side forward's error (retried) and a save's leave the record as it is."""
+        step, before = self._open, self._steps_before
+        if before is not None and self._engine.global_steps != before:
+            self.step_ended()
+            return
+        self._steps_before = None
+        if step is None or step.fields["mode"] != "train" or step.backward_done or (
+                self._side_forward and not self._forward_returned):
+            return
         self._micro_steps.take_back()
-        if self.memory is not None:
-            self.memory.record()  # its phases go with it
         if self.flops is not None:
             self.flops.discard()  # a count in progress is taken again at the retry
-        if self.device_events is not None:
-            self.device_events.release(step.start_mark, step.end_mark)
+        self._finish_open(closing=True)  # not whole: dropped, its marks released
 
     def _optimizer_step_ended(self, global_step: int, end_ns: int) -> None:
         """Global step ``global_step`` is done: its iteration and gap go on the record that ended it, its
