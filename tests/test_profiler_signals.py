@@ -57,6 +57,27 @@ def test_handlers_are_installed_only_while_a_window_holds_unsaved_steps(tmp_path
     assert fds[6:] == [fds[0]] * 2 and fds[3] == fds[0] + 2  # its pipe, closed with it
 
 
+def test_a_window_armed_as_the_last_ones_watchdog_thread_ends_gets_a_thread_of_its_own(monkeypatch):
+    """An uninstall waits a bounded time for the thread to end; one that ends only later (descheduled as it ends)
+    must not pass for the next window's thread: a signal held then would have no deadline."""
+
+    class SlowToEnd(watchdog.Watchdog):
+        def _loop(self, *args):
+            super()._loop(*args)
+            time.sleep(0.3)
+
+    monkeypatch.setattr(watchdog, "_END_WAIT_S", 0.05)
+    dog, guard = SlowToEnd(), object()
+    dog.install(guard)
+    dog.uninstall(guard)  # gives up waiting: the thread still sleeps on its way out
+    dog.install(guard)
+    time.sleep(0.6)
+    try:
+        assert dog._thread is not None and dog._thread.is_alive()
+    finally:
+        dog.uninstall(guard)
+
+
 def test_a_programs_own_handler_is_called_instead_and_kept(tmp_path, handlers):
     received = []
 

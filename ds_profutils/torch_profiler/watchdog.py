@@ -106,7 +106,7 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
         self._chained = -1  # the program's wakeup fd while ours is installed
         self._installed = False
-        self._ending = False  # uninstalled: the thread ends at its next byte
+        self._generation = 0  # a thread runs while its generation is the current one (uninstall moves it on)
         self.guard: Optional[Watched] = None
         # Kept by the watchdog thread only:
         self._first_at: Optional[float] = None
@@ -130,9 +130,9 @@ class Watchdog:
         previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         self._chained = previous if previous != self._write else -1
         self._installed = True
-        self._ending = False
-        if self._thread is None or not self._thread.is_alive():  # or it ended after an uninstall gave up waiting
-            self._thread = threading.Thread(target=self._loop, name="ds_profutils-signal-watchdog", daemon=True)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, args=(self._generation, ),
+                                            name="ds_profutils-signal-watchdog", daemon=True)
             self._thread.start()
 
     def uninstall(self, guard: Watched) -> None:
@@ -145,16 +145,15 @@ class Watchdog:
             current = signal.set_wakeup_fd(self._chained)
             if current != self._write:  # the program set its own meanwhile: that one stays
                 signal.set_wakeup_fd(current)
-        thread = self._thread
-        self._ending = thread is not None
-        self.resolved()  # the byte wakes the thread, which then ends
+        thread, self._thread = self._thread, None
+        self._generation += 1  # the thread's: it ends at its next byte, and the next install starts another
+        self.resolved()  # that byte
         if thread is not None and thread is not threading.current_thread():
             thread.join(_END_WAIT_S)
-            if not thread.is_alive():  # else (starved of the GIL for a second) it keeps its pipe, harmlessly
+            if not thread.is_alive():  # else (starved of the GIL for a second) the pipe stays, for the next thread
                 os.close(self._read)
                 os.close(self._write)
                 self._read = self._write = -1
-                self._thread = None
 
     def resolved(self) -> None:
         """Every SIGTERM/SIGINT the main thread has seen is dealt with (the clock stops at this byte)."""
@@ -180,20 +179,21 @@ class Watchdog:
 
     # ---- the watchdog thread -------------------------------------------------------------------
 
-    def _loop(self) -> None:
-        while not self._ending:
+    def _loop(self, generation: int) -> None:
+        while generation == self._generation:
             try:
-                self._take(self._timeout())
-                self._on_clock()
+                self._take(self._timeout(), generation)
+                self._on_clock(generation)
             except Exception as exc:  # never let the thread die: the next hold would have no deadline
                 self._say(f"ds_profutils: the signal watchdog failed ({type(exc).__name__}: {exc}); it goes on\n")
                 time.sleep(0.1)
 
-    def _take(self, timeout: Optional[float]) -> None:
-        """Read the bytes written to the pipe (waiting up to ``timeout``) and act on each."""
+    def _take(self, timeout: Optional[float], generation: int) -> None:
+        """Read the bytes written to the pipe (waiting up to ``timeout``) and act on each; a thread of an earlier
+        generation reads none (they are the next thread's)."""
         ready, _, _ = select.select([self._read], [], [], timeout)
         data = b""
-        if ready:
+        if ready and generation == self._generation:
             try:
                 data = os.read(self._read, 4096)
             except BlockingIOError:
@@ -233,7 +233,7 @@ class Watchdog:
             if self._sigints >= _GIVE_UP_SIGINTS:
                 self._end(signal.SIGINT, f"SIGINT received {self._sigints} times")
 
-    def _on_clock(self) -> None:
+    def _on_clock(self, generation: int) -> None:
         if self._first_at is None:
             return
         guard = self.guard
@@ -254,7 +254,7 @@ class Watchdog:
             # The pipe after the flag: a signal seen and resolved meanwhile left its resolution's byte there (the
             # guard writes it before clearing the flag), and the clock stops at it.
             started = self._first_at
-            self._take(0.0)
+            self._take(0.0, generation)
             if self._first_at == started and self.guard is guard and guard.holds(self._signum):
                 self._main_thread_sent = True
                 self._send_to_main_thread(self._signum)
