@@ -82,6 +82,14 @@ def test_a_slow_data_iterator_or_gap_that_no_stage_compute_shows_is_named(tmp_pa
     report = build_report(tmp_path / "gap")
     pipeline = report["engines"]["main"]["pipeline"]
     assert pipeline["slow_input_stage"] is None and pipeline["gap_stands_out"] == {1: 45.7}
+    pipeline_run(tmp_path / "waited", [0, 1], 12, lambda stage, step: 10.0,
+                 extra=lambda rank: {"load_ms": 0.1, "gap_ms": 45.7 if rank == 1 else 4.5, "iteration_ms": 90.0,
+                                     "gap_collective_ms": 41.0 * (rank == 1), "eval_ms": 0.0, "save_ms": 0.0})
+    assert build_report(tmp_path / "waited")["engines"]["main"]["pipeline"]["gap_stands_out"] == {}  # it waited
+    pipeline_run(tmp_path / "evaluated", [0, 1], 12, lambda stage, step: 10.0,
+                 extra=lambda rank: {"load_ms": 0.1, "gap_ms": 45.7 if rank == 1 else 4.5, "iteration_ms": 90.0,
+                                     "gap_collective_ms": 0.0, "eval_ms": 41.0 * (rank == 1), "save_ms": 0.0})
+    assert build_report(tmp_path / "evaluated")["engines"]["main"]["pipeline"]["gap_stands_out"] == {}
     assert "SLOW BETWEEN BATCHES: rank 1 spends 45.7 ms between train_batch() calls" in " ".join(
         render_text(report).split())
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from ..._stages import SLOW_STAGE_RATIO, SLOW_STAGE_STEPS, slow_stage
 from ..._straggler import straggler_threshold
 from ..records import FileRecords
-from ..steps import StepView, step_view, tflops
+from ..steps import StepView, own_gap_ms, step_view, tflops
 from ...units import flops_rate, rank_ranges, share
 from ..tables import percent, table, wrap
 
@@ -131,9 +131,10 @@ def pipeline_report(files: Sequence[FileRecords]) -> Optional[Dict[str, Any]]:
 def _slow_input(stages: Mapping[str, Mapping[str, Any]], files: Sequence[FileRecords]) -> Dict[str, Any]:
     """What holds a pipeline back by its input, which its stages' compute does not show: ``slow_input_stage``, the
     stage whose loading is the largest share of its step, at least :data:`SLOW_INPUT_SHARE` (None otherwise), with
-    that ``load_share``; and ``gap_stands_out``, the ranks whose median gap between batches (the program's time
-    outside ``train_batch()``, comparable across stages) exceeds the other ranks' median by a step straggler's
-    threshold (``gap_threshold_ms``), with their medians."""
+    that ``load_share``; and ``gap_stands_out``, the ranks whose median own gap between batches (the program's time
+    outside ``train_batch()``, comparable across stages, less its collectives, eval batches and saves there: as a
+    straggler's own gap) exceeds the other ranks' median by a step straggler's threshold (``gap_threshold_ms``), with
+    their medians."""
     shares = {int(stage): row["load_ms_median"] / row["step_ms_median"] for stage, row in stages.items()
               if row["load_ms_median"] is not None and row["step_ms_median"]}
     slowest = max(shares, key=shares.__getitem__, default=None)
@@ -141,7 +142,7 @@ def _slow_input(stages: Mapping[str, Mapping[str, Any]], files: Sequence[FileRec
         slowest = None
     threshold = straggler_threshold([row["step_ms_median"] for row in stages.values()
                                      if row["step_ms_median"] is not None])
-    gaps = {records.rank: _median(records.gap_ms) for records in files}
+    gaps = {records.rank: _median(own_gap_ms(records)) for records in files}
     standing_out = {}
     for rank, gap in sorted(gaps.items()):
         others = [other for peer, other in gaps.items() if peer != rank and other is not None]
@@ -215,7 +216,8 @@ def _input_lines(pipeline: Mapping[str, Any]) -> List[str]:
                       f"({percent(pipeline['load_share'])}); every stage waits for it in its receives: a slow input "
                       f"pipeline (data loader workers, pinned memory, prefetch), not a slow stage")
     for rank, gap in pipeline["gap_stands_out"].items():
-        lines += wrap(f"SLOW BETWEEN BATCHES: rank {rank} spends {gap:,.1f} ms between train_batch() calls, over "
-                      f"the other ranks' median by {pipeline['gap_threshold_ms']:,.1f} ms or more; the other stages "
-                      f"wait for it in their receives: a slow input pipeline or host work between steps")
+        lines += wrap(f"SLOW BETWEEN BATCHES: rank {rank} spends {gap:,.1f} ms between train_batch() calls (its own "
+                      f"time: less collectives, eval batches and saves there), over the other ranks' median by "
+                      f"{pipeline['gap_threshold_ms']:,.1f} ms or more; the other stages wait for it in their "
+                      f"receives: a slow input pipeline or host work between steps")
     return lines
