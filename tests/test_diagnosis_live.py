@@ -25,6 +25,9 @@ WAITER = dict(step_ms=100.0, collective_ms=65.0, exposed_wait_ms=60.0, gap_ms=2.
     # slower in every forward, 3 eval forwards between steps among them: its gap is eval time, no input pipeline
     (dict(step_ms=100.0, collective_ms=5.0, exposed_wait_ms=0.0, gap_ms=302.0, eval_ms=300.0, save_ms=0.0,
           flops=10**12, tokens=1000), 3),
+    # as fast, but alone evaluating between steps: late by its gap, its eval forwards
+    (dict(step_ms=40.0, collective_ms=5.0, exposed_wait_ms=0.0, gap_ms=62.0, eval_ms=60.0, save_ms=0.0,
+          flops=10**12, tokens=1000), 2),
 ])
 def test_the_straggler_cause_code(slow, code):
     events = cause_of(WAITER, slow)

@@ -131,6 +131,26 @@ def test_a_straggler_whose_gap_is_its_slow_eval_forwards_is_slow_in_compute(tmp_
     assert summary[1]["gap_ms_median"] == 125.0 and summary[1]["own_gap_ms_median"] == 5.0
 
 
+def test_a_straggler_that_alone_evaluates_between_steps_is_late_by_its_eval_not_its_data_loader(tmp_path):
+    """Rank 1 alone runs 120 ms of eval forwards between steps (``if rank == 1: evaluate()``), its compute as
+    fast as rank 0's: late by its gap, which is its eval forwards, said so, and no data loader advice."""
+    for rank in (0, 1):
+        rows = []
+        for step in range(10):
+            rows += iteration_record(rank, step, gap_ms=125.0 if rank == 1 else 5.0,
+                                     collective_ms=2.0 + 120.0 * (rank == 0))
+            rows[-1].update(eval_ms=120.0 if rank == 1 else 0.0, save_ms=0.0, gap_collective_ms=0.0)
+        write_records(tmp_path, rank, rows)
+    report = build_report(tmp_path)
+    summary = report["engines"]["main"]["ranks_summary"]
+    assert summary[1]["straggler"] and summary[1]["cause"] == "input_pipeline"
+    assert summary[1]["cause_figures"]["gap_ms"] == 125.0 and summary[1]["cause_figures"]["gap_is_eval"] is True
+    text = " ".join(render_text(report).split())
+    assert ("cause: input_pipeline (gap 125.0 ms against 5.0 ms, its eval forwards and checkpoint saves between "
+            "steps") in text
+    assert "num_workers" not in text
+
+
 def test_a_straggler_slow_in_compute_is_not_put_on_its_gap(tmp_path):
     for rank in (0, 1):
         rows = []

@@ -172,9 +172,9 @@ def bucket_sizes(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Option
 
 
 def input_pipeline(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Optional[Advice]:
-    """A straggler late by its gap between steps: the data loader."""
+    """A straggler late by its gap between steps: the data loader (not where the gap is its eval forwards and saves)."""
     for rank, row in engine.get("ranks_summary", {}).items():
-        if row.get("cause") == "input_pipeline":
+        if row.get("cause") == "input_pipeline" and not row["cause_figures"].get("gap_is_eval"):
             figures = row["cause_figures"]
             return _advice(None, None, "set", "DataLoader num_workers >= 2, pin_memory=True, prefetch_factor >= 2 "
                            "(or move per-step host work out of the loop)",

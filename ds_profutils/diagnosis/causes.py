@@ -55,13 +55,16 @@ CAUSE_CODES: Dict[Optional[str], int] = {None: 0, **{cause: code for code, cause
 class Figures:
     """One rank's figures of a step (or medians over steps); None where not recorded.
 
-    ``gap_ms``: its own time between steps (less the time inside collectives there, where recorded);
-    ``work``: units of work per step; ``exposed_wait_ms``: what its compute stream stalled on collectives."""
+    ``gap_ms``: its own time between steps (less the time inside collectives, eval forwards and checkpoint saves
+    there, where recorded): its input pipeline's and host work's; ``host_gap_ms``: less the collectives only (its eval
+    forwards and saves in it); ``work``: units of work per step; ``exposed_wait_ms``: what its compute stream stalled
+    on collectives."""
 
     busy_ms: Optional[float]
     gap_ms: Optional[float] = None
     work: Optional[float] = None
     exposed_wait_ms: Optional[float] = None
+    host_gap_ms: Optional[float] = None
 
     @property
     def busy_per_unit(self) -> Optional[float]:
@@ -75,13 +78,14 @@ def _others(others: Sequence[Figures], name: str) -> Optional[float]:
     return median(values) if values else None
 
 
-def late_by_gap(own: Figures, others: Sequence[Figures], threshold_ms: float) -> bool:
-    """Its gap stands out from the others' by a step straggler's threshold, and its busy time does not: by less than
-    the threshold, or by less than the gap's excess over ``GAP_OVER_BUSY`` (the gap is then most of its lateness)."""
-    gap, busy = _others(others, "gap_ms"), _others(others, "busy_ms")
-    if None in (gap, busy, own.gap_ms, own.busy_ms):
+def late_by_gap(own: Figures, others: Sequence[Figures], threshold_ms: float, name: str = "gap_ms") -> bool:
+    """Its gap (``name``: ``gap_ms``, or ``host_gap_ms`` with its eval forwards and saves) stands out from the others'
+    by a step straggler's threshold, and its busy time does not: by less than the threshold, or by less than the
+    gap's excess over ``GAP_OVER_BUSY`` (the gap is then most of its lateness)."""
+    gap, busy, own_gap = _others(others, name), _others(others, "busy_ms"), getattr(own, name)
+    if None in (gap, busy, own_gap, own.busy_ms):
         return False
-    gap_excess = own.gap_ms - gap
+    gap_excess = own_gap - gap
     return gap_excess >= threshold_ms and own.busy_ms - busy < max(threshold_ms, gap_excess / GAP_OVER_BUSY)
 
 
@@ -121,6 +125,9 @@ def decide_cause(own: Figures, others: Sequence[Figures], threshold_ms: float,
     if (pace_ratio is not None and pace_ratio > SAME_PACE_RATIO  # a ratio: both busy times are known
             and own.busy_ms - others_busy >= COMPUTE_EXCESS_SHARE * threshold_ms):
         return "compute", figures
+    if late_by_gap(own, others, threshold_ms, "host_gap_ms"):  # its eval forwards or saves between steps (alone)
+        figures.update(gap_ms=own.host_gap_ms, others_gap_ms=_others(others, "host_gap_ms"), gap_is_eval=True)
+        return "input_pipeline", figures
     waited = _others(others, "exposed_wait_ms")
     if device_clock and own.exposed_wait_ms is not None and waited is not None:
         figures.update(exposed_wait_ms=own.exposed_wait_ms, others_exposed_wait_ms=waited)
@@ -148,7 +155,8 @@ def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str],
         pace = (figures.get("busy_ms"), figures.get("others_busy_ms"))
     parts = []
     if cause == "input_pipeline":
-        parts.append(f"gap {figures['gap_ms']:,.1f} ms against {figures['others_gap_ms']:,.1f} ms")
+        parts.append(f"gap {figures['gap_ms']:,.1f} ms against {figures['others_gap_ms']:,.1f} ms"
+                     + (", its eval forwards and checkpoint saves between steps" if figures.get("gap_is_eval") else ""))
     if figures.get("work_ratio") is not None:
         parts.append(f"{figures['work_ratio']:.2f}x the others' work ({figures['work']:,.4g} against "
                      f"{figures['others_work']:,.4g} {unit} per step)")

@@ -60,7 +60,8 @@ def checked_lines(checked: List[Mapping[str, Any]]) -> List[str]:
     """The diff's text on BASE's advice that NEW followed (unwrapped; empty when NEW changed no advised key)."""
     lines = []
     for found in checked:
-        moved = ("the diff lacks it" if found["change_pct"] is None else f"{found['change_pct']:+.1f}%")
+        moved = ("the diff lacks it" if found["as_expected"] is None else "from 0" if found["change_pct"] is None
+                 else f"{found['change_pct']:+.1f}%")
         lines.append(f"Advice checked: {found['key']} {found['base']!r} -> {found['new']!r}: {found['figure']} "
                      f"{moved} (expected {found['expected']}): the change {_verdict(found)}.")
     return lines
@@ -73,7 +74,9 @@ def _verdict(found: Mapping[str, Any]) -> str:
     if found["as_expected"]:
         return "did what the advice said"
     change = found["change_pct"]
-    expected_way = change is not None and change != 0 and (change < 0) == (found["expected"] == "lower")
+    if change is None:  # from 0: no share of it to weigh
+        return "cannot be checked"
+    expected_way = change != 0 and (change < 0) == (found["expected"] == "lower")
     if not found["significant"]:
         return ("moved it the expected way, within the diff's noise: not shown to help (more steps, or several runs "
                 "a side, would tell)" if expected_way else "did not move it beyond the diff's noise")

@@ -32,6 +32,7 @@ class _View(Protocol):
     busy_ms: _Rows
     own_busy_ms: _Rows  # busy time, or a pipeline rank's compute: what a cause weighs
     own_gap_ms: _Rows
+    host_gap_ms: _Rows
     work: _Rows
     exposed_wait_ms: _Rows
     straggler: List[Optional[int]]
@@ -77,7 +78,7 @@ def _none(value: float) -> Optional[float]:
 
 
 def _step_figures(view: _View, step_index: int) -> List[Figures]:
-    columns = (view.own_busy_ms, view.own_gap_ms, view.work, view.exposed_wait_ms)
+    columns = (view.own_busy_ms, view.own_gap_ms, view.work, view.exposed_wait_ms, view.host_gap_ms)
     values = [column.step_column(step_index) for column in columns]
     return [Figures(*(_none(column[index]) for column in values)) for index in range(len(view.ranks))]
 
@@ -94,7 +95,8 @@ def rank_causes(view: _View, named: Sequence[int], device_clock: bool = False) -
     ranks it is compared with; None for a rank not named) and ``cause_steps``, the cause of each step it was the
     step straggler of, counted."""
     medians = [Figures(*(_median(column.rank_row(index))
-                         for column in (view.own_busy_ms, view.own_gap_ms, view.work, view.exposed_wait_ms)))
+                         for column in (view.own_busy_ms, view.own_gap_ms, view.work, view.exposed_wait_ms,
+                                        view.host_gap_ms)))
                for index in range(len(view.ranks))]
     thresholds = [value for value in view.threshold_ms if value is not None]
     threshold = median(thresholds) if thresholds else None

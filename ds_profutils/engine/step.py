@@ -151,7 +151,6 @@ class StepRecord:
             self._host_timing = timing
         return timing
 
-
     def line(self, header: Dict[str, Any], first_fields: Dict[str, Any], device_clock: bool) -> bytes:
         """The record's JSONL line once its times are known: ``header`` (the file's fields), ``first_fields`` (the
         first record's own), then the step's."""

@@ -141,6 +141,7 @@ class StepView:
     iteration_ms: Matrix  # end of the previous optimizer step to the end of this one (NaN: not recorded)
     gap_ms: Matrix  # its part outside forward, backward and step
     own_gap_ms: Matrix  # the gap less the frameworks' collectives, eval forwards and saves in it (own_gap_ms)
+    host_gap_ms: Matrix  # the gap less the frameworks' collectives only (its eval forwards and saves in it)
     tflops: Matrix  # the step's model FLOPs over its iteration, TFLOP/s
     work: Matrix  # the step's work in ``work_unit`` (diagnosis.stragglers.WORK_UNITS)
     own_busy_ms: Matrix  # what a straggler's cause weighs: busy time, a pipeline rank's compute (not its p2p waits)
@@ -166,7 +167,8 @@ class StepView:
                 "collective_wait_ms": self.collective_wait_ms, "exposed_wait_ms": self.exposed_wait_ms,
                 "busy_ms": self.busy_ms, "collective_ms": self.collective_ms, "trace_step_ms": self.trace_step_ms,
                 "peak_allocated_bytes": self.peak_allocated_bytes, "iteration_ms": self.iteration_ms,
-                "gap_ms": self.gap_ms, "own_gap_ms": self.own_gap_ms, "tflops": self.tflops, "work": self.work}
+                "gap_ms": self.gap_ms, "own_gap_ms": self.own_gap_ms, "host_gap_ms": self.host_gap_ms,
+                "tflops": self.tflops, "work": self.work}
 
 
 def _fill(matrix: Matrix, rank_index: int, positions: Optional[Sequence[int]], values: array) -> None:
@@ -196,12 +198,12 @@ def arrival_ms(records: FileRecords) -> array:
                        for inside, gap in zip(records.collective_ms, records.gap_collective_ms)))
 
 
-def own_gap_ms(records: FileRecords) -> array:
+def own_gap_ms(records: FileRecords, input_only: bool = True) -> array:
     """Per step, the gap less its time inside the frameworks' collectives, eval forwards and checkpoint saves: waiting
     there for a late peer is no slow input pipeline of one's own (the late rank's own gap is what stands out), nor is
-    a slow eval forward (its compute) or save."""
+    a slow eval forward (its compute) or save.  ``input_only`` False: less the collectives only."""
     own = array("d", records.gap_ms)
-    for part in (records.gap_collective_ms, records.eval_ms, records.save_ms):
+    for part in (records.gap_collective_ms, records.eval_ms, records.save_ms)[:3 if input_only else 1]:
         for index, value in enumerate(part):
             if value == value:  # NaN: not recorded (files of earlier writers)
                 own[index] -= value
@@ -220,7 +222,7 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
     arrival = "exposed_wait_ms" if any(f.without_collective_ms for f in files) else "collective_ms"
     unit = work_unit({name: bool(files) and all(any(v == v for v in getattr(f, name)) for f in files)
                       for name, _, _ in WORK_UNITS})
-    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(14)), arrival=arrival,
+    view = StepView(all_steps, [f.rank for f in files], *(Matrix(ranks, steps) for _ in range(15)), arrival=arrival,
                     work_unit=unit and unit[1])
     for rank_index, records in enumerate(files):
         positions = None if records.global_steps == everything else [index[s] for s in records.global_steps]
@@ -235,6 +237,7 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
                                (view.peak_allocated_bytes, records.peak_allocated_bytes),
                                (view.iteration_ms, records.iteration_ms), (view.gap_ms, records.gap_ms),
                                (view.own_gap_ms, own_gap_ms(records)),
+                               (view.host_gap_ms, own_gap_ms(records, input_only=False)),
                                (view.tflops, tflops(records)),
                                (view.work, array("d", (value * unit[2] for value in getattr(records, unit[0])))
                                 if unit else array("d", [math.nan]) * len(records.global_steps))):

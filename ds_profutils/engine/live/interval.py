@@ -115,7 +115,7 @@ def pack_interval(steps: Sequence[StepFigures]) -> List[float]:
     has one length, an empty row's included: the exchange gathers equal rows)."""
     iterations = [step.iteration_ms for step in steps if step.iteration_ms is not None]
     gaps = [step.gap_ms for step in steps if step.gap_ms is not None]
-    input_gaps = [step.gap_ms - step.eval_ms - step.save_ms for step in steps if step.gap_ms is not None]
+    input_gaps = [max(step.gap_ms - step.eval_ms - step.save_ms, 0.0) for step in steps if step.gap_ms is not None]
     peaks = [step.peak_allocated_bytes for step in steps if step.peak_allocated_bytes is not None]
     # the first step after attach has no iteration time: its step time is the best known part of it
     wall = sum(step.step_ms if step.iteration_ms is None else step.iteration_ms for step in steps)
@@ -187,7 +187,8 @@ def interval_cause(rows: Sequence[Sequence[float]], steps: int, straggler: int) 
     # a pipeline rank's own work is its compute (its sends and receives wait for the neighbour stage), as the report's
     figures = [Figures(busy_ms=(t[_STEP_SUM] - t[_WAIT]) / steps if math.isnan(t[_COMPUTE]) else t[_COMPUTE],
                        gap_ms=None if math.isnan(t[_INPUT_GAP]) else t[_INPUT_GAP],
-                       work=None if work is None else t[work] / steps)
+                       work=None if work is None else t[work] / steps,
+                       host_gap_ms=None if math.isnan(t[_GAP]) else t[_GAP])
                for t in totals]
     threshold = straggler_threshold([median(row[:steps]) for row in rows])
     cause, _ = decide_cause(figures[straggler], figures[:straggler] + figures[straggler + 1:], threshold)
