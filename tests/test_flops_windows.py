@@ -45,6 +45,18 @@ class Blocks(torch.nn.Module):
         return x
 
 
+class FailingBackward(torch.autograd.Function):
+    """Passes its input on; its backward runs out of memory (a stand-in OOM)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError("out of memory in the backward (stand-in)")
+
+
 class TorchEngine:
     """What the hub needs of a DeepSpeed engine, around a real module: backward() and step() as DeepSpeed's."""
 
@@ -132,18 +144,8 @@ def test_an_error_inside_a_counted_forward_or_backward_leaves_no_mode(tmp_path):
         with pytest.raises(RuntimeError):
             engine(torch.randn(8, 31))  # a new shape whose forward fails inside the counting mode
         assert modes_on_thread() == []
-
-        class Boom(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x):
-                return x * 1
-
-            @staticmethod
-            def backward(ctx, grad):
-                raise RuntimeError("out of memory in the backward (stand-in)")
-
         with pytest.raises(RuntimeError, match="stand-in"):
-            engine.backward(Boom.apply(engine(torch.randn(8, 32))).sum())
+            engine.backward(FailingBackward.apply(engine(torch.randn(8, 32))).sum())
         assert modes_on_thread() == []
         train_step(engine, torch.randn(4, 32))
         assert modes_on_thread() == []

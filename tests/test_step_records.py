@@ -10,7 +10,7 @@ from ds_profutils.engine import Attachment
 from ds_profutils.engine.hooks import Listener, do_nothing
 from ds_profutils.engine.recorder import StepRecorder
 
-from test_flops_windows import Blocks, TorchEngine, attached, reference, train_step
+from test_flops_windows import Blocks, FailingBackward, TorchEngine, attached, reference, train_step
 from test_zero_attach import IDENTITY, Engine, read_records
 
 
@@ -166,15 +166,6 @@ def test_a_micro_step_an_error_cut_short_is_no_record_and_its_retry_is_the_steps
     raised in the backward, in ``step()`` or in the forward, the attempt is no micro step -- the global step has one
     record, numbered as without the attempt, its FLOPs counted whole; the attempt's time is in the iteration's gap."""
 
-    class Boom(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 1
-
-        @staticmethod
-        def backward(ctx, grad):
-            raise torch.OutOfMemoryError("out of memory in the backward (stand-in)")
-
     class FailingStepEngine(TorchEngine):
         step_fails = False
 
@@ -191,7 +182,7 @@ def test_a_micro_step_an_error_cut_short_is_no_record_and_its_retry_is_the_steps
         with pytest.raises(torch.OutOfMemoryError):  # global step 1: its backward fails
             output = engine(x)
             time.sleep(0.1)
-            engine.backward(Boom.apply(output).sum())
+            engine.backward(FailingBackward.apply(output).sum())
         train_step(engine, x)
         with pytest.raises(RuntimeError):  # global step 2: its forward fails
             engine(torch.randn(8, 31))
