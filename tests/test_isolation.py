@@ -152,6 +152,36 @@ def test_a_rank_whose_live_figures_fail_asks_every_rank_to_stop(ds_caplog):
     assert "every rank stops sending live figures at the same interval" in ds_caplog.text
 
 
+@pytest.mark.parametrize("failing, exchanges", [
+    ("due", 2),  # reading the last exchange's rows: this interval's row says stop
+    ("_row", 2),  # making this rank's row (its rider's columns, say): an empty row says stop
+    ("exchange", 3),  # reading the new exchange's rows: the next interval's row says stop
+])
+def test_an_error_anywhere_at_an_intervals_end_keeps_the_rank_in_that_exchange(monkeypatch, ds_caplog, failing,
+                                                                                 exchanges):
+    """One rank's error as an interval ends must not leave it out of that interval's all-gather, where every other
+    rank waits for it (until the process group's timeout): it takes part, and every rank stops at the same interval."""
+    kept = Kept()
+    live = LiveMetrics(SimpleNamespace(monitor_interval=1, console=False), None, [kept])
+    owner = live if failing == "_row" else live._gather
+    original = getattr(owner, failing)
+    failed = []
+
+    def once(*args):
+        launched = live._gather.launched
+        result = original(*args) if failing == "exchange" else None  # launched first: reading its rows fails
+        if launched == 1 and not failed:
+            failed.append(True)
+            raise RuntimeError("an allocation of ours")
+        return result if failing == "exchange" else original(*args)
+
+    monkeypatch.setattr(owner, failing, once)
+    for global_step in range(5):
+        live.step_finished(step(global_step))
+    assert live._gather.launched == exchanges and live.stopped
+    assert ds_caplog.text.count("live metrics failed on this rank (RuntimeError: an allocation of ours)") == 1
+
+
 @pytest.mark.parametrize("known", [[0, 1], [1]])
 def test_the_straggler_is_named_by_its_rank_among_rows_with_figures(known):
     from ds_profutils.engine.live.interval import pack_interval

@@ -134,13 +134,35 @@ class LiveMetrics:
         if len(self._steps) < self.interval:
             return
         steps, self._steps = self._steps, []
-        self._send(self._gather.due())
-        if self.stopped:
-            return
         last = steps[-1]
         label = (len(steps), last.global_step if isinstance(last, StepFigures) else last)
-        self._send(self._gather.exchange(self._row(steps), label))
+        try:
+            self._send(self._gather.due())
+            if self.stopped:
+                return
+            row = self._row(steps)
+        except Exception as exc:  # noqa: BLE001 - this rank still takes part in the interval's exchange, saying stop
+            self._fail(exc)
+            if self.stopped:
+                return
+            row = self._empty_row(len(steps))
+        try:
+            self._send(self._gather.exchange(row, label))
+        except Exception as exc:  # noqa: BLE001 - the next row says stop (every rank stops at the same interval)
+            self._fail(exc)
 
+    def _fail(self, exc: Exception) -> None:
+        """Something of ours failed on this rank: its rows say stop from now on, and every rank stops exchanging at
+        the same interval (none waits for this one), said once."""
+        if not self._flags & STOP:
+            logger.error(f"ds_profutils: live metrics failed on this rank ({type(exc).__name__}: {exc}); every rank "
+                         "stops sending live figures at the same interval, training goes on")
+        self._flags |= STOP
+
+    def _empty_row(self, steps: int) -> List[float]:
+        """A row of ``steps`` steps without figures or rider columns, saying stop."""
+        width = self.rider.width if self.rider is not None else 0
+        return with_flags(empty_row(packed_length(steps) + width), self._flags | STOP)
 
     def _row(self, steps: List[Union[StepFigures, int]]) -> List[float]:
         """This rank's row: its packed interval (empty where a step has no figures) and its flags."""
@@ -150,9 +172,7 @@ class LiveMetrics:
             try:
                 values = pack_interval(figures)
             except Exception as exc:  # noqa: BLE001 - every rank stops together rather than wait for this one
-                self._flags |= STOP
-                logger.error(f"ds_profutils: live metrics failed on this rank ({type(exc).__name__}: {exc}); every "
-                             "rank stops sending live figures at the same interval, training goes on")
+                self._fail(exc)
         if self.rider is not None:
             values = [*values, *self.rider.columns()]
         return with_flags(values, self._flags | (0 if self._reads else UNREAD))
