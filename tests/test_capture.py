@@ -233,6 +233,21 @@ def armed(out, name="main", defer=None, **changes):
     return engine, live, controller
 
 
+def test_an_empty_row_saying_stop_leaves_the_capture_rider_working(tmp_path, ds_caplog):
+    """A rank whose live figures fail sends an empty row (NaN capture columns too) saying stop: the captures read
+    it as saying nothing, and fail not."""
+    engine, live, controller = armed(tmp_path, ranks="all")
+    run_steps(live, controller, engine, 4)
+
+    def failing_row(steps):
+        raise RuntimeError("an allocation of ours")
+
+    live._row = failing_row
+    run_steps(live, controller, engine, 1)  # the interval's end: the empty row
+    assert live.stopped and not controller._failed
+    assert "trace capture failed" not in ds_caplog.text
+
+
 @pytest.mark.parametrize("compressed", [False, True])
 def test_a_request_is_taken_once_decided_through_the_exchange_and_traced_exactly(tmp_path, compressed):
     engine, live, controller = armed(tmp_path, gzip=compressed, ranks="all")

@@ -7,7 +7,7 @@ import torch
 
 from ds_profutils.config import PartitionedParamProfilerConfig
 from ds_profutils.engine import Attachment
-from ds_profutils.engine.hooks import Listener, do_nothing
+from ds_profutils.engine.hooks import Listener, OptimizerStepListener, do_nothing
 from ds_profutils.engine.recorder import StepRecorder
 
 from test_flops_windows import Blocks, FailingBackward, TorchEngine, attached, reference, train_step
@@ -227,19 +227,36 @@ def test_an_error_after_the_optimizer_step_or_in_a_side_forward_leaves_the_micro
         return forward(inputs)
 
     engine.module.forward = reference_forward
-    with attached(engine, tmp_path):
-        train_step(engine, x)
-        engine.fails = True
-        with pytest.raises(RuntimeError):
-            train_step(engine, x)  # global step 1, taken
-        output = engine(x)  # global step 2: the policy's forward, then the reference's, retried
+
+    def dpo_step(retry_batch):
+        """The policy's forward, the reference's (failing once), retried alone or with the whole batch."""
+        output = engine(x)
         with pytest.raises(torch.OutOfMemoryError), torch.no_grad():
             engine(x)
+        if retry_batch:
+            output = engine(x)
         with torch.no_grad():
             reference = engine(x)
         engine.backward((output - reference).pow(2).mean())
         engine.step()
+
+    steps_ended = []
+
+    class Counting(OptimizerStepListener):
+        def optimizer_step_ended(self, global_step):
+            steps_ended.append(global_step)
+
+    with attached(engine, tmp_path) as attachment:
+        attachment.add(Counting(engine), do_nothing)
+        train_step(engine, x)
+        engine.fails = True
+        with pytest.raises(RuntimeError):
+            train_step(engine, x)  # global step 1, taken: every listener hears it end
+        dpo_step(retry_batch=False)  # global step 2
+        reference_fails["next"] = True
+        dpo_step(retry_batch=True)  # global step 3
         train_step(engine, x)
     records = read_records(tmp_path)
     assert [(record["mode"], record["global_step"], record["micro_step"]) for record in records] == [
-        ("train", 0, 0), ("train", 1, 1), ("train", 2, 2), ("train", 3, 3)]
+        ("train", step, step) for step in range(5)]
+    assert steps_ended == [0, 1, 2, 3, 4]

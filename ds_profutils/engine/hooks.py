@@ -358,16 +358,19 @@ class EngineHooks:
     def _around_step(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self._left_forwards()
         outside, running.engine_id = running.engine_id, self._engine_id
-        self.phase = "step"
+        self.phase, before, ended = "step", getattr(self.engine, "global_steps", None), True
         try:
             self._tell("step_started")
-            result = self._around_call(step, *args, **kwargs)
+            return self._around_call(step, *args, **kwargs)
+        except BaseException:  # that step did not finish, unless it took its optimizer step first (a monitor's write)
+            ended = before is not None and getattr(self.engine, "global_steps", None) != before
+            raise
         finally:
             running.engine_id = outside
             self.phase = BETWEEN_STEPS
-        self._tell("step_ended")  # not on an exception: that step did not finish
-        self._tell("step_listeners_done")
-        return result
+            if ended:
+                self._tell("step_ended")
+                self._tell("step_listeners_done")
 
     def _around_own_work(self, saves: bool, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The engine runs (its collectives are no waits of the gap); a save's time is told, also where it raises.

@@ -113,8 +113,7 @@ class StepRecorder(Listener):
         self._first_fields = {"ds_config": effective_values(engine)}  # on the first record this process writes
         self._engine = engine
         self._open: Optional[StepRecord] = None
-        self._side_forward = False  # the last forward ran under no_grad inside the open train micro step
-        self._forward_returned = True  # the last forward returned (else an error leaving the engine is its)
+        self._side_forward, self._forward_returned = False, True  # the last forward: a side one (no_grad)? returned?
         self._waits_at_open = 0
         self._micro_steps = MicroSteps()
         self._unwritten: Deque[StepRecord] = deque()
@@ -149,9 +148,12 @@ class StepRecorder(Listener):
         self._side_forward = self._open is not None and module.training and not torch.is_grad_enabled() and \
             self._open.awaits_backward()
         if self._side_forward:
+            self._open.side_failed = False  # retried, if it failed
             if self.fetches is not None:  # and fetches: DeepSpeed's reset at this forward's start must zero none
                 self.fetches.profiler.keep_events = True
             return
+        if self._open is not None and self._open.side_failed:
+            self._cut_short()  # the batch retried whole after its side forward's error
         self._finish_open(closing=False)  # an eval forward, or a forward whose step() never came
         self._write_ready()
         global_step = engine.global_steps
@@ -251,16 +253,20 @@ class StepRecorder(Listener):
 
     def failed(self, exc: BaseException) -> None:
         """An error left the engine's forward, backward or step (an OOM the program catches to retry): the train micro
-        step it cut short is none -- no record, number or FLOP count; its time is the gap's.  A step() that took its
-        optimizer step first ended it; a side forward's error (retried) and a save's leave the record as it is."""
-        step, before = self._open, self._steps_before
-        if before is not None and self._engine.global_steps != before:
-            self.step_ended()
+        step it cut short is none.  A step() that took its optimizer step first is ended by the hooks; a side forward's
+        error leaves the micro step to the retry: of that forward (whole), or of the batch (cut short then)."""
+        if self._steps_before is not None and self._engine.global_steps != self._steps_before:
             return
-        self._steps_before = None
-        if step is None or step.fields["mode"] != "train" or step.backward_done or (
-                self._side_forward and not self._forward_returned):
+        step, self._steps_before = self._open, None
+        if step is None or step.fields["mode"] != "train" or step.backward_done:
             return
+        if self._side_forward and not self._forward_returned:
+            step.side_failed = True
+        else:
+            self._cut_short()
+
+    def _cut_short(self) -> None:
+        """The open train micro step is none: no record, number or FLOP count (its time is the gap's)."""
         self._micro_steps.take_back()
         if self.flops is not None:
             self.flops.discard()  # a count in progress is taken again at the retry
@@ -280,13 +286,7 @@ class StepRecorder(Listener):
         last["eval_ms"], last["save_ms"] = sums.eval_ms, sums.save_ms  # parts of the gap (eval forwards, saves)
         if not self.step_listeners:
             return
-        own = {key: value for record in records for part in record.parts  # an engine kind's own (a pipeline's)
-               for key, value in part.live(record.fields, sums.step_ms).items()}
-        flops = own.pop("flops", sums.flops)
-        own_gap_ms = None if gap_ms is None else max(gap_ms - gap_collective_ms, 0.0)  # arrival and gap as the report's
-        figures = StepFigures(global_step, sums.step_ms, iteration_ms, own_gap_ms, flops, sums.tokens, sums.samples,
-                              sums.exposed_wait_ms, sums.collective_ms + gap_collective_ms, sums.peak_allocated_bytes,
-                              eval_ms=sums.eval_ms, save_ms=sums.save_ms, **own)
+        figures = sums.figures(global_step, records, iteration_ms, gap_ms, gap_collective_ms)
         for listener in self.step_listeners:
             listener(figures)
 

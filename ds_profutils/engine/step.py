@@ -56,6 +56,7 @@ class StepRecord:
         self.start_mark, self.end_mark = start_mark, None
         self.compute_stream = compute_stream  # the stream the forward started on (device clock), else None
         self.forward_done = self.backward_done = self.step_done = False
+        self.side_failed = False  # a side forward (no_grad, inside this micro step) raised and was not retried yet
         self.written = True  # False: measured for the live figures only, no line in the file
         self.ends_optimizer_step = False  # its engine.step() took an optimizer step
         self.collectives: Dict[tuple, _Collective] = {}

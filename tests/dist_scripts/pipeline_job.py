@@ -17,6 +17,7 @@ import deepspeed
 import torch
 import torch.distributed
 from deepspeed.pipe import LayerSpec, PipelineModule
+from deepspeed.runtime.pipe.engine import TRAIN_BATCH_TIMER
 from torch.utils.flop_counter import FlopCounterMode
 
 import ds_profutils
@@ -42,6 +43,20 @@ class Sleep(torch.nn.Module):
         return x
 
 
+class MonitorFailed(RuntimeError):
+    pass
+
+
+def monitor_fails_once(engine) -> None:
+    """The engine's monitor raises at its next write, which train_batch() makes after its optimizer step."""
+
+    def write_events(events):
+        engine.monitor.enabled = False
+        raise MonitorFailed("a tracker's error after the optimizer step (stand-in)")
+
+    engine.monitor.enabled, engine.monitor.write_events = True, write_events
+
+
 def batches():
     while True:
         yield torch.randn(ROWS, WIDTH), torch.randn(ROWS, WIDTH)
@@ -53,6 +68,8 @@ def main() -> None:
     parser.add_argument("--slow", action="store_true")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--break-after", type=int, default=None, help="the recorder fails after this many batches")
+    parser.add_argument("--monitor-fails-at", type=int, default=None,
+                        help="this batch raises after its optimizer step (DeepSpeed's monitor writes after it)")
     parser.add_argument("--local_rank", type=int, default=0)
     args = parser.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
@@ -78,7 +95,12 @@ def main() -> None:
         if batch == args.break_after:
             # a bug of ours: training must go on, the engine be DeepSpeed's again
             recorder._write_ready = lambda settled=False: 1 / 0
-        engine.train_batch(data_iter=data)
+        if batch == args.monitor_fails_at:
+            monitor_fails_once(engine)
+        try:
+            engine.train_batch(data_iter=data)
+        except MonitorFailed:  # the program goes on: DeepSpeed's batch timer is left running
+            engine.timers(TRAIN_BATCH_TIMER).stop()
         held = max(held, len(recorder._step_records) + len(recorder._unwritten))
     engine.eval_batch(data_iter=data)
     attachment.close()

@@ -185,7 +185,8 @@ class CaptureController(OptimizerStepListener):
 
     def _check_done(self, columns: Sequence[Sequence[float]]) -> None:
         """Rank 0: a manifest is done once every chosen rank's row says it wrote that capture."""
-        written = {rank: int(column[-1]) for rank, column in zip(self.decider.ranks, columns)}
+        written = {rank: int(column[-1]) for rank, column in zip(self.decider.ranks, columns)
+                   if column[-1] == column[-1]}  # NaN: a rank whose row is empty (its live figures failed) says nothing
         for plan in list(self._unfinished):
             if all(written.get(rank, -1) >= plan.first_step for rank in plan.ranks):
                 self._unfinished.remove(plan)

@@ -99,6 +99,7 @@ class PipelineHooks(EngineHooks):
         view = _ModeView(train)
         outside, running.engine_id = running.engine_id, self._engine_id
         self.phase = "forward"  # until its first instruction says which (_PHASES)
+        before, ended = getattr(self.engine, "global_steps", None), True
         try:
             if train:
                 self._tell("step_started")
@@ -108,15 +109,19 @@ class PipelineHooks(EngineHooks):
             if train and self._times is not None:
                 self._times.flops_per_micro_batch = self.flops.per_micro_batch
                 self._times.hardware_flops_per_micro_batch = self.flops.hardware_per_micro_batch
+            return result
+        except BaseException:  # that batch did not finish, unless it took its optimizer step first (a monitor's write)
+            ended = train and before is not None and getattr(self.engine, "global_steps", None) != before
+            raise
         finally:
             running.engine_id = outside
             self._times, self._training = None, False
             self.phase = BETWEEN_STEPS
-        self._tell("forward_ended", view, None)
-        if train:
-            self._tell("step_ended")  # not on an exception: that batch did not finish
-            self._tell("step_listeners_done")
-        return result
+            if ended:
+                self._tell("forward_ended", view, None)
+                if train:
+                    self._tell("step_ended")
+                    self._tell("step_listeners_done")
 
     def _batch_times(self) -> Optional[InstructionTimes]:
         """The batch's instruction times, put on the record the recorder opened for it (None: none measured)."""

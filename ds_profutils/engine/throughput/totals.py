@@ -18,8 +18,9 @@ gives the two fields of the record that ended it and the step's figures.  Its cl
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
+from ..live.interval import StepFigures
 from .flops import MicroStepFlops
 
 __all__ = ["OptimizerStepTotals", "StepSums"]
@@ -45,6 +46,18 @@ class StepSums:
         self.peak_allocated_bytes: Optional[int] = None
         self.eval_ms = 0.0  # of the gap: inside eval and no-grad forwards since the previous optimizer step's end
         self.save_ms = 0.0  # of the gap: inside engine.save_checkpoint() since then
+
+    def figures(self, global_step: int, records: Sequence[Any], iteration_ms: Optional[float], gap_ms: Optional[float],
+                gap_collective_ms: float) -> StepFigures:
+        """The optimizer step's figures for the live metrics, from these sums and its micro steps' ``records`` (an
+        engine kind's own parts: a pipeline's), the gap less the frameworks' collectives in it (as the report's)."""
+        own = {key: value for record in records for part in record.parts
+               for key, value in part.live(record.fields, self.step_ms).items()}
+        flops = own.pop("flops", self.flops)
+        own_gap_ms = None if gap_ms is None else max(gap_ms - gap_collective_ms, 0.0)
+        return StepFigures(global_step, self.step_ms, iteration_ms, own_gap_ms, flops, self.tokens, self.samples,
+                           self.exposed_wait_ms, self.collective_ms + gap_collective_ms, self.peak_allocated_bytes,
+                           eval_ms=self.eval_ms, save_ms=self.save_ms, **own)
 
 
 def _add(total: Optional[int], value: Optional[int]) -> Optional[int]:
