@@ -422,6 +422,7 @@ def test_the_programs_wakeup_fd_gets_every_byte_and_is_given_back(tmp_path, hand
     passed on, and their fd is theirs again after the window."""
     theirs, ours = socket.socketpair()
     theirs.setblocking(False)
+    ours.setblocking(False)  # a byte that never comes fails the test at its deadline, not hangs it
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
     previous_fd = signal.set_wakeup_fd(theirs.fileno())
     try:
@@ -434,14 +435,39 @@ def test_the_programs_wakeup_fd_gets_every_byte_and_is_given_back(tmp_path, hand
 
         profiler(output_dir=str(tmp_path), **SCHEDULE)(train)()
         assert signal.set_wakeup_fd(-1) == theirs.fileno()
-        deadline = time.monotonic() + 5
+        deadline, received = time.monotonic() + 5, None
         while time.monotonic() < deadline:
             try:
                 received = ours.recv(16)
                 break
             except BlockingIOError:
                 time.sleep(0.01)
-        assert received == bytes([signal.SIGUSR1])
+        assert received == bytes([signal.SIGUSR1])  # the watchdog's thread ending as the window ends passed it on
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGUSR1, previous_usr1)
+        theirs.close()
+        ours.close()
+
+
+def test_a_signal_just_before_a_window_ends_still_reaches_the_programs_wakeup_fd():
+    """The watchdog's thread ends with the window: a signal's byte it had not read yet is passed on all the same."""
+    theirs, ours = socket.socketpair()
+    theirs.setblocking(False)
+    ours.setblocking(False)
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    previous_fd = signal.set_wakeup_fd(theirs.fileno())
+    dog, guard, received = watchdog.Watchdog(), object(), []
+    try:
+        for _ in range(50):
+            dog.install(guard)
+            signal.raise_signal(signal.SIGUSR1)
+            dog.uninstall(guard)
+            try:
+                received.append(ours.recv(16))
+            except BlockingIOError:
+                received.append(b"")
+        assert received == [bytes([signal.SIGUSR1])] * 50
     finally:
         signal.set_wakeup_fd(previous_fd)
         signal.signal(signal.SIGUSR1, previous_usr1)

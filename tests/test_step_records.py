@@ -207,13 +207,13 @@ def test_an_error_after_the_optimizer_step_or_in_a_side_forward_leaves_the_micro
     leaves the policy's micro step awaiting its backward: one train record per global step either way."""
 
     class MonitorFails(TorchEngine):
-        fails = False
+        raises = None
 
         def step(self):
             super().step()
-            if self.fails:
-                self.fails = False
-                raise RuntimeError("the monitor's write after the optimizer step (stand-in)")
+            if self.raises is not None:
+                raises, self.raises = self.raises, None
+                raise raises("the monitor's write after the optimizer step (stand-in)")
 
     engine = MonitorFails(Blocks())
     x = torch.randn(8, 32)
@@ -249,13 +249,16 @@ def test_an_error_after_the_optimizer_step_or_in_a_side_forward_leaves_the_micro
     with attached(engine, tmp_path) as attachment:
         attachment.add(Counting(engine), do_nothing)
         train_step(engine, x)
-        engine.fails = True
+        engine.raises = RuntimeError
         with pytest.raises(RuntimeError):
             train_step(engine, x)  # global step 1, taken: every listener hears it end
         dpo_step(retry_batch=False)  # global step 2
         reference_fails["next"] = True
         dpo_step(retry_batch=True)  # global step 3
         train_step(engine, x)
+        engine.raises = KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            train_step(engine, x)  # global step 5: an interruption unwinds, no listener ends the step (no exchange)
     records = read_records(tmp_path)
     assert [(record["mode"], record["global_step"], record["micro_step"]) for record in records] == [
         ("train", step, step) for step in range(5)]

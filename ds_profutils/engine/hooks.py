@@ -12,9 +12,9 @@ boundary only), ``engine.step`` and the engine's own work between steps (``_OWN_
 The module's hooks hold :class:`EngineHooks` weakly, and it holds the engine weakly: a copy of the module
 (``copy.deepcopy``, pickling, ``AveragedModel``: EMA models, teacher copies) copies no engine, process group or
 listener, and gets hooks that do nothing, as without ``attach``.  Removing them restores what was there; a wrapper
-put over ours after attach keeps calling ours, which then passes calls through.  The hooks say which engine runs
-now (:data:`running`: process-wide, DeepSpeed's backward hooks run on autograd's threads), so a collective issued
-there is that engine's (actor and critic steps interleave).
+put over ours after attach keeps calling ours, which then passes calls through.  The hooks say which engine runs now
+(:data:`running`: process-wide, DeepSpeed's backward hooks run on autograd's threads), so a collective issued there
+is that engine's (actor and critic steps interleave).
 
 A listener's error never reaches the training loop: it is logged and the listener stopped.  A signal handler's
 exception while a listener ran (torch's DataLoader SIGCHLD, a program's) goes on as without ds_profutils; one an
@@ -362,8 +362,9 @@ class EngineHooks:
         try:
             self._tell("step_started")
             return self._around_call(step, *args, **kwargs)
-        except BaseException:  # that step did not finish, unless it took its optimizer step first (a monitor's write)
-            ended = before is not None and getattr(self.engine, "global_steps", None) != before
+        except BaseException as exc:  # unfinished, but for an error after its optimizer step (a monitor's write)
+            ended = isinstance(exc, Exception) and before is not None and getattr(self.engine, "global_steps", None) \
+                != before  # an interruption unwinds at once: ending the step would start the live exchange
             raise
         finally:
             running.engine_id = outside

@@ -151,9 +151,22 @@ class Watchdog:
         if thread is not None and thread is not threading.current_thread():
             thread.join(_END_WAIT_S)
             if not thread.is_alive():  # else (starved of the GIL for a second) the pipe stays, for the next thread
+                self._drain()
                 os.close(self._read)
                 os.close(self._write)
                 self._read = self._write = -1
+
+    def _drain(self) -> None:
+        """The bytes the ended thread left unread (a signal's, just before the uninstall's) go on to the program's
+        wakeup fd, as the thread would have passed them."""
+        while True:
+            try:
+                data = os.read(self._read, 4096)
+            except BlockingIOError:
+                return
+            if not data:
+                return
+            self._forward(data)
 
     def resolved(self) -> None:
         """Every SIGTERM/SIGINT the main thread has seen is dealt with (the clock stops at this byte)."""

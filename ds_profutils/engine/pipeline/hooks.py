@@ -110,8 +110,9 @@ class PipelineHooks(EngineHooks):
                 self._times.flops_per_micro_batch = self.flops.per_micro_batch
                 self._times.hardware_flops_per_micro_batch = self.flops.hardware_per_micro_batch
             return result
-        except BaseException:  # that batch did not finish, unless it took its optimizer step first (a monitor's write)
-            ended = train and before is not None and getattr(self.engine, "global_steps", None) != before
+        except BaseException as exc:  # as a step() (..hooks.EngineHooks._around_step)
+            ended = isinstance(exc, Exception) and train and before is not None and \
+                getattr(self.engine, "global_steps", None) != before
             raise
         finally:
             running.engine_id = outside
