@@ -450,6 +450,33 @@ def test_the_programs_wakeup_fd_gets_every_byte_and_is_given_back(tmp_path, hand
         ours.close()
 
 
+def test_a_window_a_signal_handler_opens_while_the_last_one_ends_gets_the_watchdog_whole():
+    """A handler (a program's that starts a profiled call) installs the watchdog again while an uninstall closes its
+    pipe: the install waits for the uninstall's end, so the new window has a pipe, a thread and the wakeup fd."""
+
+    class SignalWhileDraining(watchdog.Watchdog):
+        fire = False
+
+        def _drain(self):
+            if self.fire:
+                self.fire = False
+                signal.raise_signal(signal.SIGUSR1)  # its handler runs right here
+            super()._drain()
+
+    dog, guard = SignalWhileDraining(), object()
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: dog.install(guard))
+    try:
+        dog.install(guard)
+        dog.fire = True
+        dog.uninstall(guard)
+        assert dog._installed and dog._thread.is_alive() and signal.set_wakeup_fd(-1) == dog._write >= 0
+        signal.set_wakeup_fd(dog._write)
+        dog.uninstall(guard)
+        assert dog._read == dog._write == -1 and dog._thread is None
+    finally:
+        signal.signal(signal.SIGUSR1, previous_usr1)
+
+
 def test_a_signal_just_before_a_window_ends_still_reaches_the_programs_wakeup_fd():
     """The watchdog's thread ends with the window: a signal's byte it had not read yet is passed on all the same."""
     theirs, ours = socket.socketpair()

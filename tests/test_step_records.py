@@ -258,8 +258,11 @@ def test_an_error_after_the_optimizer_step_or_in_a_side_forward_leaves_the_micro
         train_step(engine, x)
         engine.raises = KeyboardInterrupt
         with pytest.raises(KeyboardInterrupt):
-            train_step(engine, x)  # global step 5: an interruption unwinds, no listener ends the step (no exchange)
+            train_step(engine, x)  # global step 5: a program may catch it and go on (ended)
+        engine.raises = SystemExit
+        with pytest.raises(SystemExit):
+            train_step(engine, x)  # global step 6: the job ends (a SIGTERM's): not ended, no exchange on its way out
     records = read_records(tmp_path)
     assert [(record["mode"], record["global_step"], record["micro_step"]) for record in records] == [
-        ("train", step, step) for step in range(5)]
-    assert steps_ended == [0, 1, 2, 3, 4]
+        ("train", step, step) for step in range(6)]
+    assert steps_ended == [0, 1, 2, 3, 4, 5]

@@ -33,6 +33,7 @@ import torch
 from torch.autograd.graph import register_multi_grad_hook
 
 from ..torch_profiler.calls import end_run_raised_by
+from .step import ended_before_raising
 
 __all__ = ["BETWEEN_STEPS", "EngineHooks", "Listener", "OptimizerStepListener", "do_nothing", "grad_outputs",
            "on_backward_end", "raised_by_signal_handler", "running"]
@@ -363,8 +364,7 @@ class EngineHooks:
             self._tell("step_started")
             return self._around_call(step, *args, **kwargs)
         except BaseException as exc:  # unfinished, but for an error after its optimizer step (a monitor's write)
-            ended = isinstance(exc, Exception) and before is not None and getattr(self.engine, "global_steps", None) \
-                != before  # an interruption unwinds at once: ending the step would start the live exchange
+            ended = ended_before_raising(exc, self.engine, before)
             raise
         finally:
             running.engine_id = outside

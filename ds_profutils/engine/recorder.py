@@ -51,7 +51,7 @@ from .hooks import Listener
 from .live import StepFigures
 from .memory import StepMemory
 from .records_file import RecordsFile
-from .step import EngineCollectives, MicroSteps, StepRecord, optimizer_step_due
+from .step import EngineCollectives, MicroSteps, StepRecord, ended_before_raising, optimizer_step_due
 from .throughput.flops import FlopCounter
 from .throughput.totals import OptimizerStepTotals
 
@@ -255,7 +255,7 @@ class StepRecorder(Listener):
         """An error left the engine's forward, backward or step (an OOM the program catches to retry): the train micro
         step it cut short is none.  A step() that took its optimizer step first is ended by the hooks; a side forward's
         error leaves the micro step to the retry: of that forward (whole), or of the batch (cut short then)."""
-        if self._steps_before is not None and self._engine.global_steps != self._steps_before:
+        if ended_before_raising(exc, self._engine, self._steps_before):
             return
         step, self._steps_before = self._open, None
         if step is None or step.fields["mode"] != "train" or step.backward_done:

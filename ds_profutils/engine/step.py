@@ -24,7 +24,8 @@ from .._device_clock import Pair, pair_ns, pairs_clock
 from ..units import rank_ranges
 from ..zero3.fetches import fetch_wait_ms
 
-__all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord", "optimizer_step_due"]
+__all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord", "ended_before_raising",
+           "optimizer_step_due"]
 
 SIDE_STREAM_SUFFIX = "@side-stream"
 """Appended to a collective called from a stream other than the one the step's forward started on
@@ -201,6 +202,15 @@ def optimizer_step_due(engine: Any) -> bool:
         return bool(engine.is_gradient_accumulation_boundary())
     except Exception:  # noqa: BLE001 - an engine without it: the record stays whole, as it was
         return False
+
+
+def ended_before_raising(exc: BaseException, engine: Any, steps_before: Optional[int]) -> bool:
+    """Whether a ``step()`` (a pipeline's ``train_batch()``) that raised ``exc`` had taken its optimizer step first
+    (``global_steps`` moved from ``steps_before``: DeepSpeed's monitor writes after it), so the step ended all the
+    same; not where ``exc`` ends the job (a SystemExit: the live exchange must not start on its way out).  A
+    KeyboardInterrupt counts: a program may catch it and go on."""
+    return (isinstance(exc, (Exception, KeyboardInterrupt)) and steps_before is not None
+            and getattr(engine, "global_steps", None) != steps_before)
 
 
 class EngineCollectives:

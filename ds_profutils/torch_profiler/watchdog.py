@@ -107,6 +107,8 @@ class Watchdog:
         self._chained = -1  # the program's wakeup fd while ours is installed
         self._installed = False
         self._generation = 0  # a thread runs while its generation is the current one (uninstall moves it on)
+        self._thread_generation = 0  # the generation of ``_thread``
+        self._uninstalling = self._install_after = False  # an install from a signal handler during an uninstall
         self.guard: Optional[Watched] = None
         # Kept by the watchdog thread only:
         self._first_at: Optional[float] = None
@@ -121,6 +123,9 @@ class Watchdog:
     def install(self, guard: Watched) -> None:
         """Watch ``guard``; route the wakeup bytes to this watchdog (keeping the program's fd chained)."""
         self.guard = guard
+        if self._uninstalling:  # a signal handler's, while an uninstall runs: done once it has ended
+            self._install_after = True
+            return
         if self._installed:
             return
         if self._read < 0:
@@ -130,7 +135,8 @@ class Watchdog:
         previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         self._chained = previous if previous != self._write else -1
         self._installed = True
-        if self._thread is None:
+        if self._thread is None or self._thread_generation != self._generation:
+            self._thread_generation = self._generation
             self._thread = threading.Thread(target=self._loop, args=(self._generation, ),
                                             name="ds_profutils-signal-watchdog", daemon=True)
             self._thread.start()
@@ -140,21 +146,30 @@ class Watchdog:
         its pipe (nothing of ours is left between windows: the next window's install starts them again)."""
         if self.guard is guard:
             self.guard = None
-        if self._installed:
-            self._installed = False
-            current = signal.set_wakeup_fd(self._chained)
-            if current != self._write:  # the program set its own meanwhile: that one stays
-                signal.set_wakeup_fd(current)
-        thread, self._thread = self._thread, None
-        self._generation += 1  # the thread's: it ends at its next byte, and the next install starts another
-        self.resolved()  # that byte
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(_END_WAIT_S)
-            if not thread.is_alive():  # else (starved of the GIL for a second) the pipe stays, for the next thread
-                self._drain()
-                os.close(self._read)
-                os.close(self._write)
-                self._read = self._write = -1
+        self._uninstalling = True
+        try:
+            if self._installed:
+                self._installed = False
+                current = signal.set_wakeup_fd(self._chained)
+                if current != self._write:  # the program set its own meanwhile: that one stays
+                    signal.set_wakeup_fd(current)
+            self._generation += 1  # the thread's: it ends at its next byte, and the next install starts another
+            self.resolved()  # that byte
+            thread = self._thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(_END_WAIT_S)
+                if not thread.is_alive():  # else (starved of the GIL for a second) the next uninstall tries again
+                    self._thread = None
+                    self._drain()
+                    os.close(self._read)
+                    os.close(self._write)
+                    self._read = self._write = -1
+        finally:
+            self._uninstalling = False
+        if self._install_after:
+            self._install_after = False
+            if self.guard is not None:
+                self.install(self.guard)
 
     def _drain(self) -> None:
         """The bytes the ended thread left unread (a signal's, just before the uninstall's) go on to the program's
@@ -162,7 +177,7 @@ class Watchdog:
         while True:
             try:
                 data = os.read(self._read, 4096)
-            except BlockingIOError:
+            except OSError:  # BlockingIOError: none left
                 return
             if not data:
                 return

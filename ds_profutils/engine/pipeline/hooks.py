@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from ...logging import warning_once
 from ..hooks import BETWEEN_STEPS, EngineHooks, running
 from ..recorder import StepRecorder
+from ..step import ended_before_raising
 from .flops import StageFlops
 from .instructions import InstructionTimes
 
@@ -111,8 +112,7 @@ class PipelineHooks(EngineHooks):
                 self._times.hardware_flops_per_micro_batch = self.flops.hardware_per_micro_batch
             return result
         except BaseException as exc:  # as a step() (..hooks.EngineHooks._around_step)
-            ended = isinstance(exc, Exception) and train and before is not None and \
-                getattr(self.engine, "global_steps", None) != before
+            ended = train and ended_before_raising(exc, self.engine, before)
             raise
         finally:
             running.engine_id = outside
