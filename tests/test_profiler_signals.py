@@ -477,6 +477,34 @@ def test_a_window_a_signal_handler_opens_while_the_last_one_ends_gets_the_watchd
         signal.signal(signal.SIGUSR1, previous_usr1)
 
 
+def test_a_whole_window_a_signal_handler_runs_while_the_last_one_ends_breaks_nothing():
+    """A handler that opens and closes a window (installs, uninstalls) inside an uninstall: both return, and nothing
+    of the watchdog is left afterwards."""
+
+    class SlowToEnd(watchdog.Watchdog):
+        def _loop(self, *args):
+            super()._loop(*args)
+            time.sleep(0.3)  # the uninstall waits in its join: the signal's handler runs there
+
+    dog, outer, inner = SlowToEnd(), object(), object()
+
+    def whole_window(signum, frame):
+        dog.install(inner)
+        dog.uninstall(inner)
+
+    previous_usr1 = signal.signal(signal.SIGUSR1, whole_window)
+    previous_fd = signal.set_wakeup_fd(-1)
+    try:
+        dog.install(outer)
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        dog.uninstall(outer)
+        assert not dog._installed and dog.guard is None and dog._read == dog._write == -1 and dog._thread is None
+        assert signal.set_wakeup_fd(-1) == -1
+    finally:
+        signal.signal(signal.SIGUSR1, previous_usr1)
+        signal.set_wakeup_fd(previous_fd)
+
+
 def test_a_signal_just_before_a_window_ends_still_reaches_the_programs_wakeup_fd():
     """The watchdog's thread ends with the window: a signal's byte it had not read yet is passed on all the same."""
     theirs, ours = socket.socketpair()

@@ -363,8 +363,8 @@ class EngineHooks:
         try:
             self._tell("step_started")
             return self._around_call(step, *args, **kwargs)
-        except BaseException as exc:  # unfinished, but for an error after its optimizer step (a monitor's write)
-            ended = ended_before_raising(exc, self.engine, before)
+        except BaseException:  # unfinished, but for one raised after its optimizer step (a monitor's write)
+            ended = ended_before_raising(self.engine, before)
             raise
         finally:
             running.engine_id = outside

@@ -255,8 +255,8 @@ class StepRecorder(Listener):
         """An error left the engine's forward, backward or step (an OOM the program catches to retry): the train micro
         step it cut short is none.  A step() that took its optimizer step first is ended by the hooks; a side forward's
         error leaves the micro step to the retry: of that forward (whole), or of the batch (cut short then)."""
-        if ended_before_raising(exc, self._engine, self._steps_before):
-            return
+        if ended_before_raising(self._engine, self._steps_before):
+            return  # the hooks end it
         step, self._steps_before = self._open, None
         if step is None or step.fields["mode"] != "train" or step.backward_done:
             return

@@ -204,13 +204,14 @@ def optimizer_step_due(engine: Any) -> bool:
         return False
 
 
-def ended_before_raising(exc: BaseException, engine: Any, steps_before: Optional[int]) -> bool:
-    """Whether a ``step()`` (a pipeline's ``train_batch()``) that raised ``exc`` had taken its optimizer step first
+def ended_before_raising(engine: Any, steps_before: Optional[int]) -> bool:
+    """Whether a ``step()`` (a pipeline's ``train_batch()``) that raised had taken its optimizer step first
     (``global_steps`` moved from ``steps_before``: DeepSpeed's monitor writes after it), so the step ended all the
-    same; not where ``exc`` ends the job (a SystemExit: the live exchange must not start on its way out).  A
-    KeyboardInterrupt counts: a program may catch it and go on."""
-    return (isinstance(exc, (Exception, KeyboardInterrupt)) and steps_before is not None
-            and getattr(engine, "global_steps", None) != steps_before)
+    same, whatever the exception: a program may catch an error, a KeyboardInterrupt or the profiler's SystemExit and go
+    on, and every rank that goes on must have counted the same steps (the live exchange's schedule).  On the way out
+    of an ending job the interval's exchange that this may start fails fast once the peers are gone (gloo), or is
+    launched without waiting (an accelerator)."""
+    return steps_before is not None and getattr(engine, "global_steps", None) != steps_before
 
 
 class EngineCollectives:

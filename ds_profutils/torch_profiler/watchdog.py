@@ -108,7 +108,7 @@ class Watchdog:
         self._installed = False
         self._generation = 0  # a thread runs while its generation is the current one (uninstall moves it on)
         self._thread_generation = 0  # the generation of ``_thread``
-        self._uninstalling = self._install_after = False  # an install from a signal handler during an uninstall
+        self._uninstalling = False  # signal handlers' installs wait for its end
         self.guard: Optional[Watched] = None
         # Kept by the watchdog thread only:
         self._first_at: Optional[float] = None
@@ -123,10 +123,7 @@ class Watchdog:
     def install(self, guard: Watched) -> None:
         """Watch ``guard``; route the wakeup bytes to this watchdog (keeping the program's fd chained)."""
         self.guard = guard
-        if self._uninstalling:  # a signal handler's, while an uninstall runs: done once it has ended
-            self._install_after = True
-            return
-        if self._installed:
+        if self._uninstalling or self._installed:  # a signal handler's during an uninstall: installed as that ends
             return
         if self._read < 0:
             self._read, self._write = os.pipe()
@@ -136,6 +133,7 @@ class Watchdog:
         self._chained = previous if previous != self._write else -1
         self._installed = True
         if self._thread is None or self._thread_generation != self._generation:
+            self._reset()  # no clock of an earlier window's carries over
             self._thread_generation = self._generation
             self._thread = threading.Thread(target=self._loop, args=(self._generation, ),
                                             name="ds_profutils-signal-watchdog", daemon=True)
@@ -143,10 +141,16 @@ class Watchdog:
 
     def uninstall(self, guard: Watched) -> None:
         """Stop watching ``guard`` and give the program its wakeup fd back; the clock stops, and the thread ends with
-        its pipe (nothing of ours is left between windows: the next window's install starts them again)."""
+        its pipe (nothing of ours is left between windows: the next window's install starts them again).  Signal
+        handlers may run inside it: one that installs (a program's that starts a profiled call) is installed as it
+        ends; one that uninstalls again only lets go of its guard."""
+        if self._uninstalling:  # a signal handler's, inside an uninstall: it only lets go of its guard
+            if self.guard is guard:
+                self.guard = None
+            return
+        self._uninstalling = True  # first: a handler's install from here on is one this uninstall leaves in place
         if self.guard is guard:
             self.guard = None
-        self._uninstalling = True
         try:
             if self._installed:
                 self._installed = False
@@ -166,10 +170,8 @@ class Watchdog:
                     self._read = self._write = -1
         finally:
             self._uninstalling = False
-        if self._install_after:
-            self._install_after = False
-            if self.guard is not None:
-                self.install(self.guard)
+        if self.guard is not None:  # a signal handler's install meanwhile
+            self.install(self.guard)
 
     def _drain(self) -> None:
         """The bytes the ended thread left unread (a signal's, just before the uninstall's) go on to the program's

@@ -111,8 +111,8 @@ class PipelineHooks(EngineHooks):
                 self._times.flops_per_micro_batch = self.flops.per_micro_batch
                 self._times.hardware_flops_per_micro_batch = self.flops.hardware_per_micro_batch
             return result
-        except BaseException as exc:  # as a step() (..hooks.EngineHooks._around_step)
-            ended = train and ended_before_raising(exc, self.engine, before)
+        except BaseException:  # as a step() (..hooks.EngineHooks._around_step)
+            ended = train and ended_before_raising(self.engine, before)
             raise
         finally:
             running.engine_id = outside
