@@ -89,6 +89,8 @@ def test_a_rank_whose_live_figures_fail_stops_every_ranks_exchange_at_the_same_i
         # deferred: the flag of exchange 3 takes effect at the boundary of 3 + 2, on every rank alike
         assert found[rank]["deferred"] == {"stopped": True, "exchanges": 5}
     assert [write["step"] for write in found[0]["stop"]["writes"]] == [0, 1, 2, 3]
+    # failing to read the gathered rows (not to pack its own) on rank 1: the same interval, every rank
+    assert [found[rank]["stop_reading"] for rank in (0, 1)] == [{"stopped": True, "exchanges": 4}] * 2
 
 
 def test_with_nothing_reading_the_live_figures_the_exchange_stops_after_the_first_interval(job):

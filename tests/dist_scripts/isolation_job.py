@@ -150,6 +150,26 @@ def phase_stop(out, rank, found):
         found[f"deferred_unread_{case}"] = {"stopped": unread.stopped, "exchanges": unread._gather.launched}
 
 
+def phase_stop_reading(out, rank, found):
+    """Rank 1 fails reading the gathered rows from its fourth step on (not packing its own): it still takes part in
+    that interval's exchange, saying stop, so no rank waits for it."""
+    engine = engine_for(out / "stop_reading", monitor_interval=1)
+    attachment = ds_profutils.attach(engine, name="stop-reading")
+    attachment.report_to(Kept())
+    live = attachment.live
+
+    def failing_read():
+        raise RuntimeError("reading the gathered rows (stand-in)")
+
+    def fail_reading(step):
+        if rank == 1 and step == 3:
+            live._gather.due = failing_read
+
+    found["times"]["stop_reading"] = train(engine, 8, fail_reading)
+    found["stop_reading"] = {"stopped": live.stopped, "exchanges": live._gather.launched}
+    attachment.close()
+
+
 def phase_group(rank, found):
     alone = dist.new_group([1])  # every rank creates it; only rank 1 exchanges on it
     if rank == 1:
@@ -182,6 +202,7 @@ def main():
     phase_path(out, rank, found)
     phase_memory(out, rank, found)
     phase_stop(out, rank, found)
+    phase_stop_reading(out, rank, found)
     phase_group(rank, found)
     (out / "plain").write_text("a file") if rank == 0 else None
     dist.barrier()
