@@ -215,11 +215,10 @@ def run_steps(live, controller, engine, count):
     for _ in range(count):
         controller.forward_started(None, (), {})
         torch.ones(8, 8).matmul(torch.ones(8, 8))
-        controller.step_started()
         number = engine.global_steps
         engine.global_steps += 1
         live.step_finished(step(number))
-        controller.step_ended()
+        controller.optimizer_step_ended(number)
 
 
 def armed(out, name="main", defer=None, **changes):

@@ -38,10 +38,10 @@ from typing import Any, Callable, Dict, List, Optional
 from deepspeed.comm import comm  # its backend (``cdb``) and comms logger, read when used: init_distributed sets them
 
 from .._device_clock import DeviceEvents, Pair
-from .hangs.sequence import (Collective, collective_ended, collective_resumed, collective_started, group_argument,
-                             tensor_bytes)
+from .hangs.sequence import Collective, call_started, collective_ended, collective_resumed, collective_started, \
+    tensor_bytes
 from .hooks import running
-from .step import EngineCollectives, StepRecord
+from .step import EngineCollectives
 from .torch_collectives import TorchCollectives, handing_on, passes_on
 
 __all__ = ["ALWAYS_BLOCKING", "ASYNC_OP_POSITION", "GROUP_POSITION", "P2P_OPS", "attach_engine", "comms_logger_on"]
@@ -159,14 +159,14 @@ class _Monitor:
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             """Every call, recorded or not, takes its group's next sequence number (the hang watchdog's).  One the
-            program issues between steps (a loss all-reduce in its loop) is a wait of every engine's gap."""
-            collective = collective_started(op, group_argument(args, kwargs, group_position), tensor_bytes(args))
+            program issues between steps (a loss all-reduce in its loop) is a wait of every engine's gap.  Inline, as
+            the rest of this path: each call here costs microseconds inside a step."""
+            collective = call_started(op, args, kwargs, group_position)
             between_steps = False
             try:
                 handing_on.depth += 1  # first in the try, and lowered first in the finally (torch_collectives)
                 # the engines it belongs to: the running one if it records, else (outside every engine's calls)
-                # every engine recording; and their records, taken now (a signal handler may close one meanwhile).
-                # Inline, as the rest of this path: each call here costs microseconds inside a step
+                # every engine recording; and their records, taken now (a signal handler may close one meanwhile)
                 now = running.engine_id
                 recording, steps = [], []
                 for engine in self.engines:
@@ -174,10 +174,30 @@ class _Monitor:
                     if step is not None and (now is None or engine.engine_id == now):
                         recording.append(engine)
                         steps.append(step)
-                if steps:
-                    return timed(recording, steps, collective, args, kwargs)
-                between_steps = now is None
-                return method(*args, **kwargs)
+                if not steps:
+                    between_steps = now is None
+                    return method(*args, **kwargs)
+                is_async = (bool(kwargs["async_op"]) if "async_op" in kwargs else
+                            async_position is not None and len(args) > async_position and bool(args[async_position]))
+                events = self.device_events
+                stream = self.current_stream() if events is not None else None
+                start = events.mark() if events is not None else None
+                began = perf_counter_ns()
+                try:
+                    result = method(*args, **kwargs)
+                except BaseException:
+                    if start is not None:
+                        events.release(start)
+                    raise
+                host_ns = collective_ended(collective) - began  # the marker's end is the call's end
+                for step in steps:
+                    step.note_sequence(collective.ranks, collective.seq)
+                if is_async:
+                    return self._handle(result, op, stream, start, recording, steps[0].start_mark, collective)
+                pair = events.pair(start, events.mark(), host_ns, steps[0].start_mark) if events is not None else None
+                for step in steps:
+                    step.add_collective(op, stream, False, host_ns, pair)
+                return result
             finally:
                 handing_on.depth -= 1
                 if collective.ended_ns is None:  # not ended with the timed call's end (raised, or untimed)
@@ -185,42 +205,22 @@ class _Monitor:
                     if between_steps:
                         self.gap_wait(ended - collective.started_ns)
 
-        def timed(recording: List[EngineCollectives], steps: List[StepRecord], collective: Collective, args: tuple,
-                  kwargs: Dict[str, Any]) -> Any:
-            is_async = (bool(kwargs["async_op"]) if "async_op" in kwargs else
-                        async_position is not None and len(args) > async_position and bool(args[async_position]))
-            events = self.device_events
-            stream = self.current_stream() if events is not None else None
-            start = events.mark() if events is not None else None
-            began = perf_counter_ns()
-            try:
-                result = method(*args, **kwargs)
-            except BaseException:
-                if start is not None:
-                    events.release(start)
-                raise
-            host_ns = collective_ended(collective) - began  # the marker's end is the call's end
-            anchor = steps[0].start_mark
-            for step in steps:
-                step.note_sequence(collective.ranks, collective.seq)
-            if is_async:
-                if result is None:  # nothing to wait for: no interval to time
-                    if start is not None:
-                        events.release(start)
-                    return result
-                end = self._device_end(result) if events is not None else None
-                if end is None:
-                    return _TimedWork(result, op, stream, start, recording, events, None, collective)
-                return _TimedWork(result, op, stream, None, recording, events, events.pair(start, end, 0, anchor),
-                                  collective)
-            pair = events.pair(start, events.mark(), host_ns, anchor) if events is not None else None
-            for step in steps:
-                step.add_collective(op, stream, False, host_ns, pair)
-            return result
-
-        passes_on(counted, "timed", "method")
-        passes_on(timed, "method")
+        passes_on(counted, "method")
         return counted
+
+    def _handle(self, work: Any, op: str, stream: Any, start: Any, recording: List[EngineCollectives], anchor: Any,
+                collective: Collective) -> Any:
+        """An async collective launched in a recorded step: its handle, timed (:class:`_TimedWork`); its device
+        interval from ``start`` (the launch) to its end, where the device can tell it without blocking the host."""
+        events = self.device_events
+        if work is None:  # nothing to wait for: no interval to time
+            if start is not None:
+                events.release(start)
+            return work
+        end = self._device_end(work) if events is not None else None
+        if end is None:
+            return _TimedWork(work, op, stream, start, recording, events, None, collective)
+        return _TimedWork(work, op, stream, None, recording, events, events.pair(start, end, 0, anchor), collective)
 
     def _device_end(self, work: Any) -> Any:
         """An end event for an async collective, recorded on our timing stream made to wait on ``work``'s

@@ -33,7 +33,7 @@ import torch
 from torch.autograd.graph import register_multi_grad_hook
 
 from ..torch_profiler.calls import end_run_raised_by
-from .step import ended_before_raising
+from .step import optimizer_step_taken
 
 __all__ = ["BETWEEN_STEPS", "EngineHooks", "Listener", "OptimizerStepListener", "do_nothing", "grad_outputs",
            "on_backward_end", "raised_by_signal_handler", "running"]
@@ -115,6 +115,10 @@ class Listener:
     def step_ended(self) -> None:
         pass
 
+    def optimizer_step_ended(self, global_step: int) -> None:
+        """Global step ``global_step`` is done: the ``step()`` that just ended moved the engine's ``global_steps`` on
+        (Accelerate calls it at every micro step; only the boundary's counts).  Told after every ``step_ended``."""
+
     def step_listeners_done(self) -> None:
         """Every listener heard ``step_ended``: what ran since the step's end was ours (a profiler window's export)."""
 
@@ -129,27 +133,14 @@ class Listener:
 
 
 class OptimizerStepListener(Listener):
-    """A listener told of each optimizer step of ``engine`` (held weakly) that ends: a ``step()`` after which
-    the engine's global step count moved on (Accelerate calls it at every micro step; only the boundary's
-    counts).  Subclasses implement :meth:`optimizer_step_ended`."""
+    """A listener of ``engine`` (held weakly) that follows its optimizer steps (:meth:`Listener.optimizer_step_ended`)
+    and reads its global step count."""
 
     def __init__(self, engine: Any) -> None:
         self._engine = weakref.ref(engine)
-        self._steps_before: Optional[int] = None
 
     def _global_steps(self) -> Optional[int]:
         return getattr(self._engine(), "global_steps", None)  # None once the engine is collected
-
-    def step_started(self) -> None:
-        self._steps_before = self._global_steps()
-
-    def step_ended(self) -> None:
-        before, self._steps_before = self._steps_before, None
-        if before is not None and self._global_steps() != before:
-            self.optimizer_step_ended(before)  # global step N is done once the count passes it
-
-    def optimizer_step_ended(self, global_step: int) -> None:
-        """Global step ``global_step`` is done."""
 
 
 def raised_by_signal_handler(exc: BaseException) -> bool:
@@ -191,7 +182,7 @@ class _ModuleHook:
 # Calls between steps whose collectives are the engine's: checkpoints, 16-bit weights gathered (the Trainer's)
 _OWN_WORK = ("save_checkpoint", "load_checkpoint", "save_16bit_model", "_zero3_consolidated_16bit_state_dict")
 _EVENTS = ("forward_started", "forward_ended", "forward_left", "backward_ended", "step_started", "step_ended",
-           "step_listeners_done", "failed", "checkpoint_saved")  # the Listener methods EngineHooks tells
+           "optimizer_step_ended", "step_listeners_done", "failed", "checkpoint_saved")  # the Listener methods told
 
 
 class EngineHooks:
@@ -345,7 +336,8 @@ class EngineHooks:
             self._tell("forward_left")
 
     def _around_backward(self, backward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        self._left_forwards()
+        if self._forwards:
+            self._left_forwards()
         outside, running.engine_id = running.engine_id, self._engine_id
         self._in_backward, self.phase = True, "backward"
         try:
@@ -357,21 +349,29 @@ class EngineHooks:
         return result
 
     def _around_step(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        self._left_forwards()
+        if self._forwards:
+            self._left_forwards()
         outside, running.engine_id = running.engine_id, self._engine_id
-        self.phase, before, ended = "step", getattr(self.engine, "global_steps", None), True
+        self.phase, before, ended = "step", getattr(self._engine(), "global_steps", None), True
         try:
             self._tell("step_started")
             return self._around_call(step, *args, **kwargs)
         except BaseException:  # unfinished, but for one raised after its optimizer step (a monitor's write)
-            ended = ended_before_raising(self.engine, before)
+            ended = optimizer_step_taken(self._engine(), before)
             raise
         finally:
             running.engine_id = outside
             self.phase = BETWEEN_STEPS
             if ended:
-                self._tell("step_ended")
-                self._tell("step_listeners_done")
+                self._step_ended(before)
+
+    def _step_ended(self, steps_before: Optional[int]) -> None:
+        """A step ended (or raised after its optimizer step): ``step_ended``, then ``optimizer_step_ended`` where the
+        engine's ``global_steps`` moved from ``steps_before``, then ``step_listeners_done``."""
+        self._tell("step_ended")
+        if optimizer_step_taken(self._engine(), steps_before):
+            self._tell("optimizer_step_ended", steps_before)
+        self._tell("step_listeners_done")
 
     def _around_own_work(self, saves: bool, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The engine runs (its collectives are no waits of the gap); a save's time is told, also where it raises.

@@ -38,7 +38,6 @@ in Python (about 160 calls a read), ``memory_stats()`` once.
 from __future__ import annotations
 
 import os
-from operator import itemgetter
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import psutil
@@ -108,7 +107,8 @@ class StepMemory:
         rss = getattr(type(accelerator), "max_memory_allocated", None) is CPU_Accelerator.max_memory_allocated
         self.source = "rss" if rss else "allocator"
         self._rss = rss_reader() if self.source == "rss" else None
-        self._phases: Dict[str, tuple] = {}
+        self._allocated: Dict[str, int] = {}  # per phase measured, its allocated peak
+        self._reserved_peak = -1  # the step's reserved peak so far (-1: none measured)
         self._open: Optional[str] = None
         self._start_rss = 0
         self._ended_rss: Optional[int] = None  # RSS read where the last phase ended (the next one's start)
@@ -138,7 +138,7 @@ class StepMemory:
 
     def begin(self, phase: str) -> None:
         """``phase`` starts now (ending the one open, if any)."""
-        end_rss = self._end()
+        end_rss = self.end() if self._open is not None else None
         if self._rss is None:
             self._reset()
         else:
@@ -148,9 +148,26 @@ class StepMemory:
             self._start_rss = end_rss
         self._open = phase
 
-    def end(self) -> None:
-        """The open phase ends now."""
-        self._end()
+    def end(self) -> Optional[int]:
+        """End the open phase (if any); on RSS, returns the RSS read at its end (where a phase begun at once starts).
+        One call for the whole boundary: it runs inside the step, where each call of ours costs microseconds."""
+        phase, self._open = self._open, None
+        if phase is None:
+            return None
+        rss = None
+        if self._rss is None:
+            accelerator = self._accelerator
+            if self._one_read:
+                allocated, reserved = _cuda_peaks()
+            else:
+                allocated, reserved = accelerator.max_memory_allocated(), accelerator.max_memory_reserved()
+        else:
+            rss = self._ended_rss = self._read_rss()
+            allocated = reserved = max(self._start_rss, rss)  # DeepSpeed's CPU accelerator: reserved is RSS too
+        self._allocated[phase] = allocated
+        if reserved > self._reserved_peak:
+            self._reserved_peak = reserved
+        return rss
 
     def forget(self) -> None:
         """A step of the engine goes unmeasured: the next phase does not start from this object's last reading."""
@@ -161,36 +178,19 @@ class StepMemory:
         _latest_reader = id(self)
         return self._rss()
 
-    def _end(self) -> Optional[int]:
-        """End the open phase; on RSS, the RSS read at its end (where a phase begun at once starts)."""
-        phase, self._open = self._open, None
-        if phase is None:
-            return None
-        if self._rss is None:
-            accelerator = self._accelerator
-            if self._one_read:
-                self._phases[phase] = _cuda_peaks()
-            else:
-                self._phases[phase] = (accelerator.max_memory_allocated(), accelerator.max_memory_reserved())
-            return None
-        rss = self._ended_rss = self._read_rss()
-        peak = max(self._start_rss, rss)
-        self._phases[phase] = (peak, peak)  # DeepSpeed's CPU accelerator: reserved is RSS too
-        return rss
-
     def record(self) -> Optional[Dict[str, Any]]:
         """The step's ``memory`` entry (None if no phase was measured), and a fresh start for the next step."""
         self.end()
-        phases, self._phases = self._phases, {}
+        allocated, self._allocated = self._allocated, {}
+        reserved, self._reserved_peak = self._reserved_peak, -1
         disturbed, self._disturbed = self._disturbed, False
-        if not phases:
+        if not allocated:
             return None
-        allocated = {phase: phases[phase][0] for phase in PHASES if phase in phases}
         entry = {
             "source": self.source,
             "peak_allocated_bytes": max(allocated.values()),
-            "peak_reserved_bytes": max(map(itemgetter(1), phases.values())),
-            "phases": allocated,
+            "peak_reserved_bytes": reserved,
+            "phases": allocated,  # in the order they ran: forward, backward, step
         }
         if disturbed:
             entry["disturbed"] = True

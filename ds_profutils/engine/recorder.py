@@ -51,7 +51,7 @@ from .hooks import Listener
 from .live import StepFigures
 from .memory import StepMemory
 from .records_file import RecordsFile
-from .step import EngineCollectives, MicroSteps, StepRecord, ended_before_raising, optimizer_step_due
+from .step import EngineCollectives, MicroSteps, StepRecord, optimizer_step_due, optimizer_step_taken
 from .throughput.flops import FlopCounter
 from .throughput.totals import OptimizerStepTotals
 
@@ -96,8 +96,7 @@ class StepRecorder(Listener):
         self.records_file = RecordsFile(self.path, what, identity.rank)  # opened at the first forward (module doc)
         if writes:
             self.records_file.make_directory()
-        self._append = append
-        self._closed = False
+        self._append, self._closed = append, False
         self.segment = 0
         self._finished_step = -1  # the highest global step whose optimizer step this file has
         self.fetches = None if coordinator is None else CoordinatorFetches(
@@ -154,8 +153,9 @@ class StepRecorder(Listener):
             return
         if self._open is not None and self._open.side_failed:
             self._cut_short()  # the batch retried whole after its side forward's error
-        self._finish_open(closing=False)  # an eval forward, or a forward whose step() never came
-        self._write_ready()
+        if self._open is not None or self._unwritten:  # an eval forward, one whose step() never came; device times
+            self._finish_open(closing=False)
+            self._write_ready()
         global_step = engine.global_steps
         recorded = self.writes and global_step % self.settings.log_interval == 0
         # a forward under no_grad in train mode (reference logits of DPO, PEFT, before the policy's) is no micro step
@@ -255,7 +255,7 @@ class StepRecorder(Listener):
         """An error left the engine's forward, backward or step (an OOM the program catches to retry): the train micro
         step it cut short is none.  A step() that took its optimizer step first is ended by the hooks; a side forward's
         error leaves the micro step to the retry: of that forward (whole), or of the batch (cut short then)."""
-        if ended_before_raising(self._engine, self._steps_before):
+        if optimizer_step_taken(self._engine, self._steps_before):
             return  # the hooks end it
         step, self._steps_before = self._open, None
         if step is None or step.fields["mode"] != "train" or step.backward_done:

@@ -24,8 +24,8 @@ from .._device_clock import Pair, pair_ns, pairs_clock
 from ..units import rank_ranges
 from ..zero3.fetches import fetch_wait_ms
 
-__all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord", "ended_before_raising",
-           "optimizer_step_due"]
+__all__ = ["SIDE_STREAM_SUFFIX", "EngineCollectives", "MicroSteps", "StepRecord", "optimizer_step_due",
+           "optimizer_step_taken"]
 
 SIDE_STREAM_SUFFIX = "@side-stream"
 """Appended to a collective called from a stream other than the one the step's forward started on
@@ -131,8 +131,10 @@ class StepRecord:
         entries = {}
         inside_total_ms = exposed_total_ms = 0.0
         for (op, side), totals in self.collectives.items():
-            blocking_ms = _total_ms(totals.blocking_pairs, totals.blocking_ns)
-            inside_ms = blocking_ms + _total_ms(totals.async_pairs, totals.async_ns)
+            # intervals on the device clock where there are any, else the host's total (inline: a step's own time)
+            blocking, in_flight = totals.blocking_pairs, totals.async_pairs
+            blocking_ms = (sum(map(pair_ns, blocking)) if blocking else totals.blocking_ns) / _NS_PER_MS
+            inside_ms = blocking_ms + (sum(map(pair_ns, in_flight)) if in_flight else totals.async_ns) / _NS_PER_MS
             exposed_ms = 0.0 if side else blocking_ms
             inside_total_ms += inside_ms
             exposed_total_ms += exposed_ms
@@ -145,9 +147,9 @@ class StepRecord:
         timing = {
             "step_time_ms": step_ns / _NS_PER_MS,
             "collectives": entries,
-            "collective_ms": inside_total_ms - self._overlap_ns() / _NS_PER_MS,
+            "collective_ms": inside_total_ms - (0.0 if self.start_mark is None else self._overlap_ns() / _NS_PER_MS),
             "collective_wait_ms": exposed_total_ms,
-            "collective_seq": {_group_key(ranks): span for ranks, span in self.sequences.items()},
+            "collective_seq": dict(zip(map(_group_key, self.sequences), self.sequences.values())),
         }
         if self.start_mark is None:
             self._host_timing = timing
@@ -160,7 +162,7 @@ class StepRecord:
         events = self.fetches.entries() if self.fetches is not None else {}
         timing = self.timing()
         record["step_time_ms"] = timing["step_time_ms"]  # first of the timing's keys in the line (update keeps it)
-        record["fetch_wait_ms"] = fetch_wait_ms(events)
+        record["fetch_wait_ms"] = fetch_wait_ms(events) if events else 0.0
         record.update(timing)
         for part in self.parts:
             record.update(part.fields(record["step_time_ms"]))
@@ -174,9 +176,7 @@ class StepRecord:
     def _overlap_ns(self) -> float:
         """How much of the collectives' device intervals on this step's time axis overlap (a prefetch beside
         a side stream's reduce-scatter): counted once in ``collective_ms``, which so stays within the step.
-        Intervals on the host clock are sequential on the host, and are left as they are."""
-        if self.start_mark is None:  # the host clock: nothing to look through, every step
-            return 0.0
+        Intervals on the host clock are sequential on the host, and are left as they are (not called there)."""
         intervals = sorted((pair.offset_ns, pair.offset_ns + pair.device_ns) for totals in self.collectives.values()
                            for pair in totals.blocking_pairs + totals.async_pairs
                            if pair.offset_ns is not None and pair.resolved and pair.anchor is self.start_mark)
@@ -204,13 +204,13 @@ def optimizer_step_due(engine: Any) -> bool:
         return False
 
 
-def ended_before_raising(engine: Any, steps_before: Optional[int]) -> bool:
-    """Whether a ``step()`` (a pipeline's ``train_batch()``) that raised had taken its optimizer step first
-    (``global_steps`` moved from ``steps_before``: DeepSpeed's monitor writes after it), so the step ended all the
-    same, whatever the exception: a program may catch an error, a KeyboardInterrupt or the profiler's SystemExit and go
-    on, and every rank that goes on must have counted the same steps (the live exchange's schedule).  On the way out
-    of an ending job the interval's exchange that this may start fails fast once the peers are gone (gloo), or is
-    launched without waiting (an accelerator)."""
+def optimizer_step_taken(engine: Any, steps_before: Optional[int]) -> bool:
+    """Whether the engine's ``global_steps`` moved from ``steps_before`` (read as a ``step()``, a pipeline's
+    ``train_batch()``, started): that call took an optimizer step.  Also where it raised afterwards (DeepSpeed's monitor
+    writes after the optimizer step): the step ended all the same, whatever the exception, since a program may catch an
+    error, a KeyboardInterrupt or the profiler's SystemExit and go on, and every rank that goes on must have counted the
+    same steps (the live exchange's schedule).  On the way out of an ending job the interval's exchange that this may
+    start fails fast once the peers are gone (gloo), or is launched without waiting (an accelerator)."""
     return steps_before is not None and getattr(engine, "global_steps", None) != steps_before
 
 
@@ -229,11 +229,6 @@ class EngineCollectives:
         (an optimizer step's end), in ms; the count starts again."""
         gap_ns, self.gap_collective_ns = self.gap_collective_ns, 0
         return gap_ns / _NS_PER_MS
-
-
-def _total_ms(pairs: List[Pair], host_ns: int) -> float:
-    """Intervals on the device clock where there are any, else the host's total."""
-    return (sum(map(pair_ns, pairs)) if pairs else host_ns) / _NS_PER_MS
 
 
 class MicroSteps:

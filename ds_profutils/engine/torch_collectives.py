@@ -25,7 +25,7 @@ import threading
 from types import CodeType, FrameType
 from typing import Any, Callable, Dict, FrozenSet, Optional
 
-from .hangs.sequence import collective_ended, collective_started, group_argument, tensor_bytes
+from .hangs.sequence import call_started, collective_ended
 
 __all__ = ["OURS", "PASSING_ON", "TORCH_GROUP_POSITION", "TorchCollectives", "handing_on", "inside_ours",
            "passes_on"]
@@ -116,7 +116,7 @@ class TorchCollectives:
             if handing_on.depth:
                 return original(*args, **kwargs)
             from_ours = _ours(sys._getframe(1))
-            collective = collective_started(op, group_argument(args, kwargs, position), tensor_bytes(args))
+            collective = call_started(op, args, kwargs, position)
             try:
                 handing_on.depth += 1
                 return original(*args, **kwargs)

@@ -22,8 +22,8 @@ import time
 from time import perf_counter_ns
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["Collective", "GroupProgress", "collective_ended", "collective_resumed", "collective_started",
-           "group_argument", "group_ranks", "progress", "tensor_bytes"]
+__all__ = ["Collective", "GroupProgress", "call_started", "collective_ended", "collective_resumed",
+           "collective_started", "group_ranks", "progress", "tensor_bytes"]
 
 
 class GroupProgress:
@@ -41,14 +41,17 @@ class GroupProgress:
 class Collective:
     """One collective a rank issued: its name, group (ranks), sequence number there, bytes, and when it started
     and ended (``perf_counter_ns``: one clock read at each end, on the step path; :meth:`as_dict` gives wall-clock
-    seconds, comparable across hosts roughly; ``ended_ns`` None while inside it)."""
+    seconds, comparable across hosts roughly; ``ended_ns`` None while inside it).  Made as it starts: it takes the
+    group's next sequence number and is the one this rank is inside now (:func:`collective_started`)."""
 
     __slots__ = ("name", "group", "ranks", "seq", "nbytes", "started_ns", "ended_ns")
 
     def __init__(self, name: str, group: GroupProgress, nbytes: Optional[int]) -> None:
+        group.seq += 1
         self.name, self.group, self.ranks, self.seq, self.nbytes = name, group, group.ranks, group.seq, nbytes
         self.started_ns = perf_counter_ns()
         self.ended_ns: Optional[int] = None
+        group.current = self
 
     def as_dict(self) -> Dict[str, Any]:
         ended = self.ended_ns  # read once: the training thread may resume it meanwhile (an async wait)
@@ -86,14 +89,6 @@ def _first_seen(group: Any) -> GroupProgress:
     return found
 
 
-def group_argument(args: tuple, kwargs: Dict[str, Any], position: int) -> Any:
-    """The ``group`` a collective was called with, ``position`` its place among the positional arguments (None:
-    the default group)."""
-    if "group" in kwargs:
-        return kwargs["group"]
-    return args[position] if len(args) > position else None
-
-
 def tensor_bytes(args: tuple) -> Optional[int]:
     """The bytes of the largest tensor among a collective's first two arguments (its input and output), or None."""
     largest = None
@@ -108,10 +103,15 @@ def collective_started(name: str, group: Any, nbytes: Optional[int]) -> Collecti
     """A collective called ``name`` starts on ``group`` (a process group, None for the default, or a ranks tuple
     such as a pipeline p2p pair): it takes the group's next sequence number and is the one this rank is inside
     now.  Give it to :func:`collective_ended` once the call returns (raising or not)."""
-    group_progress = _by_group.get(group) or _first_seen(group)
-    group_progress.seq += 1
-    collective = group_progress.current = Collective(name, group_progress, nbytes)
-    return collective
+    return Collective(name, _by_group.get(group) or _first_seen(group), nbytes)
+
+
+def call_started(name: str, args: tuple, kwargs: Dict[str, Any], group_position: int) -> Collective:
+    """:func:`collective_started` for a collective called with ``args`` and ``kwargs``: its group the ``group``
+    argument (``group_position`` its place among the positional ones; absent: the default group), its bytes
+    :func:`tensor_bytes`.  One call of ours where a wrapper runs inside a step (each costs microseconds there)."""
+    group = kwargs["group"] if "group" in kwargs else args[group_position] if len(args) > group_position else None
+    return Collective(name, _by_group.get(group) or _first_seen(group), tensor_bytes(args))
 
 
 def collective_ended(collective: Collective) -> int:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from ...logging import warning_once
 from ..hooks import BETWEEN_STEPS, EngineHooks, running
 from ..recorder import StepRecorder
-from ..step import ended_before_raising
+from ..step import optimizer_step_taken
 from .flops import StageFlops
 from .instructions import InstructionTimes
 
@@ -112,7 +112,7 @@ class PipelineHooks(EngineHooks):
                 self._times.hardware_flops_per_micro_batch = self.flops.hardware_per_micro_batch
             return result
         except BaseException:  # as a step() (..hooks.EngineHooks._around_step)
-            ended = train and ended_before_raising(self.engine, before)
+            ended = train and optimizer_step_taken(self.engine, before)
             raise
         finally:
             running.engine_id = outside
@@ -121,8 +121,7 @@ class PipelineHooks(EngineHooks):
             if ended:
                 self._tell("forward_ended", view, None)
                 if train:
-                    self._tell("step_ended")
-                    self._tell("step_listeners_done")
+                    self._step_ended(before)
 
     def _batch_times(self) -> Optional[InstructionTimes]:
         """The batch's instruction times, put on the record the recorder opened for it (None: none measured)."""

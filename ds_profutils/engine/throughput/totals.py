@@ -51,17 +51,15 @@ class StepSums:
                 gap_collective_ms: float) -> StepFigures:
         """The optimizer step's figures for the live metrics, from these sums and its micro steps' ``records`` (an
         engine kind's own parts: a pipeline's), the gap less the frameworks' collectives in it (as the report's)."""
-        own = {key: value for record in records for part in record.parts
-               for key, value in part.live(record.fields, self.step_ms).items()}
+        own: Dict[str, Any] = {}
+        for record in records:
+            for part in record.parts:
+                own.update(part.live(record.fields, self.step_ms))
         flops = own.pop("flops", self.flops)
         own_gap_ms = None if gap_ms is None else max(gap_ms - gap_collective_ms, 0.0)
         return StepFigures(global_step, self.step_ms, iteration_ms, own_gap_ms, flops, self.tokens, self.samples,
                            self.exposed_wait_ms, self.collective_ms + gap_collective_ms, self.peak_allocated_bytes,
                            eval_ms=self.eval_ms, save_ms=self.save_ms, **own)
-
-
-def _add(total: Optional[int], value: Optional[int]) -> Optional[int]:
-    return None if total is None or value is None else total + value
 
 
 class OptimizerStepTotals:
@@ -82,9 +80,10 @@ class OptimizerStepTotals:
         if flops is None:
             sums.flops = sums.tokens = sums.samples = None
         else:
-            sums.flops = _add(sums.flops, flops.flops)
-            sums.tokens = _add(sums.tokens, flops.tokens)
-            sums.samples = _add(sums.samples, flops.samples)
+            # None where any micro step did not know (inline: the step's own time)
+            sums.flops = None if sums.flops is None or flops.flops is None else sums.flops + flops.flops
+            sums.tokens = None if sums.tokens is None or flops.tokens is None else sums.tokens + flops.tokens
+            sums.samples = None if sums.samples is None or flops.samples is None else sums.samples + flops.samples
         if memory is not None:
             peak = memory["peak_allocated_bytes"]
             sums.peak_allocated_bytes = peak if sums.peak_allocated_bytes is None else max(sums.peak_allocated_bytes,
