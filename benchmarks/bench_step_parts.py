@@ -17,7 +17,7 @@ after "off" on the same engine (bench_step_metrics.py gives the interleaved rati
 
 A ratio benchmark (bench_step_metrics.py) moves +-2% from run to run on this machine; these are medians of
 hundreds of calls of each part in the job itself, where a part costs what it costs after the rest of the step
-ran (a line of Python costs several times what it costs in a loop).  It reads the hooks' ``_told`` table (the
+ran (a line of Python costs several times what it costs in a loop).  It reads the hooks' ``_told`` and ``_step_end`` tables (the
 listeners' bound methods per event) to put its timers in: a diagnostic of ours, not a figure of the target.
 """
 from __future__ import annotations
@@ -58,10 +58,14 @@ def _time_listeners(hooks: Any, times: Times) -> None:
     from ds_profutils.engine.hooks import Listener
 
     # hears every event the recorder hears and does nothing: the timer's own cost in place
-    events = ("forward_started", "forward_ended", "backward_ended", "step_started", "step_ended")
+    events = ("forward_started", "forward_ended", "backward_ended", "step_started", "step_ended", "optimizer_step_ended")
     hooks.add(type("Nothing", (Listener, ), dict.fromkeys(events, _do_nothing))())
     hooks._told = {event: [_Timed(f"{event} {type(told.__self__).__name__}", told, times) for told in told_list]
                    for event, told_list in hooks._told.items()}
+    # a step's end is told per listener: its step_ended, then its optimizer_step_ended
+    hooks._step_end = [(listener, *(None if told is None else _Timed(f"{event} {type(listener).__name__}", told, times)
+                                    for event, told in zip(("step_ended", "optimizer_step_ended"), methods)))
+                       for listener, *methods in hooks._step_end]
 
 
 def _time_collectives(backend: Any, times: Times, where: str) -> None:

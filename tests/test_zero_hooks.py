@@ -151,6 +151,45 @@ def test_an_exception_from_a_signal_handler_inside_a_hook_reaches_the_training_l
         signal.signal(signal.SIGUSR1, previous)
 
 
+def test_each_listener_hears_a_steps_end_and_its_optimizer_step_before_the_next_listener_does():
+    """A listener acts on what those before it did with the step (the engine-driven profiler's window starts only once
+    a trace capture before it ended); an interruption a later listener re-raises (Ctrl-C out of a profiler window,
+    which a program may catch and go on) leaves every listener before it told of the optimizer step."""
+    heard = []
+
+    class Hearing(Listener):
+        def __init__(self, name, interrupts_at=None):
+            self.name, self.interrupts_at = name, interrupts_at
+
+        def step_ended(self):
+            heard.append((self.name, "step_ended"))
+            if self.interrupts_at == engine.global_steps:
+                os.kill(os.getpid(), signal.SIGUSR1)  # its handler raises before the next bytecode here
+
+        def optimizer_step_ended(self, global_step):
+            heard.append((self.name, global_step))
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        engine = Engine()
+        hooks = EngineHooks(engine)
+        for listener in (Hearing("capture"), Hearing("profiler", interrupts_at=2), Hearing("snapshots")):
+            hooks.add(listener)
+        engine.train_step()
+        assert heard == [("capture", "step_ended"), ("capture", 0), ("profiler", "step_ended"), ("profiler", 0),
+                         ("snapshots", "step_ended"), ("snapshots", 0)]
+        heard.clear()
+        with pytest.raises(KeyboardInterrupt):
+            engine.train_step()  # global step 1 ends: the profiler's step_ended is interrupted
+        assert heard == [("capture", "step_ended"), ("capture", 1), ("profiler", "step_ended")]
+        assert len(hooks.listeners) == 3  # nobody's error: every listener goes on
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
 def test_no_engine_runs_after_its_steps_whatever_left_a_forward():
     """A forward inside a forward of the module (Lightning's training_step), and a forward a KeyboardInterrupt
     left (torch calls always-call hooks on an Exception only; the program caught it): no engine runs after

@@ -23,20 +23,18 @@ engine-driven profiler's guard raised ends that run first (:func:`..torch_profil
 from __future__ import annotations
 
 import functools
-import signal
 import weakref
 from time import perf_counter_ns
-from traceback import walk_tb
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch.autograd.graph import register_multi_grad_hook
 
-from ..torch_profiler.calls import end_run_raised_by
+from ..torch_profiler.calls import end_run_raised_by, raised_by_signal_handler
 from .step import optimizer_step_taken
 
 __all__ = ["BETWEEN_STEPS", "EngineHooks", "Listener", "OptimizerStepListener", "do_nothing", "grad_outputs",
-           "on_backward_end", "raised_by_signal_handler", "running"]
+           "on_backward_end", "running"]
 
 _ABSENT = object()
 BETWEEN_STEPS = "between steps"
@@ -117,7 +115,7 @@ class Listener:
 
     def optimizer_step_ended(self, global_step: int) -> None:
         """Global step ``global_step`` is done: the ``step()`` that just ended moved the engine's ``global_steps`` on
-        (Accelerate calls it at every micro step; only the boundary's counts).  Told after every ``step_ended``."""
+        (Accelerate calls it at every micro step; only the boundary's counts).  Told right after its ``step_ended``."""
 
     def step_listeners_done(self) -> None:
         """Every listener heard ``step_ended``: what ran since the step's end was ours (a profiler window's export)."""
@@ -141,21 +139,6 @@ class OptimizerStepListener(Listener):
 
     def _global_steps(self) -> Optional[int]:
         return getattr(self._engine(), "global_steps", None)  # None once the engine is collected
-
-
-def raised_by_signal_handler(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised inside a Python signal handler installed now (it ran between two
-    bytecodes of whatever code it interrupted, so the traceback passes through it)."""
-    handlers = set()
-    for signum in signal.valid_signals():
-        try:
-            handler = signal.getsignal(signum)
-        except (ValueError, OSError):
-            continue
-        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
-        if code is not None:
-            handlers.add(code)
-    return any(frame.f_code in handlers for frame, _ in walk_tb(exc.__traceback__))
 
 
 class _ModuleHook:
@@ -183,6 +166,7 @@ class _ModuleHook:
 _OWN_WORK = ("save_checkpoint", "load_checkpoint", "save_16bit_model", "_zero3_consolidated_16bit_state_dict")
 _EVENTS = ("forward_started", "forward_ended", "forward_left", "backward_ended", "step_started", "step_ended",
            "optimizer_step_ended", "step_listeners_done", "failed", "checkpoint_saved")  # the Listener methods told
+_STEP_END = {"step_ended", "optimizer_step_ended"}  # told per listener (EngineHooks._step_ended)
 
 
 class EngineHooks:
@@ -193,6 +177,7 @@ class EngineHooks:
         self._engine = weakref.ref(engine)
         self.listeners: List[Listener] = []
         self._told: Dict[str, List[Callable[..., None]]] = {}  # per event, the listeners' methods (no base no-ops)
+        self._step_end: List[tuple] = []  # per listener hearing a step's end: it, its two methods of _STEP_END
         self.phase = BETWEEN_STEPS
         self._active = True
         self._engine_id = id(engine)
@@ -232,9 +217,13 @@ class EngineHooks:
         self._listen()
 
     def _listen(self) -> None:
-        """Who is told what, from the listeners now (after each change of them)."""
-        self._told = {event: [getattr(listener, event) for listener in self.listeners
-                              if getattr(type(listener), event) is not getattr(Listener, event)] for event in _EVENTS}
+        """Who is told what, from the listeners now (after each change of them): the base's methods do nothing and
+        are not called; a step's end is told per listener (:meth:`_step_ended`)."""
+        own = [{event: getattr(listener, event) for event in _EVENTS
+                if getattr(type(listener), event) is not getattr(Listener, event)} for listener in self.listeners]
+        self._told = {event: [told[event] for told in own if event in told] for event in _EVENTS}
+        self._step_end = [(listener, told.get("step_ended"), told.get("optimizer_step_ended"))
+                          for listener, told in zip(self.listeners, own) if _STEP_END & told.keys()]
 
     def _wrap(self, attribute: str, around: Callable[..., Any]) -> None:
         engine = self.engine
@@ -254,7 +243,7 @@ class EngineHooks:
         """Take every hook off and restore what the engine held (see the module doc)."""
         self._active = False
         self.listeners = []
-        self._told = {}
+        self._told, self._step_end = {}, []
         if running.engine_id == self._engine_id:  # removed inside its own forward (a listener failed there)
             running.engine_id = self._outside
         for handle in self._handles:
@@ -275,9 +264,13 @@ class EngineHooks:
             try:
                 told(*args)
             except Exception as exc:
-                if raised_by_signal_handler(exc):
-                    raise
-                self._drop(told.__self__, exc)
+                self._listener_failed(told.__self__, exc)
+
+    def _listener_failed(self, listener: Listener, exc: Exception) -> None:
+        """``listener`` raised ``exc``: what a signal handler raised goes on, as without ds_profutils; else it stops."""
+        if raised_by_signal_handler(exc):
+            raise exc
+        self._drop(listener, exc)
 
     def _drop(self, listener: Listener, exc: Exception) -> None:
         """``listener`` failed: stop it; with none left the engine is DeepSpeed's again at once."""
@@ -366,11 +359,18 @@ class EngineHooks:
                 self._step_ended(before)
 
     def _step_ended(self, steps_before: Optional[int]) -> None:
-        """A step ended (or raised after its optimizer step): ``step_ended``, then ``optimizer_step_ended`` where the
-        engine's ``global_steps`` moved from ``steps_before``, then ``step_listeners_done``."""
-        self._tell("step_ended")
-        if optimizer_step_taken(self._engine(), steps_before):
-            self._tell("optimizer_step_ended", steps_before)
+        """A step ended (or raised after its optimizer step): each listener in turn hears ``step_ended``, then
+        ``optimizer_step_ended`` where ``global_steps`` moved from ``steps_before`` (each acts on what those before it
+        did: a profiler's window starts once a capture ended), then all ``step_listeners_done``."""
+        moved = optimizer_step_taken(self._engine(), steps_before)
+        for listener, step_ended, optimizer_step_ended in self._step_end:  # replaced, never changed (as _told)
+            try:
+                if step_ended is not None:
+                    step_ended()
+                if moved and optimizer_step_ended is not None:
+                    optimizer_step_ended(steps_before)
+            except Exception as exc:
+                self._listener_failed(listener, exc)
         self._tell("step_listeners_done")
 
     def _around_own_work(self, saves: bool, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

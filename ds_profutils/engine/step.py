@@ -162,7 +162,7 @@ class StepRecord:
         events = self.fetches.entries() if self.fetches is not None else {}
         timing = self.timing()
         record["step_time_ms"] = timing["step_time_ms"]  # first of the timing's keys in the line (update keeps it)
-        record["fetch_wait_ms"] = fetch_wait_ms(events) if events else 0.0
+        record["fetch_wait_ms"] = fetch_wait_ms(events) if events else 0  # as the sum of none
         record.update(timing)
         for part in self.parts:
             record.update(part.fields(record["step_time_ms"]))

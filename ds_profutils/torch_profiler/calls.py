@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import signal
 import threading
 from threading import get_ident
+from traceback import walk_tb
 from types import TracebackType
 from typing import Any, Iterator, Optional, Type
 
@@ -24,7 +26,8 @@ from ..logging import logger
 from .run import ProfilerRun
 from .signals import ends_a_run
 
-__all__ = ["RunBlock", "advance", "end_run_raised_by", "finish_run", "start_run", "step_profiler"]
+__all__ = ["RunBlock", "advance", "end_run_raised_by", "finish_run", "raised_by_signal_handler", "start_run",
+           "step_profiler"]
 
 _slot = threading.Lock()  # held by the process's active run; acquired only with blocking=False
 _current: Optional[ProfilerRun] = None
@@ -190,3 +193,18 @@ class RunBlock:
             self._beside.__exit__(exc_type, exc, traceback)
             return
         finish_run(self.run, exc)
+
+
+def raised_by_signal_handler(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside a Python signal handler installed now (it ran between two
+    bytecodes of whatever code it interrupted, so the traceback passes through it)."""
+    handlers = set()
+    for signum in signal.valid_signals():
+        try:
+            handler = signal.getsignal(signum)
+        except (ValueError, OSError):
+            continue
+        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+        if code is not None:
+            handlers.add(code)
+    return any(frame.f_code in handlers for frame, _ in walk_tb(exc.__traceback__))

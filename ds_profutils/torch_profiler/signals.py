@@ -41,7 +41,7 @@ The CPython mechanisms, each kept because it is the plainest one that meets a gu
 * *a registry of code objects* (:func:`ends_a_run`): the interpreter itself calls a profiled block's
   ``__exit__``, and a pending signal may be handled at its first instruction, before it can begin
   holding; the handler's ``frame`` tells it so, which no flag set beforehand can;
-* ``engine.hooks.raised_by_signal_handler`` tells a program's handler's exception in a listener by its
+* :func:`.calls.raised_by_signal_handler` tells a program's handler's exception in a listener by its
   traceback; delivered signals keep that true, as they run the program's handlers in Python's frames.
 
 Giving the handlers back never loses a signal: ``holding`` stays set until they are back, so one that
