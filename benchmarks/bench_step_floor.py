@@ -91,12 +91,11 @@ class Floor:
 
     def _timed(self, op: str, method: Callable[..., Any]) -> Callable[..., Any]:
         from ds_profutils.engine.collectives import GROUP_POSITION
-        from ds_profutils.engine.hangs.sequence import group_argument
 
         thread, counts, position = self._thread, self._counts, GROUP_POSITION[op]
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            group = group_argument(args, kwargs, position)
+            group = kwargs["group"] if "group" in kwargs else args[position] if len(args) > position else None
             counts[group] = counts.get(group, 0) + 1
             thread.depth = getattr(thread, "depth", 0) + 1
             started = perf_counter_ns()
