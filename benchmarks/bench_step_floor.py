@@ -14,7 +14,9 @@ written to an unbuffered file.  No record is built, nothing is gathered, nothing
 
 It is read beside ``bench_step_metrics.py``'s ratio (the same engine, the same interleaved turns, the same
 block of steps 11-20 after attach): the part of that ratio any recorder of this shape pays on this machine,
-whatever its code.  Per run, the worst rank's median ratio; the figure is the median of the runs'.
+whatever its code.  Per run, the worst rank's median ratio; the figure is the median of the runs'.  A third mode,
+the hooks alone (:class:`HookShape`: the module's three hooks and the output's backward watch, doing nothing else),
+shows how much of that the hooking itself takes.
 """
 from __future__ import annotations
 
@@ -32,6 +34,28 @@ from bench_engines import attach_turns, mlp_engine, ranks_figures, turns_and_run
 
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_gather", "reduce")
 """The collectives a ZeRO-2 step issues, and their like."""
+
+
+class HookShape:
+    """Only the hooks ``EngineHooks`` puts on the module, each doing nothing but the forward hook's backward watch
+    (a pre-hook on the output's node queueing an autograd-engine callback): what hooking alone costs."""
+
+    def __init__(self, engine: Any) -> None:
+        module = engine.module
+        self._handles = [module.register_forward_pre_hook(lambda *args: None, prepend=True, with_kwargs=True),
+                         module.register_forward_hook(self._forward_ended),
+                         module.register_forward_hook(lambda *args: None, always_call=True)]
+        self._watch: Any = None
+
+    def _forward_ended(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        self._watch = output.grad_fn.register_prehook(
+            lambda grad: torch.autograd.Variable._execution_engine.queue_callback(lambda: None))
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 class Floor:
@@ -143,7 +167,7 @@ def worker(out: Path, turns: int) -> None:
     engine, batch, rank, _ = mlp_engine({"stage": 2})
     steady: Dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as records:
-        attach_turns(engine, batch, turns, {"off": lambda: None,
+        attach_turns(engine, batch, turns, {"off": lambda: None, "hooks": lambda: HookShape(engine),
                                             "floor": lambda: Floor(engine, Path(records) / f"floor_{rank}.txt")},
                      steady=steady)
     (out / f"rank_{rank}.json").write_text(json.dumps(steady))
@@ -153,27 +177,31 @@ def worker(out: Path, turns: int) -> None:
 
 
 def bench(turns: int, runs: int) -> None:
-    print(f"ZeRO-2 training step, 2 ranks (gloo, CPU), {turns} interleaved turns of off / the least recorder, "
-          "steps 11-20 after attach")
-    worst = []
+    print(f"ZeRO-2 training step, 2 ranks (gloo, CPU), {turns} interleaved turns of off / the hooks alone / the least "
+          "recorder, steps 11-20 after attach")
+    worst: Dict[str, List[float]] = {"hooks": [], "floor": []}
     for run in range(runs):
         load = os.getloadavg()[0]
-        results = ranks_figures(Path(__file__), ["--turns", str(turns)], timeout=120 + 8 * turns)
-        ratios = []
+        results = ranks_figures(Path(__file__), ["--turns", str(turns)], timeout=120 + 12 * turns)
+        ratios: Dict[str, List[float]] = {mode: [] for mode in worst}
         for rank, steady in results.items():
             wall, cpu = steady["wall"], steady["cpu"]
-            ratio = statistics.median(b / a for a, b in zip(wall["off"], wall["floor"]))
-            added_us = (statistics.median(cpu["floor"]) - statistics.median(cpu["off"])) * 1e6
+            parts = []
+            for mode, label in (("hooks", "the hooks alone"), ("floor", "the least recorder")):
+                ratios[mode].append(statistics.median(b / a for a, b in zip(wall["off"], wall[mode])))
+                added_us = (statistics.median(cpu[mode]) - statistics.median(cpu["off"])) * 1e6
+                parts.append(f"{label} {ratios[mode][-1]:.3f}x ({added_us:+.0f} us of the training thread's CPU)")
             print(f"  run {run + 1} (load {load:.1f}), rank {rank}: off {statistics.median(wall['off']) * 1e3:.2f} ms "
-                  f"a step; the least recorder {ratio:.3f}x, CPU of the training thread {added_us:+.0f} us a step")
-            ratios.append(ratio)
-        worst.append(max(ratios))
-    print(f"the least recorder against off, worst rank of each run: {' / '.join(f'{r:.3f}' for r in worst)}; "
-          f"median {statistics.median(worst):.3f}x")
+                  f"a step; {'; '.join(parts)}")
+        for mode in worst:
+            worst[mode].append(max(ratios[mode]))
+    for mode, label in (("hooks", "the hooks alone"), ("floor", "the least recorder")):
+        print(f"{label} against off, worst rank of each run: {' / '.join(f'{r:.3f}' for r in worst[mode])}; "
+              f"median {statistics.median(worst[mode]):.3f}x")
 
 
 def main() -> None:
-    turns_and_runs_main(__doc__.splitlines()[0], worker, bench, "the two modes")
+    turns_and_runs_main(__doc__.splitlines()[0], worker, bench, "the three modes")
 
 
 if __name__ == "__main__":
