@@ -17,8 +17,9 @@ after "off" on the same engine (bench_step_metrics.py gives the interleaved rati
 
 A ratio benchmark (bench_step_metrics.py) moves +-2% from run to run on this machine; these are medians of
 hundreds of calls of each part in the job itself, where a part costs what it costs after the rest of the step
-ran (a line of Python costs several times what it costs in a loop).  It reads the hooks' ``_told`` and ``_step_end`` tables (the
-listeners' bound methods per event) to put its timers in: a diagnostic of ours, not a figure of the target.
+ran (a line of Python costs several times what it costs in a loop).  It reads the hooks' ``_told`` and
+``_step_end`` tables (the listeners' bound methods per event) to put its timers in: a diagnostic of ours, not a
+figure of the target.
 """
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def _do_nothing(self: Any, *args: Any) -> None:
 def _time_listeners(hooks: Any, times: Times) -> None:
     from ds_profutils.engine.hooks import Listener
 
-    # hears every event the recorder hears and does nothing: the timer's own cost in place
-    events = ("forward_started", "forward_ended", "backward_ended", "step_started", "step_ended", "optimizer_step_ended")
+    # hears the events the recorder hears (and optimizer_step_ended) and does nothing: the timer's own cost in place
+    events = ("forward_started", "forward_ended", "backward_ended", "step_started", "step_ended",
+              "optimizer_step_ended")
     hooks.add(type("Nothing", (Listener, ), dict.fromkeys(events, _do_nothing))())
     hooks._told = {event: [_Timed(f"{event} {type(told.__self__).__name__}", told, times) for told in told_list]
                    for event, told_list in hooks._told.items()}

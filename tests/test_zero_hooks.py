@@ -190,6 +190,30 @@ def test_each_listener_hears_a_steps_end_and_its_optimizer_step_before_the_next_
         signal.signal(signal.SIGUSR1, previous)
 
 
+def test_a_listener_failing_after_another_removed_the_hooks_does_not_reach_the_training_loop():
+    """Removing the hooks inside a listener (closing the attachment from a callback) empties the listeners; one
+    after it in the same step's end that then fails is stopped as ever, and its error stays ours."""
+
+    class Closing(Listener):
+        def step_ended(self):
+            hooks.remove()
+
+    class FailingAtStepEnd(Failing):
+        def forward_started(self, module, args, kwargs):
+            pass
+
+        def step_ended(self):
+            raise self.error
+
+    engine = Engine()
+    hooks = EngineHooks(engine)
+    failing = FailingAtStepEnd(RuntimeError("ours"))
+    hooks.add(Closing())
+    hooks.add(failing)
+    engine.train_step()
+    assert str(failing.stopped) == "ours" and hooks.listeners == [] and "step" not in vars(engine)
+
+
 def test_no_engine_runs_after_its_steps_whatever_left_a_forward():
     """A forward inside a forward of the module (Lightning's training_step), and a forward a KeyboardInterrupt
     left (torch calls always-call hooks on an Exception only; the program caught it): no engine runs after

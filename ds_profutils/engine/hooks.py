@@ -164,9 +164,9 @@ class _ModuleHook:
 
 # Calls between steps whose collectives are the engine's: checkpoints, 16-bit weights gathered (the Trainer's)
 _OWN_WORK = ("save_checkpoint", "load_checkpoint", "save_16bit_model", "_zero3_consolidated_16bit_state_dict")
-_EVENTS = ("forward_started", "forward_ended", "forward_left", "backward_ended", "step_started", "step_ended",
-           "optimizer_step_ended", "step_listeners_done", "failed", "checkpoint_saved")  # the Listener methods told
-_STEP_END = {"step_ended", "optimizer_step_ended"}  # told per listener (EngineHooks._step_ended)
+_EVENTS = ("forward_started", "forward_ended", "forward_left", "backward_ended", "step_started", "step_listeners_done",
+           "failed", "checkpoint_saved")  # the Listener methods EngineHooks._tell tells
+_STEP_END = ("step_ended", "optimizer_step_ended")  # the Listener methods told per listener (EngineHooks._step_ended)
 
 
 class EngineHooks:
@@ -217,13 +217,12 @@ class EngineHooks:
         self._listen()
 
     def _listen(self) -> None:
-        """Who is told what, from the listeners now (after each change of them): the base's methods do nothing and
-        are not called; a step's end is told per listener (:meth:`_step_ended`)."""
-        own = [{event: getattr(listener, event) for event in _EVENTS
+        """Who is told what, from the listeners now (after each change of them); the base's methods do nothing."""
+        own = [{event: getattr(listener, event) for event in _EVENTS + _STEP_END
                 if getattr(type(listener), event) is not getattr(Listener, event)} for listener in self.listeners]
         self._told = {event: [told[event] for told in own if event in told] for event in _EVENTS}
         self._step_end = [(listener, told.get("step_ended"), told.get("optimizer_step_ended"))
-                          for listener, told in zip(self.listeners, own) if _STEP_END & told.keys()]
+                          for listener, told in zip(self.listeners, own) if told.keys() & _STEP_END]
 
     def _wrap(self, attribute: str, around: Callable[..., Any]) -> None:
         engine = self.engine
@@ -274,7 +273,8 @@ class EngineHooks:
 
     def _drop(self, listener: Listener, exc: Exception) -> None:
         """``listener`` failed: stop it; with none left the engine is DeepSpeed's again at once."""
-        self.listeners.remove(listener)
+        if listener in self.listeners:  # not where a listener removed the hooks since (removing every listener)
+            self.listeners.remove(listener)
         self._listen()
         listener.stop_after_error(exc)
         if not self.listeners:
