@@ -311,5 +311,5 @@ def test_a_memory_snapshot_stopped_after_an_error_ends_the_allocator_history():
         global_steps = 0
 
     snapshots, engine = Snapshots(), Engine()
-    StepSnapshots(engine, snapshots).stop_after_error(RuntimeError("a dump of ours"))
+    StepSnapshots(snapshots).stop_after_error(RuntimeError("a dump of ours"))
     assert snapshots.closed

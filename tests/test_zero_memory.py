@@ -168,7 +168,7 @@ def snapshotting(engine, tmp_path, history, **settings):
     settings = MemorySnapshotConfig(enabled=True, output_dir=str(tmp_path), **settings)
     snapshots = snapshot.MemorySnapshots(settings, IDENTITY, history)
     hooks = EngineHooks(engine)
-    hooks.add(StepSnapshots(engine, snapshots))
+    hooks.add(StepSnapshots(snapshots))
     return hooks, snapshots
 
 
@@ -197,7 +197,7 @@ def test_an_out_of_memory_error_in_the_engine_writes_the_history_and_goes_on_unc
         setattr(engine, where, out_of_memory)
     hooks.remove()  # the hooks wrap what the engine holds when a listener watching errors is added
     hooks = EngineHooks(engine)
-    hooks.add(StepSnapshots(engine, snapshots))
+    hooks.add(StepSnapshots(snapshots))
     with pytest.raises(torch.OutOfMemoryError) as raised:
         getattr(engine, where)()
     assert raised.value is error and history.started == [500]

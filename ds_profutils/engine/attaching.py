@@ -308,7 +308,7 @@ def attach(engine: Any,
         attachment.add(profiling, profiling.close)
     if history is not None:
         snapshots = snapshot.MemorySnapshots(snapshot_settings, identity, history)
-        attachment.add(snapshot.StepSnapshots(engine, snapshots), snapshots.close)
+        attachment.add(snapshot.StepSnapshots(snapshots), snapshots.close)
     return attachment
 
 
@@ -386,7 +386,7 @@ def _attach_recorder(attachment: Attachment, coordinator: Any, settings: Any, id
     attachment.recorder = recorder
     attachment.add(recorder, recorder.close)
     if attachment.live is not None:  # after the recorder: a step whose figures did not come counts empty
-        attachment.add(LiveStepClock(engine, attachment.live), do_nothing)
+        attachment.add(LiveStepClock(attachment.live), do_nothing)
     if writes and identity.rank == settings.reporting_rank and not recorder.records_file.failed:
         pattern = fetch_records_file(settings.output_dir, "<r>", name)
         ranks_text = "every rank" if settings.ranks is None else f"ranks {settings.ranks}"

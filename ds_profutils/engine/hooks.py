@@ -131,8 +131,8 @@ class Listener:
 
 
 class OptimizerStepListener(Listener):
-    """A listener of ``engine`` (held weakly) that follows its optimizer steps (:meth:`Listener.optimizer_step_ended`)
-    and reads its global step count."""
+    """A listener that reads the global step count of ``engine`` (held weakly) outside the step's end (the
+    optimizer step's number comes with :meth:`Listener.optimizer_step_ended`)."""
 
     def __init__(self, engine: Any) -> None:
         self._engine = weakref.ref(engine)
@@ -329,7 +329,7 @@ class EngineHooks:
             self._tell("forward_left")
 
     def _around_backward(self, backward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._forwards:
+        if self._forwards:  # (its own test too: a call fewer on the step path)
             self._left_forwards()
         outside, running.engine_id = running.engine_id, self._engine_id
         self._in_backward, self.phase = True, "backward"
@@ -342,7 +342,7 @@ class EngineHooks:
         return result
 
     def _around_step(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._forwards:
+        if self._forwards:  # (as in _around_backward)
             self._left_forwards()
         outside, running.engine_id = running.engine_id, self._engine_id
         self.phase, before, ended = "step", getattr(self._engine(), "global_steps", None), True

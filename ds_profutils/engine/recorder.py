@@ -231,7 +231,7 @@ class StepRecorder(Listener):
 
     def step_ended(self) -> None:
         step, before, self._steps_before = self._open, self._steps_before, None
-        boundary = before is not None and self._engine.global_steps != before
+        boundary = optimizer_step_taken(self._engine, before)
         if step is not None and step.forward_done:
             self._mark_end(step)
             step.step_done = True

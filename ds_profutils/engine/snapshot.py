@@ -21,7 +21,7 @@ from typing import Any, Optional, Protocol
 from ..config import MemorySnapshotConfig
 from ..logging import logger, warning_once
 from ..outputs import ProcessIdentity, atomic_path, memory_snapshot_file
-from .hooks import OptimizerStepListener
+from .hooks import Listener
 
 __all__ = ["AllocatorHistory", "MemorySnapshots", "StepSnapshots", "cuda_allocator_history", "is_out_of_memory"]
 
@@ -127,11 +127,10 @@ class MemorySnapshots:
                 logger.error("memory_snapshot: stopping the allocator history failed (%s)", exc)
 
 
-class StepSnapshots(OptimizerStepListener):
+class StepSnapshots(Listener):
     """The memory snapshots as the engine's steps and errors reach them."""
 
-    def __init__(self, engine: Any, snapshots: MemorySnapshots) -> None:
-        super().__init__(engine)
+    def __init__(self, snapshots: MemorySnapshots) -> None:
         self.snapshots = snapshots
 
     def optimizer_step_ended(self, global_step: int) -> None:

@@ -64,7 +64,7 @@ def test_an_out_of_memory_error_writes_the_allocator_history(cuda_accelerator, t
     identity = ProcessIdentity(rank=0, world_size=1, local_rank=0, host="gpu", pid=1, source="test")
     snapshots = snapshot.MemorySnapshots(settings, identity, snapshot.cuda_allocator_history(cuda_accelerator))
     hooks = EngineHooks(engine)
-    hooks.add(StepSnapshots(engine, snapshots))
+    hooks.add(StepSnapshots(snapshots))
     total = torch.cuda.get_device_properties(0).total_memory
 
     def too_much(module, args):

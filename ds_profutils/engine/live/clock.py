@@ -8,20 +8,17 @@ not come with empty figures: the failed rank's row is empty, every rank's exchan
 """
 from __future__ import annotations
 
-from typing import Any
-
 from ...logging import logger
-from ..hooks import OptimizerStepListener
+from ..hooks import Listener
 from .metrics import LiveMetrics
 
 __all__ = ["LiveStepClock"]
 
 
-class LiveStepClock(OptimizerStepListener):
-    """Tells ``live`` each optimizer step of ``engine`` that ends; add it after the recorder."""
+class LiveStepClock(Listener):
+    """Tells ``live`` each optimizer step of its engine that ends; add it after the recorder."""
 
-    def __init__(self, engine: Any, live: LiveMetrics) -> None:
-        super().__init__(engine)
+    def __init__(self, live: LiveMetrics) -> None:
         self.live = live
 
     def optimizer_step_ended(self, global_step: int) -> None:

@@ -62,6 +62,11 @@ class StepSums:
                            eval_ms=self.eval_ms, save_ms=self.save_ms, **own)
 
 
+def _add(total: Optional[int], value: Optional[int]) -> Optional[int]:
+    """None where any micro step did not know."""
+    return None if total is None or value is None else total + value
+
+
 class OptimizerStepTotals:
     """The optimizer step in progress on one engine (see the module doc)."""
 
@@ -80,10 +85,9 @@ class OptimizerStepTotals:
         if flops is None:
             sums.flops = sums.tokens = sums.samples = None
         else:
-            # None where any micro step did not know (inline: the step's own time)
-            sums.flops = None if sums.flops is None or flops.flops is None else sums.flops + flops.flops
-            sums.tokens = None if sums.tokens is None or flops.tokens is None else sums.tokens + flops.tokens
-            sums.samples = None if sums.samples is None or flops.samples is None else sums.samples + flops.samples
+            sums.flops = _add(sums.flops, flops.flops)
+            sums.tokens = _add(sums.tokens, flops.tokens)
+            sums.samples = _add(sums.samples, flops.samples)
         if memory is not None:
             peak = memory["peak_allocated_bytes"]
             sums.peak_allocated_bytes = peak if sums.peak_allocated_bytes is None else max(sums.peak_allocated_bytes,
