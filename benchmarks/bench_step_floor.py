@@ -15,8 +15,8 @@ written to an unbuffered file.  No record is built, nothing is gathered, nothing
 It is read beside ``bench_step_metrics.py``'s ratio (the same engine, the same interleaved turns, the same
 block of steps 11-20 after attach): the part of that ratio any recorder of this shape pays on this machine,
 whatever its code.  Per run, the worst rank's median ratio; the figure is the median of the runs'.  A third mode,
-the hooks alone (:class:`HookShape`: the module's three hooks and the output's backward watch, doing nothing else),
-shows how much of that the hooking itself takes.
+the module hooks alone (:class:`HookShape`: the module's three hooks and the output's backward watch, doing nothing
+else; not the wrappers of ``forward``, ``backward`` and ``step``), shows how much of that hooking the module takes.
 """
 from __future__ import annotations
 
@@ -177,8 +177,8 @@ def worker(out: Path, turns: int) -> None:
 
 
 def bench(turns: int, runs: int) -> None:
-    print(f"ZeRO-2 training step, 2 ranks (gloo, CPU), {turns} interleaved turns of off / the hooks alone / the least "
-          "recorder, steps 11-20 after attach")
+    print(f"ZeRO-2 training step, 2 ranks (gloo, CPU), {turns} interleaved turns of off / the module hooks alone / "
+          "the least recorder, steps 11-20 after attach")
     worst: Dict[str, List[float]] = {"hooks": [], "floor": []}
     for run in range(runs):
         load = os.getloadavg()[0]
@@ -187,7 +187,7 @@ def bench(turns: int, runs: int) -> None:
         for rank, steady in results.items():
             wall, cpu = steady["wall"], steady["cpu"]
             parts = []
-            for mode, label in (("hooks", "the hooks alone"), ("floor", "the least recorder")):
+            for mode, label in (("hooks", "the module hooks alone"), ("floor", "the least recorder")):
                 ratios[mode].append(statistics.median(b / a for a, b in zip(wall["off"], wall[mode])))
                 added_us = (statistics.median(cpu[mode]) - statistics.median(cpu["off"])) * 1e6
                 parts.append(f"{label} {ratios[mode][-1]:.3f}x ({added_us:+.0f} us of the training thread's CPU)")
@@ -195,7 +195,7 @@ def bench(turns: int, runs: int) -> None:
                   f"a step; {'; '.join(parts)}")
         for mode in worst:
             worst[mode].append(max(ratios[mode]))
-    for mode, label in (("hooks", "the hooks alone"), ("floor", "the least recorder")):
+    for mode, label in (("hooks", "the module hooks alone"), ("floor", "the least recorder")):
         print(f"{label} against off, worst rank of each run: {' / '.join(f'{r:.3f}' for r in worst[mode])}; "
               f"median {statistics.median(worst[mode]):.3f}x")
 

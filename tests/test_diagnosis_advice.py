@@ -183,6 +183,7 @@ def test_the_diff_checks_that_following_the_advice_did_what_it_said(tmp_path):
     (-32.7, False, "the change moved it the expected way, within the diff's noise: not shown to help"),
     (5.0, False, "the change did not move it beyond the diff's noise"),
     (5.0, True, "the change did NOT do what the advice said: it moved the other way"),
+    (None, True, "collective_wait_ms from 0 (expected lower): the change cannot be checked"),  # no share of 0
 ])
 def test_a_move_the_diffs_test_cannot_tell_from_noise_is_said_to_show_nothing(change_pct, significant, says):
     from ds_profutils.diagnosis.checked import checked_lines

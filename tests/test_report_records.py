@@ -131,15 +131,18 @@ def test_a_straggler_whose_gap_is_its_slow_eval_forwards_is_slow_in_compute(tmp_
     assert summary[1]["gap_ms_median"] == 125.0 and summary[1]["own_gap_ms_median"] == 5.0
 
 
-def test_a_straggler_that_alone_evaluates_between_steps_is_late_by_its_eval_not_its_data_loader(tmp_path):
-    """Rank 1 alone runs 120 ms of eval forwards between steps (``if rank == 1: evaluate()``), its compute as
-    fast as rank 0's: late by its gap, which is its eval forwards, said so, and no data loader advice."""
+@pytest.mark.parametrize("part", ["eval_ms", "save_ms"])
+def test_a_straggler_that_alone_evaluates_between_steps_is_late_by_its_eval_not_its_data_loader(tmp_path, part):
+    """Rank 1 alone runs 120 ms of eval forwards (or checkpoint saves) between steps (``if rank == 1: evaluate()``),
+    its compute as fast as rank 0's: late by its gap, which is its eval forwards or saves, said so, and no data loader
+    advice, nor a word of an input pipeline."""
     for rank in (0, 1):
         rows = []
         for step in range(10):
             rows += iteration_record(rank, step, gap_ms=125.0 if rank == 1 else 5.0,
                                      collective_ms=2.0 + 120.0 * (rank == 0))
-            rows[-1].update(eval_ms=120.0 if rank == 1 else 0.0, save_ms=0.0, gap_collective_ms=0.0)
+            rows[-1].update(eval_ms=0.0, save_ms=0.0, gap_collective_ms=0.0)
+            rows[-1][part] = 120.0 if rank == 1 else 0.0
         write_records(tmp_path, rank, rows)
     report = build_report(tmp_path)
     summary = report["engines"]["main"]["ranks_summary"]
@@ -147,8 +150,10 @@ def test_a_straggler_that_alone_evaluates_between_steps_is_late_by_its_eval_not_
     assert summary[1]["cause_figures"]["gap_ms"] == 125.0 and summary[1]["cause_figures"]["gap_is_eval"] is True
     text = " ".join(render_text(report).split())
     assert ("cause: input_pipeline (gap 125.0 ms against 5.0 ms, its eval forwards and checkpoint saves between "
-            "steps") in text
-    assert "num_workers" not in text
+            "steps; 1.00x the others' work (3,000 against 3,000 gflop per step); busy 0.006667 against 0.006667 ms "
+            "per gflop): host work the others do not do between steps, not its input "
+            "pipeline nor slow compute: spread evaluation and saves over the ranks or run them less often") in text
+    assert "num_workers" not in text and "a slow input pipeline" not in text
 
 
 def test_a_straggler_slow_in_compute_is_not_put_on_its_gap(tmp_path):

@@ -143,6 +143,9 @@ _ADVICE = {
     "communication": "its own collectives took longer with the others already in them",
     "unknown": "neither its gap, its work nor its pace stands out",
 }
+_EVAL_GAP_ADVICE = ("host work the others do not do between steps, not its input pipeline nor slow compute: spread "
+                    "evaluation and saves over the ranks or run them less often")
+"""An ``input_pipeline`` cause told by its eval forwards and checkpoint saves (``gap_is_eval``)."""
 
 
 def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str],
@@ -166,4 +169,5 @@ def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str],
         parts.append(f"exposed wait {figures['exposed_wait_ms']:,.1f} against {figures['others_exposed_wait_ms']:,.1f} ms")
     by_step = "" if not steps or set(steps) == {cause} else "; its straggler steps: " + ", ".join(
         f"{name} {count}" for name, count in sorted(steps.items(), key=lambda item: -item[1]))
-    return f"cause: {cause} ({'; '.join(parts)}): {_ADVICE[cause]}{by_step}"
+    advice = _EVAL_GAP_ADVICE if cause == "input_pipeline" and figures.get("gap_is_eval") else _ADVICE[cause]
+    return f"cause: {cause} ({'; '.join(parts)}): {advice}{by_step}"

@@ -33,9 +33,9 @@ from ..diagnosis.stragglers import WORK_UNITS, work_unit
 from .chance import binomial_upper_tail
 from .records import FileRecords
 
-__all__ = ["ARRIVAL_FIGURES", "arrival_ms", "own_gap_ms", "STRAGGLER_LEVEL", "STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_STEP_SHARE", "Matrix",
-           "StepView", "chance_p_value", "host_stragglers", "is_straggler", "reach", "step_view", "steps_to_name", "tflops",
-           "straggler_rule"]
+__all__ = ["ARRIVAL_FIGURES", "arrival_ms", "host_gap_ms", "own_gap_ms", "STRAGGLER_LEVEL",
+           "STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_STEP_SHARE", "Matrix", "StepView", "chance_p_value",
+           "host_stragglers", "is_straggler", "reach", "step_view", "steps_to_name", "tflops", "straggler_rule"]
 
 STRAGGLER_LEVEL = 0.025
 """The overall verdict's level, shared by the ranks (each is tested at ``STRAGGLER_LEVEL / ranks``).  The
@@ -198,12 +198,22 @@ def arrival_ms(records: FileRecords) -> array:
                        for inside, gap in zip(records.collective_ms, records.gap_collective_ms)))
 
 
-def own_gap_ms(records: FileRecords, input_only: bool = True) -> array:
+def own_gap_ms(records: FileRecords) -> array:
     """Per step, the gap less its time inside the frameworks' collectives, eval forwards and checkpoint saves: waiting
     there for a late peer is no slow input pipeline of one's own (the late rank's own gap is what stands out), nor is
-    a slow eval forward (its compute) or save.  ``input_only`` False: less the collectives only."""
+    a slow eval forward (its compute) or save."""
+    return _gap_less(records, records.gap_collective_ms, records.eval_ms, records.save_ms)
+
+
+def host_gap_ms(records: FileRecords) -> array:
+    """Per step, the gap less its time inside the frameworks' collectives only: the host's own work between steps,
+    eval forwards and checkpoint saves included."""
+    return _gap_less(records, records.gap_collective_ms)
+
+
+def _gap_less(records: FileRecords, *parts: Sequence[float]) -> array:
     own = array("d", records.gap_ms)
-    for part in (records.gap_collective_ms, records.eval_ms, records.save_ms)[:3 if input_only else 1]:
+    for part in parts:
         for index, value in enumerate(part):
             if value == value:  # NaN: not recorded (files of earlier writers)
                 own[index] -= value
@@ -237,7 +247,7 @@ def step_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[in
                                (view.peak_allocated_bytes, records.peak_allocated_bytes),
                                (view.iteration_ms, records.iteration_ms), (view.gap_ms, records.gap_ms),
                                (view.own_gap_ms, own_gap_ms(records)),
-                               (view.host_gap_ms, own_gap_ms(records, input_only=False)),
+                               (view.host_gap_ms, host_gap_ms(records)),
                                (view.tflops, tflops(records)),
                                (view.work, array("d", (value * unit[2] for value in getattr(records, unit[0])))
                                 if unit else array("d", [math.nan]) * len(records.global_steps))):
