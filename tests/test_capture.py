@@ -275,6 +275,36 @@ def test_a_request_is_taken_once_decided_through_the_exchange_and_traced_exactly
     controller.close()
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_capture_the_disk_had_no_room_for_says_so_leaves_no_file_and_is_this_ranks_last(tmp_path, monkeypatch,
+                                                                                          ds_caplog, compressed):
+    """Kineto on a full disk says so on stderr only and leaves its own temporary file: the ERROR line names the full
+    disk, nothing is left using the space, and the rank takes no further capture (docs/capture.md)."""
+    from ds_profutils.torch_profiler import writer
+
+    exports = []
+
+    def full_disk(self, path, use_python_export=False):
+        exports.append(path)
+        open(f"{path}.tmp", "wb").close()
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", full_disk)
+    monkeypatch.setattr(writer.shutil, "disk_usage", lambda path: SimpleNamespace(total=10, used=10, free=0))
+    engine, live, controller = armed(tmp_path, gzip=compressed, ranks="all")
+    run_steps(live, controller, engine, 7)
+    write_request(tmp_path, 2, "all")
+    run_steps(live, controller, engine, 8)  # captured 10-11, its write failed
+    assert ds_caplog.text.count("ERROR") == 1, ds_caplog.text
+    assert "the trace exporter wrote no file (No space left on device)); no further captures here" in ds_caplog.text
+    assert sorted(path.name for path in (tmp_path / "capture_10").iterdir()) == ["manifest.json"]
+    write_request(tmp_path, 2, "all")
+    run_steps(live, controller, engine, 10)  # taken and decided; this rank takes no part
+    assert len(exports) == 1 and not controller.capturing
+    assert ds_caplog.text.count("ERROR") == 1, ds_caplog.text
+    live.close()
+    controller.close()
+
+
 def test_a_capture_running_at_the_end_is_written_with_its_steps_so_far(tmp_path):
     engine, live, controller = armed(tmp_path, "critic", steps=50)
     write_request(tmp_path, 50, "suspects")

@@ -44,6 +44,7 @@ class WindowRecording:
     def __init__(self, settings: ProfilerConfig) -> None:
         self.settings = settings
         self._torch: Optional[torch.profiler.profile] = None
+        self._started = False  # torch.profiler records (its start_trace returned)
         self._step_range: Optional[record_function] = None
         self._nsight: Optional[NsightCapture] = None
 
@@ -68,6 +69,7 @@ class WindowRecording:
     def start(self, identity: ProcessIdentity) -> None:
         """The window's first active step: recording begins (torch, the NVTX flag, the Nsight range)."""
         self._torch.start_trace()
+        self._started = True
         if identity.source != "torch.distributed":  # torch records distributedInfo only from torch.distributed
             self._torch.add_metadata_json("distributedInfo",
                                           json.dumps({"rank": identity.rank, "world_size": identity.world_size}))
@@ -103,11 +105,20 @@ class WindowRecording:
             self._nsight.stop()
 
     def stop(self) -> Optional[torch.profiler.profile]:
-        """Stop torch.profiler (it synchronizes the device) and hand over what it recorded."""
+        """Stop torch.profiler (it synchronizes the device) and hand over what it recorded.  Where its stop fails
+        before switching recording off, recording is switched off here: else every operator of the rest of the job
+        would be recorded (slower steps, growing memory), and no profiler could start again."""
         set_torch_profiler_recording(False)
         profile, self._torch = self._torch, None
+        started, self._started = self._started, False
         if profile is not None:
-            profile.stop_trace()
+            try:
+                profile.stop_trace()
+            finally:
+                if started and torch.autograd._profiler_enabled():  # ours: no other can start while it records
+                    with contextlib.suppress(Exception):
+                        torch.autograd._disable_profiler()
+                    torch.autograd.profiler._set_is_profiler_enabled(False)
         return profile
 
     def discard_warmup(self) -> None:

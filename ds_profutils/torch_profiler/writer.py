@@ -37,15 +37,16 @@ from ..outputs import ProcessIdentity, atomic_path, cycle_dir, summary_file, tra
 from .export import RunTrace, read_layout, rename_trace_events
 from .summary import OperatorSummary
 
-__all__ = ["RunWriter", "show_comms_summary"]
+__all__ = ["RunWriter", "export_trace", "show_comms_summary"]
 
 _ALL_RANKS = [-1]  # log_dist: every rank logs
 _writers: Dict[Tuple[str, int], "RunWriter"] = {}  # (output_dir, rank) -> this process's last writer there
 
 
-def _export(profile: Any, temporary: Path) -> None:
-    """Export the cycle's trace to ``temporary``.  Kineto says a failed write (a full disk) on stderr only and leaves
-    its own ``<temporary>.tmp`` and no trace: that is raised here, with the disk's state, and its file removed."""
+def export_trace(profile: Any, temporary: Path) -> None:
+    """Export ``profile``'s trace to ``temporary`` (a cycle's, a capture's).  Kineto says a failed write (a full disk)
+    on stderr only and leaves its own ``<temporary>.tmp`` and no trace: that is raised here, with the disk's state,
+    and its file removed."""
     profile.export_chrome_trace(str(temporary))
     if temporary.exists():
         return
@@ -163,7 +164,7 @@ class RunWriter:
         with self._written(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(path, self.identity) as temporary:
-                _export(profile, temporary)
+                export_trace(profile, temporary)
                 if renames:
                     try:
                         rename_trace_events(temporary, renames, self.identity)

@@ -166,11 +166,15 @@ class CaptureController(OptimizerStepListener):
     def _finish(self) -> None:
         plan, trace = self._planned, self._trace
         self._planned = self._trace = None
-        if trace is not None and trace.write():
-            self._wrote = plan.first_step
-            steps = f"{trace.steps[0]}-{trace.steps[-1]}" if trace.steps else "none"
-            cut = "" if len(trace.steps) == plan.steps else f" (cut short: {plan.steps} asked)"
-            print(f"ds_profutils: capture of steps {steps}{cut} written to {trace.path}", flush=True)
+        if trace is None:
+            return
+        if not trace.write():
+            self._failed = True  # as the write's ERROR line says
+            return
+        self._wrote = plan.first_step
+        steps = f"{trace.steps[0]}-{trace.steps[-1]}" if trace.steps else "none"
+        cut = "" if len(trace.steps) == plan.steps else f" (cut short: {plan.steps} asked)"
+        print(f"ds_profutils: capture of steps {steps}{cut} written to {trace.path}", flush=True)
 
     def _folder(self, plan: Plan) -> Path:
         return capture_dir(self.output_dir, self.engine_name, plan.first_step)

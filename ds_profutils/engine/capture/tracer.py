@@ -17,6 +17,7 @@ from ...config import ProfilerConfig
 from ...logging import logger
 from ...outputs import ProcessIdentity, atomic_path, capture_trace_file
 from ...torch_profiler.recording import WindowRecording, set_capture_recording
+from ...torch_profiler.writer import export_trace
 
 __all__ = ["CaptureTrace"]
 
@@ -60,7 +61,9 @@ class CaptureTrace:
         self.in_step = False
 
     def write(self) -> bool:
-        """Stop recording and write the trace; False (said in one ERROR line) when it could not be written."""
+        """Stop recording and write the trace; False (said in one ERROR line) when it could not be written: this rank
+        takes no further captures then (the next would most likely fail the same way, a full disk, and each holds
+        torch.profiler's recording for its steps)."""
         recording, self._recording = self._recording, None
         if recording is None:
             return False
@@ -71,11 +74,11 @@ class CaptureTrace:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not self._gzip:
                 with atomic_path(self.path, self.identity) as temporary:
-                    profile.export_chrome_trace(str(temporary))
+                    export_trace(profile, temporary)
                 return True
             plain = self.path.with_name(f".{self.path.name}.{self.identity.tag}.json")  # torch's export, compressed
             try:
-                profile.export_chrome_trace(str(plain))
+                export_trace(profile, plain)
                 _compress(plain, self.path)  # in place: a rank killed while compressing leaves a readable prefix
             finally:
                 plain.unlink(missing_ok=True)
@@ -83,7 +86,7 @@ class CaptureTrace:
         except Exception as exc:  # noqa: BLE001 - a capture must never break the training run
             recording.abandon()
             logger.error(f"ds_profutils: the capture trace {self.path} was not written ({type(exc).__name__}: {exc}); "
-                         "training goes on")
+                         "no further captures here, training goes on")
             return False
 
 
