@@ -19,9 +19,11 @@ import logging
 import weakref
 from typing import Callable, List
 
-__all__ = ["call_before_signal_exit", "close_at_exit", "forget_before_signal_exit", "run_before_signal_exit"]
+__all__ = ["call_before_signal_exit", "close_at_exit", "ending_on_signal", "forget_before_signal_exit",
+           "run_before_signal_exit"]
 
 _callbacks: List[Callable[[], None]] = []
+_ending_on_signal = False
 
 
 def call_before_signal_exit(callback: Callable[[], None]) -> None:
@@ -37,12 +39,20 @@ def forget_before_signal_exit(callback: Callable[[], None]) -> None:
 
 def run_before_signal_exit() -> None:
     """Call every registered writer, newest last; a failure is logged, never raised (the process is ending)."""
+    global _ending_on_signal
+    _ending_on_signal = True
     for callback in list(_callbacks):
         try:
             callback()
         except Exception:
             logging.getLogger("DeepSpeed").exception("ds_profutils: writing %r before the process ends failed",
                                                      callback)
+
+
+def ending_on_signal() -> bool:
+    """Whether a SIGTERM is ending the process now (the writers above are being called): a close then is not the
+    program's own."""
+    return _ending_on_signal
 
 
 def close_at_exit(close: Callable[[], None]) -> Callable[[], None]:

@@ -269,3 +269,72 @@ def test_a_step_that_ends_just_before_the_job_closes_is_written_resolved(tmp_pat
     attachment.close()  # at once: no look of the thread's own comes between
     hang = json.loads(path.read_text())
     assert hang["resolved"] and hang["resolved_after_s"] >= TIMEOUT_S and not watchdog_threads()
+
+
+@pytest.mark.parametrize("ending", ["closed by the program", "an error in flight", "a watch's own error",
+                                    "an uncaught exception", "a SIGTERM"])
+def test_a_wait_the_program_ends_by_closing_is_no_hang_but_one_ended_by_an_error_or_a_signal_stays_one(
+        tmp_path, monkeypatch, ending):
+    """A long evaluation or save after the last step, then the program's own close(): the file says resolved (a too
+    low timeout costs a file, not a false alarm).  Where an error or a SIGTERM ends the job, the wait was not over:
+    a hung job is ended so, and its files must go on saying HANG."""
+    from ds_profutils import _signal_exit
+
+    engine = Engine()
+    path = tmp_path / "hang_rank_0.json"
+    attachment = watched(engine, tmp_path)
+    engine.train_step()
+    assert wait_for(path.exists, TIMEOUT_S + 3 * POLL_SECONDS)  # the evaluation after the last step
+    if ending == "closed by the program":
+        attachment.close()
+    elif ending == "an error in flight":
+        with pytest.raises(RuntimeError, match="gloo timeout"), attachment:
+            raise RuntimeError("gloo timeout")
+    elif ending == "a watch's own error":
+        attachment._closers[0].__self__.stop_after_error(ValueError("ours"))
+    else:
+        if ending == "an uncaught exception":  # printed by the interpreter before its exit handlers run
+            monkeypatch.setattr("sys.last_value", RuntimeError("gloo timeout"), raising=False)
+        else:
+            monkeypatch.setattr(_signal_exit, "_ending_on_signal", True)
+        attachment.close()
+    assert not watchdog_threads()
+    hang = json.loads(path.read_text())
+    if ending == "closed by the program":
+        assert hang["resolved"] and hang["resolved_by"] == "close" and hang["resolved_after_s"] >= TIMEOUT_S
+    else:
+        assert not hang["resolved"] and hang["resolved_by"] is None
+    attachment.close()
+
+
+def test_every_directory_a_run_watches_loses_an_earlier_runs_hang_file_and_none_this_run_wrote(tmp_path):
+    """A second engine writing to its own output_dir joins the running watchdog: an earlier run's unresolved file
+    there would read as this run's hang.  A directory the watchdog already writes into keeps its file."""
+    first_dir, second_dir = tmp_path / "actor", tmp_path / "critic"
+    for directory in (first_dir, second_dir):
+        directory.mkdir()
+        (directory / "hang_rank_0.json").write_text(json.dumps({"resolved": False, "pid": 1}))
+    first = watched(Engine(), first_dir)
+    assert not (first_dir / "hang_rank_0.json").exists()
+    second = watched(Engine(), second_dir, name="critic")
+    assert not (second_dir / "hang_rank_0.json").exists()
+    assert wait_for((first_dir / "hang_rank_0.json").exists, TIMEOUT_S + 3 * POLL_SECONDS)  # no step: this run's
+    third = watched(Engine(), first_dir, name="reward")
+    assert json.loads((first_dir / "hang_rank_0.json").read_text())["pid"] != 1
+    for attachment in (third, second, first):
+        attachment.close()
+
+
+def test_a_collective_given_its_tensors_by_keyword_has_its_bytes():
+    """deepspeed.comm calls its backend's all_gather_into_tensor and reduce_scatter_tensor with the tensors by keyword
+    (ZeRO's commonest collectives): a hang file names their size as it does for positional ones."""
+    output, shard = torch.zeros(64), torch.zeros(32)
+    by_keyword = sequence.call_started("all_gather_into_tensor", (), {
+        "output_tensor": output, "input_tensor": shard, "group": (0, 1), "async_op": False}, 2)
+    sequence.collective_ended(by_keyword)
+    by_position = sequence.call_started("all_gather_into_tensor", (output, shard, (0, 1)), {}, 2)
+    sequence.collective_ended(by_position)
+    assert by_keyword.as_dict()["bytes"] == by_position.as_dict()["bytes"] == output.nbytes
+    scalar_first = sequence.call_started("all_reduce", (), {"tensor": shard, "op": None, "group": (0, 1)}, 2)
+    sequence.collective_ended(scalar_first)
+    assert scalar_first.as_dict()["bytes"] == shard.nbytes

@@ -89,10 +89,12 @@ def _first_seen(group: Any) -> GroupProgress:
     return found
 
 
-def tensor_bytes(args: tuple) -> Optional[int]:
-    """The bytes of the largest tensor among a collective's first two arguments (its input and output), or None."""
+def tensor_bytes(args: tuple, kwargs: Optional[Dict[str, Any]] = None) -> Optional[int]:
+    """The bytes of the largest tensor among a collective's first two arguments (its input and output), or None.
+    ``deepspeed.comm`` passes them by keyword to the backend (``output_tensor=``, ``input_tensor=``): then the first
+    two given."""
     largest = None
-    for value in args[:2]:
+    for value in args[:2] if len(args) >= 2 or not kwargs else (*args, *kwargs.values())[:2]:
         size = getattr(value, "nbytes", None)
         if isinstance(size, int) and (largest is None or size > largest):
             largest = size
@@ -111,7 +113,7 @@ def call_started(name: str, args: tuple, kwargs: Dict[str, Any], group_position:
     argument (``group_position`` its place among the positional ones; absent: the default group), its bytes
     :func:`tensor_bytes`.  One call of ours where a wrapper runs inside a step (each costs microseconds there)."""
     group = kwargs["group"] if "group" in kwargs else args[group_position] if len(args) > group_position else None
-    return Collective(name, _by_group.get(group) or _first_seen(group), tensor_bytes(args))
+    return Collective(name, _by_group.get(group) or _first_seen(group), tensor_bytes(args, kwargs))
 
 
 def collective_ended(collective: Collective) -> int:

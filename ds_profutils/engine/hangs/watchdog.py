@@ -13,17 +13,21 @@ the engine's global step, the phase its hooks keep (:attr:`..hooks.EngineHooks.p
 on the step path) and the collective wrappers' markers, and touches no device, no collective and no lock
 the step path takes; it writes the file again every timeout while stuck, and once more, saying
 ``resolved`` and how long the step took, if the step ends after all (also just before the job closes: closing
-the last engine waits for the thread's last look).  It ends when the last watched engine
-is closed or collected.
+the last engine waits for the thread's last look).  A wait that ends with the program closing its last engine
+itself (a long evaluation or save after the last step) is written resolved too, ``resolved_by: "close"``; not
+where an error, an uncaught exception or a SIGTERM ends the job (a hung job is ended so).  The thread ends when the
+last watched engine is closed or collected.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import weakref
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ..._signal_exit import ending_on_signal
 from ...logging import logger, warning_once
 from ...outputs import ProcessIdentity, hang_file, process_identity
 from ..hooks import BETWEEN_STEPS, EngineHooks, OptimizerStepListener
@@ -47,6 +51,7 @@ class Watchdog:
         self.beat_at = time.monotonic()  # the last optimizer step's end (or the start), written by the step path
         self._stuck_since: Optional[float] = None  # the thread's: the beat a hang file was written for, or None
         self._writes = 0  # the files written for it
+        self.closed_by_program = False  # the last engine was closed by the program itself (_program_closes)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ds_profutils-hang-watchdog", daemon=True)
 
@@ -92,18 +97,25 @@ class Watchdog:
                     self._stuck_since, written_at = beat, now
             except Exception as exc:  # noqa: BLE001 - the watchdog never stops the job; it says so once
                 _said(exc)
-        try:
-            self._resolve(watches)  # a step that ended just before the last engine closed: no later look comes
+        try:  # a step that ended just before the last engine closed (no later look comes), or the close itself
+            self._resolve(watches, closed=self.closed_by_program)
         except Exception as exc:  # noqa: BLE001
             _said(exc)
         _forget(self)
 
-    def _resolve(self, watches: List["EngineWatch"]) -> None:
-        """Where a hang file was written and an optimizer step has ended since, write it once more, resolved."""
+    def _resolve(self, watches: List["EngineWatch"], closed: bool = False) -> None:
+        """Where a hang file was written and an optimizer step has ended since, write it once more, resolved; also
+        where the program has ``closed`` its last engine meanwhile (the wait ended there)."""
         beat, stuck_since = self.beat_at, self._stuck_since
-        if stuck_since is None or beat == stuck_since or not watches:
+        if stuck_since is None or not watches:
             return
-        self._write(watches, stuck_since, self._writes, resolved_after_s=beat - stuck_since)
+        if beat != stuck_since:
+            self._write(watches, stuck_since, self._writes, resolved_after_s=beat - stuck_since)
+        elif closed:
+            self._write(watches, stuck_since, self._writes, resolved_after_s=time.monotonic() - stuck_since,
+                        resolved_by="close")
+        else:
+            return
         self._stuck_since, self._writes = None, 0
 
     def _ended(self) -> bool:
@@ -116,18 +128,21 @@ class Watchdog:
             return True
 
     def _write(self, watches: List["EngineWatch"], beat: float, writes: int,
-               resolved_after_s: Optional[float] = None) -> None:
+               resolved_after_s: Optional[float] = None, resolved_by: str = "step") -> None:
         since = time.time() - (time.monotonic() - beat)
         engines = [watch.where() for watch in watches]
         content = hang_content(self.identity, engines, timeout_s=min(watch.timeout_s for watch in watches),
                                since=since, training_thread=self.training_thread,
                                cuda_device=next((w.cuda_device for w in watches if w.cuda_device is not None), None),
-                               writes=writes, resolved_after_s=resolved_after_s)
+                               writes=writes, resolved_after_s=resolved_after_s, resolved_by=resolved_by)
         for output_dir in sorted({watch.output_dir for watch in watches}):
             path = write_hang_file(output_dir, self.identity, content)
         if resolved_after_s is None:
             logger.warning("ds_profutils: no optimizer step has ended for %.0f s on rank %d; where it is: %s",
                            content["stuck_s"], self.identity.rank, path)
+        elif resolved_by == "close":
+            logger.warning("ds_profutils: the program closed the engine %.0f s after the last step, no hang (%s says "
+                           "resolved)", resolved_after_s, path)
         else:
             logger.warning("ds_profutils: the step ended after all, %.0f s after the one before (%s says resolved)",
                            resolved_after_s, path)
@@ -176,17 +191,29 @@ class EngineWatch(OptimizerStepListener):
     def stop_after_error(self, exc: Exception) -> None:
         logger.error("ds_profutils: the hang watch of engine %r stopped after an error (%s: %s); training goes on",
                      self.name, type(exc).__name__, exc)
-        self.close()
+        self._unwatch(by_program=False)  # the job goes on: a wait written as a hang has not ended
 
     def close(self) -> None:
         """Watch this engine no more; the thread ends with the last engine (after its last look)."""
+        self._unwatch(by_program=_program_closes(self._watchdog.training_thread))
+
+    def _unwatch(self, by_program: bool) -> None:
         with _lock:
             self._watchdog.watches.discard(self)
             last = not self._watchdog.watches
             if last:
+                self._watchdog.closed_by_program = by_program
                 self._watchdog.stop()
         if last:
             self._watchdog.join()
+
+
+def _program_closes(training_thread: int) -> bool:
+    """Whether the program itself closes now: on its training thread, with no exception in flight, none that ended
+    the program (an uncaught one, a gloo timeout, is printed before exit handlers run) and no SIGTERM ending it."""
+    ended_by = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return (threading.get_ident() == training_thread and sys.exc_info()[0] is None and ended_by is None
+            and not ending_on_signal())
 
 
 def _remove_earlier_file(output_dir: Path, identity: ProcessIdentity) -> None:
@@ -208,10 +235,12 @@ def watch_engine(hooks: EngineHooks, name: str, output_dir: str, timeout_s: floa
         fresh = watchdog is None or not watchdog.alive or watchdog._stop.is_set()
         if fresh:
             watchdog = _watchdog = Watchdog(process_identity(), threading.get_ident())
-        watch = EngineWatch(hooks, name, Path(output_dir), timeout_s, watchdog)
+        directory = Path(output_dir)
+        if all(watch.output_dir != directory for watch in watchdog.watches):  # under the lock: the thread writes
+            _remove_earlier_file(directory, watchdog.identity)                 # only into the watched directories
+        watch = EngineWatch(hooks, name, directory, timeout_s, watchdog)
         watchdog.watches.add(watch)
     if fresh:
-        _remove_earlier_file(Path(output_dir), watchdog.identity)
         watchdog.start()
     watchdog.beat()  # the timeout counts from the attach: a hang before the first step is found too
     return watch
