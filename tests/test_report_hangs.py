@@ -91,6 +91,35 @@ def test_nobody_inside_a_collective_but_one_rank_ahead_names_the_ranks_behind(tm
     assert "never arrived: rank 1" in render_text(report)
 
 
+def test_ranks_inside_different_collectives_at_one_sequence_number_are_named_mismatched(tmp_path):
+    """Uneven data: rank 1 left the loop early and waits in a barrier, rank 0 in the next step's gradient all_reduce,
+    both the 10th on the group: neither is behind, each waits for the other in a collective it never joins."""
+    world = (0, 1)
+    hang_file(tmp_path, 0, inside=("all_reduce", world, 10), groups=[(world, 10)], phase="backward")
+    hang_file(tmp_path, 1, inside=("barrier", world, 10), groups=[(world, 10)], phase="between steps")
+    report = build_report(tmp_path)
+    hang = report["engines"]["main"]["hang"]
+    assert hang["culprits"] == [] and hang["missing"] == []
+    assert hang["mismatched"] == [{"group": [0, 1], "seq": 10, "collectives": {0: "all_reduce", 1: "barrier"}}]
+    text = " ".join(render_text(report).split())  # the lines as wrapped, read as one
+    assert "mismatched collectives: group 0-1, seq 10: rank 0 in all_reduce, rank 1 in barrier: the ranks' " \
+           "programs issued different collectives there" in text
+    assert "no rank waits inside a collective" not in text and "no rank is behind" not in text
+
+
+def test_ranks_all_inside_the_same_collective_are_not_said_to_wait_for_nobody(tmp_path):
+    """Every member inside the same all_reduce, none behind: the collective itself does not end."""
+    world = (0, 1)
+    for rank in world:
+        hang_file(tmp_path, rank, inside=("all_reduce", world, 7), groups=[(world, 7)])
+    report = build_report(tmp_path)
+    hang = report["engines"]["main"]["hang"]
+    assert hang["culprits"] == hang["mismatched"] == [] and hang["waiting"] == [0, 1]
+    text = " ".join(render_text(report).split())
+    assert "no rank is behind: the ranks waiting are inside the same collective, which does not end" in text
+    assert "no rank waits inside a collective for another" not in text
+
+
 def test_a_resolved_hang_is_a_slow_step_not_a_hang(tmp_path):
     engine = Engine(stage=2)
     with attach_recorder(engine, tmp_path):

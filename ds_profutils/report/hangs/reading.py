@@ -8,7 +8,9 @@ loader, a collective on another group, a deadlock).  A member without a file at 
 whose files are elsewhere) is named too.  Where no rank is inside a collective, the members of a group that issued
 fewer collectives there than another member are named (that member waits on one the watchdog does not see as
 inside: the program's ``async_op`` handle); with equal counts nobody waits for anybody: the section shows each
-rank's stack and names no culprit.
+rank's stack and names no culprit.  Ranks inside *different* collectives at the same sequence number of one group are
+*mismatched*: their programs issued different collectives there (a rank that left the loop early on uneven data
+and calls a barrier where the others reduce gradients), so each waits for the others in one they never join.
 
 A file that says ``resolved`` was a slow step, not a hang: it is left out here (the step's record shows the
 time).  Nothing here needs the step records: a job that hung before its first step is reported too.
@@ -94,6 +96,18 @@ def _culprits(files: Mapping[int, Mapping[str, Any]]) -> Tuple[List[int], List[i
     return sorted(culprits), sorted(missing)
 
 
+def _mismatched(files: Mapping[int, Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Per group and sequence number that ranks are inside different collectives at: the group, the number, and
+    each of those ranks' collective."""
+    inside_at: Dict[Tuple[Tuple[int, ...], int], Dict[int, str]] = {}
+    for rank, content in sorted(files.items()):
+        inside = content.get("collective")
+        if inside:
+            inside_at.setdefault((tuple(inside["group"]), int(inside["seq"])), {})[rank] = inside["name"]
+    return [{"group": list(group), "seq": seq, "collectives": names}
+            for (group, seq), names in sorted(inside_at.items()) if len(set(names.values())) > 1]
+
+
 def _rank_entry(content: Mapping[str, Any], engine: Mapping[str, Any]) -> Dict[str, Any]:
     inside = content.get("collective")
     return {
@@ -120,6 +134,7 @@ def hang_reports(files: Mapping[int, Mapping[str, Any]]) -> Dict[str, Dict[str, 
     if not files:
         return {}
     culprits, missing = _culprits(files)
+    mismatched = _mismatched(files)
     names: List[str] = []
     for content in files.values():
         names += [engine["name"] for engine in content.get("engines") or [] if engine["name"] not in names]
@@ -137,6 +152,7 @@ def hang_reports(files: Mapping[int, Mapping[str, Any]]) -> Dict[str, Dict[str, 
             "phase": first["phase"],
             "culprits": culprits,
             "missing": missing,
+            "mismatched": mismatched,
             "waiting": [rank for rank, entry in ranks.items()
                         if entry["state"] == "in_collective" and rank not in culprits],
             "timeout_s": min(content.get("timeout_s") or 0 for content in files.values()),

@@ -33,8 +33,15 @@ def hang_lines(report: Mapping[str, Any]) -> List[str]:
             if hang["missing"]:
                 named.append(f"ranks {rank_ranges(hang['missing'])}, which wrote no hang file here")
             lines += wrap("  never arrived: " + "; ".join(named))
-        else:
-            lines.append("  no rank waits inside a collective for another: see each rank's stack")
+        for mismatch in hang.get("mismatched") or []:  # (files of earlier versions have none)
+            inside = ", ".join(f"rank {rank} in {name}" for rank, name in mismatch["collectives"].items())
+            lines += wrap(f"  mismatched collectives: group {rank_ranges(mismatch['group'])}, seq {mismatch['seq']}: "
+                          f"{inside}: the ranks' programs issued different collectives there (a rank that left the "
+                          "loop early on uneven data, or a collective only some ranks call)")
+        if not (hang["culprits"] or hang["missing"] or hang.get("mismatched")):
+            lines.append("  no rank waits inside a collective for another: see each rank's stack" if not hang["waiting"]
+                         else "  no rank is behind: the ranks waiting are inside the same collective, which does not "
+                              "end (the network or the backend): see each rank's stack")
         for rank in [rank for rank in hang["culprits"] or list(ranks) if rank in ranks]:
             entry = ranks[rank]
             lines += wrap(f"  rank {rank} ({entry['host']}, pid {entry['pid']}): {_where(entry)}, phase "
