@@ -207,8 +207,10 @@ def test_the_output_states_the_rule_with_its_thresholds(tmp_path, capsys):
             "ranks (max - min) is >= max(2 ms, 10% of the step's median step time): it arrived last, and the "
             "others' excess is the wait it caused; a rank is flagged STRAGGLER when it is the step straggler more "
             "often than chance allows: a one-sided exact binomial test of its count against 1/ranks per recorded "
-            "train step, p <= 2.5% / ranks (so a run with no slow rank names one in at most 2.5% of runs); with "
-            "ranks on several hosts, a host is flagged STRAGGLER HOST by the same test against its share of the "
+            "train step, p <= 2.5% / ranks (so a run with no slow rank names one in at most 2.5% of runs); a rank "
+            "not flagged but the step straggler of more of the steps where a rank held the others back than chance "
+            "allows (the same test over those steps only) is listed HELD BACK IN SOME STEPS: slow in part of the run; "
+            "with ranks on several hosts, a host is flagged STRAGGLER HOST by the same test against its share of the "
             "ranks, p <= 2.5% / hosts.") in " ".join(capsys.readouterr().out.split())  # as one line: prose is wrapped
     assert main(["report", str(tmp_path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -247,3 +249,31 @@ def test_the_report_says_how_many_steps_name_a_rank_and_what_it_cannot_see(tmp_p
             "ranks" if needed is not None else f"no rank can be named: {steps} tested steps of {ranks} ranks are too few")
     assert f"Reach of the test: {said}" in text
     assert "a rank slower by less than the per-step threshold (here " in text and "is not flagged" in text
+
+
+def test_a_rank_slowed_from_the_middle_of_the_run_on_is_named_held_back_in_those_steps(tmp_path):
+    """Rank 1 80 ms slower from step 20 of 40 on: the straggler of every step where a rank was, half of all steps.
+    The test over every step cannot name it (20 of 40 is what chance gives one of 2 ranks, however long the run);
+    the test over the steps where a rank held the others back does, with those steps and the cause there."""
+    for rank in (0, 1):
+        rows = []
+        for step in range(40):
+            slow = 80.0 if step >= 20 else 0.0
+            jitter = 0.5 * ((rank * 7 + step * 3) % 5 - 2) / 2
+            rows.append(record(rank, step, busy_ms=20.0 + (slow if rank == 1 else 0.0), world_size=2,
+                               collective_ms=2.0 + jitter + (slow if rank == 0 else 0.0)))
+        write_records(tmp_path, rank, rows)
+    report = build_report(tmp_path)
+    engine = report["engines"]["main"]
+    assert engine["straggler_ranks"] == [] and engine["held_back_ranks"] == [1]
+    row = engine["ranks_summary"][1]
+    assert (row["straggler_steps"], row["held_steps"]) == (20, 20)
+    assert row["straggler_step_numbers"] == list(range(20, 40))
+    assert not engine["ranks_summary"][0]["held_back_in_some_steps"]
+    text = " ".join(render_text(report).split())
+    assert ("HELD BACK IN SOME STEPS: rank 1 (node-a) held the others back in 20 of the 20 steps where a rank did, of "
+            "40 (global steps 20-39; p = 9.5e-07 by chance, named at <= 0.0125); their waiting beyond its own in those "
+            "steps: 1,600.0 ms; the cause in those steps: compute 20") in text
+    (tmp_path / "even").mkdir()
+    slowed_run(tmp_path / "even", ranks=2, steps=40, slowed=None)
+    assert build_report(tmp_path / "even")["engines"]["main"]["held_back_ranks"] == []

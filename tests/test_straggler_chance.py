@@ -18,7 +18,8 @@ import pytest
 
 from ds_profutils.report.chance import binomial_upper_tail
 from ds_profutils.report.records import FileRecords
-from ds_profutils.report.steps import STRAGGLER_LEVEL, StepView, host_stragglers, is_straggler, step_view
+from ds_profutils.report.steps import (STRAGGLER_LEVEL, StepView, held_back_in_some_steps, host_stragglers,
+                                       is_straggler, step_view)
 
 from report_testing import record, schema3
 
@@ -146,3 +147,34 @@ def test_a_noisy_two_host_run_names_a_host_at_most_at_the_level_and_a_slow_host_
                              late_ms=lambda rank, step: 20.0 if rank >= 4 else 0.0)
         verdicts = host_stragglers(view, hosts)
         assert verdicts["node-1"]["straggler"] and not verdicts["node-0"]["straggler"]
+
+
+def held_back(view: StepView) -> List[int]:
+    return [rank for rank in view.ranks if held_back_in_some_steps(view, rank)]
+
+
+@pytest.mark.parametrize("steps, jitter", [(60, demo_jitter), (300, demo_jitter), (20, heavy_jitter)])
+def test_an_even_run_has_a_rank_held_back_in_some_steps_at_most_at_the_level(steps, jitter):
+    """The test over the steps where a rank held the others back only: under chance those fall on the ranks at
+    random, so an even run lists one in at most the level's share of runs, whatever its length."""
+    rng = random.Random(steps)
+    listed = sum(bool(held_back(simulated_run(rng, ranks=2, steps=steps, jitter=jitter))) for _ in range(300))
+    assert listed <= STRAGGLER_LEVEL * 300
+
+
+@pytest.mark.parametrize("pattern, steps, slow", [("from the middle on", 40, lambda step: step >= 20),
+                                                  ("every other step", 40, lambda step: step % 2 == 1),
+                                                  ("every third step", 90, lambda step: step % 3 == 0)])
+def test_a_rank_slow_in_part_of_the_run_is_held_back_in_some_steps_and_its_peer_never(pattern, steps, slow):
+    """Rank 1 30 ms late in part of the steps (a slowdown from the middle on, a loader's two workers, the longer
+    batches of every third step: 20 to 30 slow steps), the demo's jitter on top: the test over every step cannot name
+    it (half the steps or fewer), the test over the steps where a rank held the others back does, nearly always;
+    rank 0 never."""
+    rng = random.Random(7)
+    found = []
+    for _ in range(200):
+        view = simulated_run(rng, ranks=2, steps=steps, jitter=demo_jitter,
+                             late_ms=lambda rank, step: 30.0 if rank == 1 and slow(step) else 0.0)
+        assert 0 not in held_back(view) and 0 not in named(view)
+        found.append(held_back(view) + named(view) == [1])  # flagged overall where that many steps pass it
+    assert sum(found) > 0.95 * 200

@@ -20,7 +20,7 @@ from .records import BYTES, COUNT, MAX, MIN, NUMEL, TIME, FileRecords
 from .run_files import (beyond_world, directory_problem, earlier_run, ending_early, found_unreadable,
                         newest_world_size, read_all, trace_gaps, where_to_look, world_of)
 from .steps import (ARRIVAL_FIGURES, STRAGGLER_LEVEL, STRAGGLER_MIN_SPREAD_MS, STRAGGLER_STEP_SHARE, StepView,
-                    host_stragglers, is_straggler, own_gap_ms, reach, steps_to_name,
+                    held_back_in_some_steps, host_stragglers, is_straggler, own_gap_ms, reach, steps_to_name,
                     straggler_rule, tflops)
 from .traces import TraceFormatError, summarize_trace
 
@@ -145,6 +145,10 @@ def _rank_table(files: Sequence[FileRecords], view: StepView, device_clock: bool
             "waited_for_stragglers_ms": view.waited_ms.get(rank, 0.0),
             "straggler_p_value": view.p_values.get(rank),
             "straggler": is_straggler(view, rank),
+            "held_steps": view.held_steps.get(rank, 0),
+            "held_p_value": view.held_p_values.get(rank),
+            "held_back_in_some_steps": held_back_in_some_steps(view, rank),
+            "straggler_step_numbers": [step for step, late in zip(view.global_steps, view.straggler) if late == rank],
         }
     work = rank_work(view)
     causes = rank_causes(view, [rank for rank, row in table.items() if row["straggler"]], device_clock)
@@ -236,6 +240,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
                            "rank_level": STRAGGLER_LEVEL / ranks if ranks else None,
                            "host_level": STRAGGLER_LEVEL / len(hosts_summary) if hosts_summary else None},
         "straggler_ranks": [rank for rank in view.ranks if is_straggler(view, rank)],
+        "held_back_ranks": [rank for rank in view.ranks if held_back_in_some_steps(view, rank)],
         "work_unit": view.work_unit,
         "work_imbalance": work_imbalance(ranks_summary, view.stage_of),
         "ranks_summary": ranks_summary,

@@ -35,7 +35,8 @@ from .records import FileRecords
 
 __all__ = ["ARRIVAL_FIGURES", "arrival_ms", "host_gap_ms", "own_gap_ms", "STRAGGLER_LEVEL",
            "STRAGGLER_MIN_SPREAD_MS", "STRAGGLER_STEP_SHARE", "Matrix", "StepView", "chance_p_value",
-           "host_stragglers", "is_straggler", "reach", "step_view", "steps_to_name", "tflops", "straggler_rule"]
+           "held_back_in_some_steps", "host_stragglers", "is_straggler", "reach", "step_view", "steps_to_name",
+           "tflops", "straggler_rule"]
 
 STRAGGLER_LEVEL = 0.025
 """The overall verdict's level, shared by the ranks (each is tested at ``STRAGGLER_LEVEL / ranks``).  The
@@ -54,8 +55,10 @@ def straggler_rule() -> str:
             f"step time): it arrived last, and the others' excess is the wait it caused; a rank is flagged STRAGGLER "
             f"when it is the step straggler more often than chance allows: a one-sided exact binomial test of its "
             f"count against 1/ranks per recorded train step, p <= {STRAGGLER_LEVEL:.1%} / ranks (so a run with no "
-            f"slow rank names one in at most {STRAGGLER_LEVEL:.1%} of runs); with ranks on several hosts, a host is "
-            f"flagged STRAGGLER HOST by the same test against its share of the ranks, p <= "
+            f"slow rank names one in at most {STRAGGLER_LEVEL:.1%} of runs); a rank not flagged but the step "
+            f"straggler of more of the steps where a rank held the others back than chance allows (the same test over "
+            f"those steps only) is listed HELD BACK IN SOME STEPS: slow in part of the run; with ranks on several "
+            f"hosts, a host is flagged STRAGGLER HOST by the same test against its share of the ranks, p <= "
             f"{STRAGGLER_LEVEL:.1%} / hosts")
 
 
@@ -156,6 +159,8 @@ class StepView:
     waited_ms: Dict[int, float] = field(default_factory=dict)  # its own excess wait in others' straggler steps
     tested_steps: int = 0  # steps with at least two ranks: those that could have a straggler
     p_values: Dict[int, float] = field(default_factory=dict)  # by chance: its straggler steps or more
+    held_steps: Dict[int, int] = field(default_factory=dict)  # its comparison's steps where a rank held others back
+    held_p_values: Dict[int, float] = field(default_factory=dict)  # by chance: its share of those steps or more
 
     @property
     def compared_ranks(self) -> int:
@@ -292,6 +297,10 @@ def _find_stragglers(view: StepView) -> None:
     view.attributed_ms = dict(zip(view.ranks, attributed))
     view.waited_ms = dict(zip(view.ranks, waited))
     view.p_values = {rank: chance_p_value(view, count, 1 / len(view.ranks)) for rank, count in zip(view.ranks, counts)}
+    held = sum(counts)
+    view.held_steps = dict.fromkeys(view.ranks, held)
+    view.held_p_values = {rank: binomial_upper_tail(count, held, 1 / len(view.ranks))
+                          for rank, count in zip(view.ranks, counts)}
 
 
 def chance_p_value(view: StepView, count: int, share: float) -> float:
@@ -303,6 +312,15 @@ def chance_p_value(view: StepView, count: int, share: float) -> float:
 def is_straggler(view: StepView, rank: int) -> bool:
     """Flagged overall: the step straggler more often than chance allows (``STRAGGLER_LEVEL`` over the ranks)."""
     return rank in view.p_values and view.p_values[rank] <= STRAGGLER_LEVEL / len(view.ranks)
+
+
+def held_back_in_some_steps(view: StepView, rank: int) -> bool:
+    """Not flagged, yet the straggler of more of the steps where any rank held the others back than chance allows (the
+    same test over those steps only): a rank slow in part of the run (from its middle on, every other step: a
+    loader's workers, the longer batches), which the test over every step cannot see however long the run, since
+    the steps where nobody was late count against it."""
+    return (not is_straggler(view, rank) and rank in view.held_p_values
+            and view.held_p_values[rank] <= STRAGGLER_LEVEL / len(view.ranks))
 
 
 def host_stragglers(view: StepView, hosts: Mapping[str, Sequence[int]]) -> Dict[str, Dict[str, Any]]:

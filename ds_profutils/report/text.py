@@ -59,6 +59,18 @@ def _chance(p_value: float, level: float) -> str:
     return f"p = {p_value:.2g} by chance, named at <= {level:.3g}"
 
 
+def _held_back(rank: int, row: Mapping[str, Any], steps: int, level: float) -> str:
+    """The line of a rank that held the others back in part of the run: in which steps, how long, and why there."""
+    numbers = row["straggler_step_numbers"]
+    shown = rank_ranges(numbers[:40]) + (", ..." if len(numbers) > 40 else "")
+    by_count = sorted(row["cause_steps"].items(), key=lambda item: -item[1])
+    causes = ", ".join(f"{cause} {count}" for cause, count in by_count)
+    return (f"HELD BACK IN SOME STEPS: rank {rank} ({row['host']}) held the others back in {row['straggler_steps']} of "
+            f"the {row['held_steps']} steps where a rank did, of {steps} (global steps {shown}; "
+            f"{_chance(row['held_p_value'], level)}); their waiting beyond its own in those steps: "
+            f"{row['attributed_wait_ms']:,.1f} ms; the cause in those steps: {causes or 'none decided'}")
+
+
 def _stragglers(engine: Mapping[str, Any]) -> List[str]:
     summary, view, test = engine["ranks_summary"], engine["steps"], engine["straggler_test"]
     if not view.global_steps:
@@ -85,6 +97,8 @@ def _stragglers(engine: Mapping[str, Any]) -> List[str]:
         lines += wrap(f"No straggler{' rank' if engine['straggler_hosts'] else ''}: no rank was the step straggler "
                        f"more often than chance allows in the {steps} steps"
                        + (f" (step stragglers: {detail}{', ...' if len(occasional) > 5 else ''})." if detail else "."))
+    for rank in engine.get("held_back_ranks", []):
+        lines += wrap(_held_back(rank, summary[rank], steps, test["rank_level"]))
     lines += wrap(f"Reach of the test: {test['reach']}.")
     for host in engine["straggler_hosts"]:
         row = hosts[host]
