@@ -267,3 +267,22 @@ def test_an_error_after_the_optimizer_step_or_in_a_side_forward_leaves_the_micro
     assert [(record["mode"], record["global_step"], record["micro_step"]) for record in records] == [
         ("train", step, step) for step in range(8)]
     assert steps_ended == list(range(8))
+
+
+@pytest.mark.parametrize("fetch_records", [False, True])
+def test_on_the_host_clock_an_async_collectives_wait_is_exposed_unless_fetch_records_count_it(fetch_records):
+    """ZeRO-3 on CPU with step_metrics alone: the time blocked in the parameter all-gathers' wait() stalled the step as
+    the blocking gradient reduction did, so busy time (step - exposed wait) is the rank's own work, not its waiting
+    for a late peer's all-gathers.  With fetch records on, those waits are the fetch waits: counted once."""
+    from ds_profutils.engine.step import StepRecord
+
+    step = StepRecord({"mode": "train"}, None, None)
+    step.add_collective("all_gather_into_tensor", None, True, 30_000_000, None)  # waited 30 ms in wait()
+    step.add_collective("reduce_scatter_tensor", None, False, 5_000_000, None)
+    if fetch_records:
+        step.fetches = object()  # the step's StepFetches: the all-gathers' waits are its fetch waits
+    step.end_ns = step.start_ns + 50_000_000
+    timing = step.timing()
+    assert timing["collective_ms"] == pytest.approx(35.0)
+    assert timing["collective_wait_ms"] == pytest.approx(5.0 if fetch_records else 35.0)
+    assert timing["collectives"]["all_gather_into_tensor"]["exposed_ms"] == pytest.approx(0.0 if fetch_records else 30.0)

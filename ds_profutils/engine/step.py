@@ -128,14 +128,18 @@ class StepRecord:
         if self._host_timing is not None:
             return self._host_timing
         step_ns = pair_ns(self.step_pair) if self.step_pair else self.end_ns - self.start_ns
+        # On the host clock the time blocked in an async collective's wait() stalled the step as a blocking call does
+        # (ZeRO-3's parameter all-gathers); fetch records, where on, count those waits as fetch waits already.
+        async_exposed = self.start_mark is None and self.fetches is None
         entries = {}
         inside_total_ms = exposed_total_ms = 0.0
         for (op, side), totals in self.collectives.items():
             # intervals on the device clock where there are any, else the host's total (inline: a step's own time)
             blocking, in_flight = totals.blocking_pairs, totals.async_pairs
             blocking_ms = (sum(map(pair_ns, blocking)) if blocking else totals.blocking_ns) / _NS_PER_MS
-            inside_ms = blocking_ms + (sum(map(pair_ns, in_flight)) if in_flight else totals.async_ns) / _NS_PER_MS
-            exposed_ms = 0.0 if side else blocking_ms
+            async_ms = (sum(map(pair_ns, in_flight)) if in_flight else totals.async_ns) / _NS_PER_MS
+            inside_ms = blocking_ms + async_ms
+            exposed_ms = 0.0 if side else blocking_ms + (async_ms if async_exposed else 0.0)
             inside_total_ms += inside_ms
             exposed_total_ms += exposed_ms
             pairs = totals.blocking_pairs + totals.async_pairs
