@@ -145,3 +145,27 @@ def test_work_falls_back_to_tokens_then_samples(tmp_path):
     assert engine["work_unit"] == "token" and engine["ranks_summary"][1]["cause"] == "more_work"
     engine = two_ranks(tmp_path / "samples", busy_ms=40.0, tokens=None, flops=None)["engines"]["main"]
     assert engine["work_unit"] == "sample" and engine["ranks_summary"][1]["cause"] == "compute"
+
+
+def test_ranks_taking_turns_at_the_long_batches_give_the_per_step_imbalance_and_the_batching_advice(tmp_path):
+    """Variable-length batches on every rank: in each of 24 steps one rank draws 5x the work of the other, each rank
+    in turn, and the other waits.  The ranks' medians are equal and neither rank is named; the step's imbalance is
+    5x, the causes of the steps say more work, and the advice is the batching one."""
+    for rank in (0, 1):
+        rows = []
+        for step in range(24):
+            long = step % 2 == rank  # rank 0 in even steps, rank 1 in odd ones
+            rows += iteration_record(rank, step, busy_ms=100.0 if long else 20.0, gap_ms=2.0,
+                                     flops=15e12 if long else 3e12, collective_ms=2.0 + (0.0 if long else 80.0))
+        write_records(tmp_path, rank, rows)
+    report = build_report(tmp_path)
+    engine = report["engines"]["main"]
+    assert engine["straggler_ranks"] == [] and engine["held_back_ranks"] == []
+    assert engine["work_imbalance"] == pytest.approx(5.0)
+    assert [engine["ranks_summary"][rank]["cause_steps"] for rank in (0, 1)] == [{"more_work": 12}] * 2
+    advice = [found for found in engine["advice"] if found["rule"] == "more_work"]
+    assert len(advice) == 1 and advice[0]["topic"] == "batching"
+    assert advice[0]["why"] == ("in 24 of the 24 steps where a rank held the others back it had more work at their pace, "
+                                "the ranks in turn; a step's most work is 5.00x its least (median over the steps)")
+    even = two_ranks(tmp_path / "even")["engines"]["main"]
+    assert even["work_imbalance"] == 1.0 and not [found for found in even["advice"] if found["rule"] == "more_work"]

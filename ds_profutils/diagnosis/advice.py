@@ -15,8 +15,10 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from .causes import MORE_WORK_RATIO
+
 __all__ = ["FETCH_WAIT_SHARE", "EXPOSED_REDUCE_SHARE", "LIVE_AT_LIMIT", "MANY_REDUCES", "MANY_SMALL_GATHERS",
-           "RULES", "SMALL_GATHER_FACTOR", "WAITED_SHARE", "advise"]
+           "RULES", "SMALL_GATHER_FACTOR", "WAITED_SHARE", "WORK_TURNS_SHARE", "advise"]
 
 Advice = Dict[str, Any]
 Z = "zero_optimization."
@@ -44,6 +46,10 @@ MANY_REDUCES = 8
 """Reduce collectives per step from which the bucket, not the model, sets their number: with the bucket
 smaller than the model by this factor or more, ``reduce_bucket_size`` / ``allgather_bucket_size`` split the
 gradients into that many messages (DeepSpeed's docs: larger buckets are faster, at the cost of memory)."""
+WORK_TURNS_SHARE = 0.5
+"""Ranks taking turns holding the others back for more work at their pace (each draws long batches in its own
+steps, none named) in at least half of the steps where a rank held the others back, with a median per-step work
+imbalance of ``MORE_WORK_RATIO`` or more: unbalanced batches, whichever rank has them."""
 REDUCE_OPS = ("reduce_scatter_tensor", "all_reduce", "reduce", "reduce_scatter")
 GATHER_OPS = ("all_gather_into_tensor", "all_gather")
 
@@ -185,14 +191,27 @@ def input_pipeline(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Opti
 
 
 def more_work(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Optional[Advice]:
-    """A straggler late by more work at the others' pace: unbalanced batches."""
-    for rank, row in engine.get("ranks_summary", {}).items():
+    """A straggler late by more work at the others' pace, or the ranks taking turns at it (``WORK_TURNS_SHARE``):
+    unbalanced batches."""
+    summary = engine.get("ranks_summary", {})
+    for rank, row in summary.items():
         if row.get("cause") == "more_work":
             figures = row["cause_figures"]
-            return _advice(None, None, "set", "token-budget batches, packing, or length-grouped sampling by tokens",
+            return _advice(None, None, "set", _BALANCED_BATCHES,
                            f"rank {rank} gets {figures['work_ratio']:.2f}x the others' work per step at their pace",
                            "step_ms", "lower", "more_work", topic="batching")
+    held = sum(row.get("straggler_steps", 0) for row in summary.values())
+    for_work = sum((row.get("cause_steps") or {}).get("more_work", 0) for row in summary.values())
+    imbalance = engine.get("work_imbalance")
+    if held and for_work >= WORK_TURNS_SHARE * held and imbalance is not None and imbalance >= MORE_WORK_RATIO:
+        return _advice(None, None, "set", _BALANCED_BATCHES,
+                       f"in {for_work} of the {held} steps where a rank held the others back it had more work at their "
+                       f"pace, the ranks in turn; a step's most work is {imbalance:.2f}x its least (median over the "
+                       "steps)", "step_ms", "lower", "more_work", topic="batching")
     return None
+
+
+_BALANCED_BATCHES = "token-budget batches, packing, or length-grouped sampling by tokens"
 
 
 RULES: List[Callable[[Mapping[str, Any], Mapping[str, Any]], Optional[Advice]]] = [

@@ -61,16 +61,25 @@ def rank_work(view: _View) -> Dict[int, Dict[str, Optional[float]]]:
     return table
 
 
-def work_imbalance(work: Mapping[int, Mapping[str, Optional[float]]],
-                   stage_of: Mapping[int, int]) -> Optional[float]:
-    """The most work per step over the least, across ranks, within each pipeline stage (``stage_of``; empty: one
-    group), the largest of the stages' (None: no group with two ranks with work)."""
-    groups: Dict[Optional[int], List[float]] = {}
-    for rank, row in work.items():
-        if row["work_median"]:
-            groups.setdefault(stage_of.get(rank), []).append(row["work_median"])
-    ratios = [max(medians) / min(medians) for medians in groups.values() if len(medians) > 1]
-    return max(ratios) if ratios else None
+def work_imbalance(view: _View) -> Optional[float]:
+    """The most work over the least across ranks in one step, within each pipeline stage (``stage_of``; empty: one
+    group), its median over the steps; the largest of the stages' (None: no step with two ranks' work).  Per step:
+    batches of varying length draw each rank's work anew every step, an imbalance the ranks' medians (equal where
+    every rank draws alike) hide, and one every step makes the others wait for."""
+    groups: Dict[Optional[int], List[int]] = {}
+    for index, rank in enumerate(view.ranks):
+        groups.setdefault(view.stage_of.get(rank), []).append(index)
+    stage_ratios = []
+    for members in groups.values():
+        ratios = []
+        for step_index in range(len(view.straggler)):
+            column = view.work.step_column(step_index)
+            work = [column[index] for index in members if column[index] > 0]  # NaN compares False: left out
+            if len(work) > 1:
+                ratios.append(max(work) / min(work))
+        if ratios:
+            stage_ratios.append(median(ratios))
+    return max(stage_ratios) if stage_ratios else None
 
 
 def _none(value: float) -> Optional[float]:

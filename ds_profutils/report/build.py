@@ -242,7 +242,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
         "straggler_ranks": [rank for rank in view.ranks if is_straggler(view, rank)],
         "held_back_ranks": [rank for rank in view.ranks if held_back_in_some_steps(view, rank)],
         "work_unit": view.work_unit,
-        "work_imbalance": work_imbalance(ranks_summary, view.stage_of),
+        "work_imbalance": work_imbalance(view),
         "ranks_summary": ranks_summary,
         "straggler_hosts": [host for host, row in hosts_summary.items() if row["straggler"]],
         "hosts_summary": hosts_summary,
