@@ -169,3 +169,22 @@ def test_ranks_taking_turns_at_the_long_batches_give_the_per_step_imbalance_and_
                                 "the ranks in turn; a step's most work is 5.00x its least (median over the steps)")
     even = two_ranks(tmp_path / "even")["engines"]["main"]
     assert even["work_imbalance"] == 1.0 and not [found for found in even["advice"] if found["rule"] == "more_work"]
+
+
+def test_a_rank_whose_loader_workers_take_turns_is_held_back_in_every_other_step_with_the_loader_advice(tmp_path):
+    """Two DataLoader workers on rank 1 deliver its batches in pairs: every other step it waits 60 ms for the next
+    pair between steps, the others wait for it.  Half the steps: not flagged, held back in those, loader advice."""
+    for rank in (0, 1):
+        rows = []
+        for step in range(30):
+            waits = step % 2 == 1
+            rows += iteration_record(rank, step, busy_ms=20.0, flops=3e12, gap_ms=62.0 if rank == 1 and waits else 2.0,
+                                     collective_ms=2.0 + (60.0 if rank == 0 and waits else 0.0))
+        write_records(tmp_path, rank, rows)
+    engine = build_report(tmp_path)["engines"]["main"]
+    assert engine["straggler_ranks"] == [] and engine["held_back_ranks"] == [1]
+    assert engine["ranks_summary"][1]["cause_steps"] == {"input_pipeline": 15}
+    loader = [found for found in engine["advice"] if found["rule"] == "input_pipeline"]
+    assert len(loader) == 1 and loader[0]["topic"] == "data_loader"
+    assert loader[0]["why"] == "rank 1 held the others back in 15 steps, 15 of them by its gap between steps"
+    assert "more DataLoader workers (num_workers)" in loader[0]["suggest"]

@@ -178,16 +178,26 @@ def bucket_sizes(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Option
 
 
 def input_pipeline(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Optional[Advice]:
-    """A straggler late by its gap between steps: the data loader (not where the gap is its eval forwards and saves)."""
-    for rank, row in engine.get("ranks_summary", {}).items():
+    """A straggler late by its gap between steps: the data loader (not where the gap is its eval forwards and saves);
+    or a rank held back in some steps, most of them for its input pipeline (a loader whose workers take turns)."""
+    summary = engine.get("ranks_summary", {})
+    for rank, row in summary.items():
         if row.get("cause") == "input_pipeline" and not row["cause_figures"].get("gap_is_eval"):
             figures = row["cause_figures"]
-            return _advice(None, None, "set", "DataLoader num_workers >= 2, pin_memory=True, prefetch_factor >= 2 "
-                           "(or move per-step host work out of the loop)",
-                           f"rank {rank}'s gap between steps {figures['gap_ms']:.1f} ms against "
-                           f"{figures['others_gap_ms']:.1f} ms on the others", "gap_ms", "lower", "input_pipeline",
-                           topic="data_loader")
+            return _advice(None, None, "set", _FASTER_LOADER, f"rank {rank}'s gap between steps {figures['gap_ms']:.1f} "
+                           f"ms against {figures['others_gap_ms']:.1f} ms on the others", "gap_ms", "lower",
+                           "input_pipeline", topic="data_loader")
+    for rank, row in summary.items():
+        steps = row.get("cause_steps") or {}
+        if row.get("held_back_in_some_steps") and steps and max(steps, key=steps.__getitem__) == "input_pipeline":
+            return _advice(None, None, "set", _FASTER_LOADER, f"rank {rank} held the others back in "
+                           f"{row['straggler_steps']} steps, {steps['input_pipeline']} of them by its gap between "
+                           "steps", "gap_ms", "lower", "input_pipeline", topic="data_loader")
     return None
+
+
+_FASTER_LOADER = ("a faster input pipeline: more DataLoader workers (num_workers), pin_memory=True, prefetch_factor "
+                  ">= 2, a cheaper collate or transform (or move per-step host work out of the loop)")
 
 
 def more_work(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Optional[Advice]:
