@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
 
 __all__ = [
+    "BETWEEN_STEPS",
     "ENGINE_NAME",
     "HANG_SCHEMA",
     "LAUNCHER_VARIABLES",
@@ -74,6 +75,8 @@ _HANG_PATTERN = re.compile(r"hang_rank_(\d+)\.json")
 HANG_SCHEMA = 1
 """The format of ``hang_rank_{r}.json`` (docs/hangs.md), written by the engine's hang watchdog, read by the
 report: shared here so that neither imports the other."""
+BETWEEN_STEPS = "between steps"
+"""An engine's phase outside its forward, backward and step (the engine hooks keep it, hang files say it)."""
 _TRACE_PATTERN = re.compile(r"trace_rank_(\d+)\.json(?:\.gz)?")  # a capture's may be gzip (trace_capture.gzip)
 CAPTURE_REQUEST = "capture_request.json"
 """The request ``ds-profutils capture`` writes into a job's output_dir; rank 0 renames it when it takes it."""

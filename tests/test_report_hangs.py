@@ -120,13 +120,33 @@ def test_ranks_all_inside_the_same_collective_are_not_said_to_wait_for_nobody(tm
     assert "no rank waits inside a collective for another" not in text
 
 
+def test_of_two_engines_the_hang_is_the_one_a_rank_is_inside_not_the_one_between_steps(tmp_path):
+    """An actor and a critic attached; rank 0 waits in the critic's backward all_reduce for rank 1, asleep between
+    steps: one HANG, the critic's (the actor only waits for it), where each engine had the same section before."""
+    world = (0, 1)
+    hang_file(tmp_path, 0, inside=("all_reduce", world, 28), groups=[(world, 28)])
+    hang_file(tmp_path, 1, groups=[(world, 27)])
+    for rank, critic_phase in ((0, "backward"), (1, "between steps")):
+        path = tmp_path / f"hang_rank_{rank}.json"
+        content = json.loads(path.read_text())
+        content["engines"] = [{"name": "main", "global_step": 6, "phase": "between steps"},
+                              {"name": "critic", "global_step": 6, "phase": critic_phase}]
+        path.write_text(json.dumps(content))
+    report = build_report(tmp_path)
+    assert report["engines"].get("main", {}).get("hang") is None  # (no records here: no section either)
+    hang = report["engines"]["critic"]["hang"]
+    assert hang["culprits"] == [1] and hang["waiting"] == [0] and hang["ranks"][0]["phase"] == "backward"
+    text = render_text(report)
+    assert text.count("HANG: engine") == 1 and "HANG: engine critic" in text
+
+
 def test_a_resolved_hang_is_a_slow_step_not_a_hang(tmp_path):
     engine = Engine(stage=2)
     with attach_recorder(engine, tmp_path):
         engine.train_step()
     hang_file(tmp_path, 3, groups=[((0, 1), 3)], resolved=True)
     report = build_report(tmp_path)
-    assert report["engines"]["main"]["hang"] is None
+    assert report["engines"].get("main", {}).get("hang") is None  # (no records here: no section either)
     assert "HANG" not in render_text(report)
 
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 from torch.autograd.graph import register_multi_grad_hook
 
+from ..outputs import BETWEEN_STEPS
 from ..torch_profiler.calls import end_run_raised_by, raised_by_signal_handler
 from .step import optimizer_step_taken
 
@@ -37,8 +38,6 @@ __all__ = ["BETWEEN_STEPS", "EngineHooks", "Listener", "OptimizerStepListener", 
            "on_backward_end", "running"]
 
 _ABSENT = object()
-BETWEEN_STEPS = "between steps"
-"""The phase outside the engine's forward, backward and step (:attr:`EngineHooks.phase`)."""
 
 
 def grad_outputs(output: Any) -> List[torch.Tensor]:

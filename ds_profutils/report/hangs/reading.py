@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
-from ...outputs import HANG_SCHEMA, hang_files
+from ...outputs import BETWEEN_STEPS, HANG_SCHEMA, hang_files
 
 __all__ = ["FRAMES_SHOWN", "add_hangs", "hang_reports", "read_hang_files"]
 
@@ -138,6 +138,11 @@ def hang_reports(files: Mapping[int, Mapping[str, Any]]) -> Dict[str, Dict[str, 
     names: List[str] = []
     for content in files.values():
         names += [engine["name"] for engine in content.get("engines") or [] if engine["name"] not in names]
+    # Several engines attached: the hang is that of the engines some rank is inside (a collective belongs to the step
+    # running it); an engine between steps on every rank meanwhile only waits for them.
+    inside = [name for name in names if any(engine["name"] == name and engine.get("phase") != BETWEEN_STEPS
+                                            for content in files.values() for engine in content.get("engines") or [])]
+    names = inside or names
     reports = {}
     for name in names:
         ranks = {}
