@@ -196,8 +196,8 @@ def input_pipeline(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Opti
     return None
 
 
-_FASTER_LOADER = ("a faster input pipeline: more DataLoader workers (num_workers), pin_memory=True, prefetch_factor "
-                  ">= 2, a cheaper collate or transform (or move per-step host work out of the loop)")
+_FASTER_LOADER = ("more DataLoader workers (num_workers), pin_memory=True, prefetch_factor >= 2, a cheaper collate or "
+                  "transform (or move per-step host work out of the loop)")
 
 
 def more_work(engine: Mapping[str, Any], config: Mapping[str, Any]) -> Optional[Advice]:
