@@ -140,6 +140,28 @@ def test_of_two_engines_the_hang_is_the_one_a_rank_is_inside_not_the_one_between
     assert text.count("HANG: engine") == 1 and "HANG: engine critic" in text
 
 
+def test_every_rank_closed_by_its_program_with_no_step_since_is_said_so_not_called_a_hang(tmp_path):
+    """A long evaluation after the last step, or a hang each program stopped waiting for: the report cannot tell, so
+    it says both, and still shows where each rank was; one rank not closed (killed while stuck) keeps it a HANG."""
+    world = (0, 1)
+    hang_file(tmp_path, 0, inside=("all_reduce", world, 9), groups=[(world, 9)], phase="backward")
+    hang_file(tmp_path, 1, groups=[(world, 8)])
+    for rank in (0, 1):
+        path = tmp_path / f"hang_rank_{rank}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "closed_after_s": 40.0}))
+    report = build_report(tmp_path)
+    hang = report["engines"]["main"]["hang"]
+    assert hang["closed"] and hang["culprits"] == [1]
+    text = " ".join(render_text(report).split())
+    assert "NO STEP BEFORE THE CLOSE: engine main at global step 6, forward: no optimizer step for 32 s or more " \
+           "(timeout 5 s), then every rank's program closed it: a long evaluation or save after the last step, or a " \
+           "hang the program stopped waiting for" in text
+    assert "HANG:" not in text and "never arrived: rank 1" in text
+    hang_file(tmp_path, 1, groups=[(world, 8)])  # rank 1 killed where it was: no close
+    report = build_report(tmp_path)
+    assert not report["engines"]["main"]["hang"]["closed"] and "HANG: engine main" in render_text(report)
+
+
 def test_a_resolved_hang_is_a_slow_step_not_a_hang(tmp_path):
     engine = Engine(stage=2)
     with attach_recorder(engine, tmp_path):

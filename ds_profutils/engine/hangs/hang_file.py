@@ -77,17 +77,18 @@ def _inside_now(groups: Iterable[sequence.GroupProgress]) -> Dict[str, Any]:
 
 def hang_content(identity: ProcessIdentity, engines: List[Dict[str, Any]], *, timeout_s: float, since: float,
                  training_thread: Optional[int], cuda_device: Optional[int], writes: int,
-                 resolved_after_s: Optional[float] = None, resolved_by: str = "step") -> Dict[str, Any]:
+                 resolved_after_s: Optional[float] = None) -> Dict[str, Any]:
     """The hang file's content: ``since`` is the wall time of the last optimizer step's end (or the watch's
-    start), ``resolved_after_s`` the time from it to what ended the wait (None: still stuck): ``resolved_by`` a step
-    that ended after all, or the program's own ``close()`` (a long evaluation or save after the last step)."""
+    start), ``resolved_after_s`` the time from it to the step that ended after all (None: still stuck).
+    ``closed_after_s`` is None here: the watchdog sets it on the last content where the program closes its last
+    engine with no step between."""
     now = time.time()
     groups = sequence.progress()
     return {
         "schema": HANG_SCHEMA, "rank": identity.rank, "world_size": identity.world_size, "host": identity.host,
         "pid": identity.pid, "time": now, "timeout_s": timeout_s, "since": since, "stuck_s": now - since,
         "writes": writes, "resolved": resolved_after_s is not None, "resolved_after_s": resolved_after_s,
-        "resolved_by": resolved_by if resolved_after_s is not None else None,
+        "closed_after_s": None,
         "engines": engines, **_inside_now(groups),
         "groups": [{"group": list(group.ranks), "seq": group.seq,
                     "ended_seq": group.last.seq if group.last is not None else 0} for group in groups],

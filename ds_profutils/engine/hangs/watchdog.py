@@ -13,10 +13,11 @@ the engine's global step, the phase its hooks keep (:attr:`..hooks.EngineHooks.p
 on the step path) and the collective wrappers' markers, and touches no device, no collective and no lock
 the step path takes; it writes the file again every timeout while stuck, and once more, saying
 ``resolved`` and how long the step took, if the step ends after all (also just before the job closes: closing
-the last engine waits for the thread's last look).  A wait that ends with the program closing its last engine
-itself (a long evaluation or save after the last step) is written resolved too, ``resolved_by: "close"``; not
-where an error, an uncaught exception or a SIGTERM ends the job (a hung job is ended so).  The thread ends when the
-last watched engine is closed or collected.
+the last engine waits for the thread's last look).  Where the program itself closes its last engine with no step
+since, the file says so once more (``closed_after_s``): a long evaluation or save after the last step, or a hang the
+program stopped waiting for (a caught Ctrl-C or timeout) -- the report tells the reader which it cannot; not where
+an exception is in flight, an uncaught one or a SIGTERM ends the job (a hung job is ended so).  The thread ends
+when the last watched engine is closed or collected.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class Watchdog:
         self.beat_at = time.monotonic()  # the last optimizer step's end (or the start), written by the step path
         self._stuck_since: Optional[float] = None  # the thread's: the beat a hang file was written for, or None
         self._writes = 0  # the files written for it
+        self._stuck_content: Dict[str, Any] = {}  # the last of them
         self.closed_by_program = False  # the last engine was closed by the program itself (_program_closes)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ds_profutils-hang-watchdog", daemon=True)
@@ -105,15 +107,15 @@ class Watchdog:
 
     def _resolve(self, watches: List["EngineWatch"], closed: bool = False) -> None:
         """Where a hang file was written and an optimizer step has ended since, write it once more, resolved; also
-        where the program has ``closed`` its last engine meanwhile (the wait ended there)."""
+        where the program has ``closed`` its last engine meanwhile, said as such (not a step: the wait ended there,
+        for a reason the watchdog cannot see)."""
         beat, stuck_since = self.beat_at, self._stuck_since
         if stuck_since is None or not watches:
             return
         if beat != stuck_since:
             self._write(watches, stuck_since, self._writes, resolved_after_s=beat - stuck_since)
         elif closed:
-            self._write(watches, stuck_since, self._writes, resolved_after_s=time.monotonic() - stuck_since,
-                        resolved_by="close")
+            self._write_closed(watches, time.monotonic() - stuck_since)
         else:
             return
         self._stuck_since, self._writes = None, 0
@@ -128,24 +130,34 @@ class Watchdog:
             return True
 
     def _write(self, watches: List["EngineWatch"], beat: float, writes: int,
-               resolved_after_s: Optional[float] = None, resolved_by: str = "step") -> None:
+               resolved_after_s: Optional[float] = None) -> None:
         since = time.time() - (time.monotonic() - beat)
         engines = [watch.where() for watch in watches]
         content = hang_content(self.identity, engines, timeout_s=min(watch.timeout_s for watch in watches),
                                since=since, training_thread=self.training_thread,
                                cuda_device=next((w.cuda_device for w in watches if w.cuda_device is not None), None),
-                               writes=writes, resolved_after_s=resolved_after_s, resolved_by=resolved_by)
-        for output_dir in sorted({watch.output_dir for watch in watches}):
-            path = write_hang_file(output_dir, self.identity, content)
+                               writes=writes, resolved_after_s=resolved_after_s)
+        path = self._write_files(watches, content)
         if resolved_after_s is None:
+            self._stuck_content = content
             logger.warning("ds_profutils: no optimizer step has ended for %.0f s on rank %d; where it is: %s",
                            content["stuck_s"], self.identity.rank, path)
-        elif resolved_by == "close":
-            logger.warning("ds_profutils: the program closed the engine %.0f s after the last step, no hang (%s says "
-                           "resolved)", resolved_after_s, path)
         else:
             logger.warning("ds_profutils: the step ended after all, %.0f s after the one before (%s says resolved)",
                            resolved_after_s, path)
+
+    def _write_closed(self, watches: List["EngineWatch"], closed_after_s: float) -> None:
+        """The last hang file again, where it was (its collective and stacks: the evidence), saying the program closed
+        its last engine ``closed_after_s`` after the step before, with no step between."""
+        content = {**self._stuck_content, "time": time.time(), "closed_after_s": closed_after_s}
+        path = self._write_files(watches, content)
+        logger.warning("ds_profutils: the program closed the engine %.0f s after the last step, with no step since (%s "
+                       "says so: a long evaluation or save, or a hang it stopped waiting for)", closed_after_s, path)
+
+    def _write_files(self, watches: List["EngineWatch"], content: Dict[str, Any]) -> Path:
+        for output_dir in sorted({watch.output_dir for watch in watches}):
+            path = write_hang_file(output_dir, self.identity, content)
+        return path
 
 
 def _said(exc: Exception) -> None:

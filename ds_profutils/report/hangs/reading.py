@@ -12,6 +12,10 @@ rank's stack and names no culprit.  Ranks inside *different* collectives at the 
 *mismatched*: their programs issued different collectives there (a rank that left the loop early on uneven data
 and calls a barrier where the others reduce gradients), so each waits for the others in one they never join.
 
+Where every rank's file says the program closed its engines with no step since (``closed_after_s``: a long evaluation
+or save after the last step, or a hang the program stopped waiting for, a caught Ctrl-C or timeout), the section
+says that rather than HANG (``closed``); its culprits and stacks are still those of where the ranks waited.
+
 A file that says ``resolved`` was a slow step, not a hang: it is left out here (the step's record shows the
 time).  Nothing here needs the step records: a job that hung before its first step is reported too.
 """
@@ -160,6 +164,7 @@ def hang_reports(files: Mapping[int, Mapping[str, Any]]) -> Dict[str, Dict[str, 
             "mismatched": mismatched,
             "waiting": [rank for rank, entry in ranks.items()
                         if entry["state"] == "in_collective" and rank not in culprits],
+            "closed": all(content.get("closed_after_s") is not None for content in files.values()),
             "timeout_s": min(content.get("timeout_s") or 0 for content in files.values()),
             "stuck_s": max(content.get("stuck_s") or 0 for content in files.values()),
             "ranks": ranks,

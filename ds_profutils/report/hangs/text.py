@@ -24,8 +24,14 @@ def hang_lines(report: Mapping[str, Any]) -> List[str]:
         hang = engine.get("hang")
         if not hang:
             continue
-        lines += wrap(f"HANG: engine {name} at global step {hang['global_step']}, {hang['phase']}: no optimizer step "
-                      f"for {hang['stuck_s']:.0f} s (timeout {hang['timeout_s']:g} s)")
+        if hang.get("closed"):  # (files of earlier versions never are)
+            lines += wrap(f"NO STEP BEFORE THE CLOSE: engine {name} at global step {hang['global_step']}, {hang['phase']}: "
+                          f"no optimizer step for {hang['stuck_s']:.0f} s or more (timeout {hang['timeout_s']:g} s), then "
+                          "every rank's program closed it: a long evaluation or save after the last step, or a hang "
+                          "the program stopped waiting for (a caught Ctrl-C or timeout); where each rank was:")
+        else:
+            lines += wrap(f"HANG: engine {name} at global step {hang['global_step']}, {hang['phase']}: no optimizer "
+                          f"step for {hang['stuck_s']:.0f} s (timeout {hang['timeout_s']:g} s)")
         ranks = hang["ranks"]
         if hang["culprits"] or hang["missing"]:
             named = [f"{'rank' if len(hang['culprits']) == 1 else 'ranks'} {rank_ranges(hang['culprits'])}"
