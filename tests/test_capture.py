@@ -298,7 +298,8 @@ def test_a_capture_the_disk_had_no_room_for_says_so_leaves_no_file_and_is_this_r
     assert "the trace exporter wrote no file (No space left on device)); no further captures here" in ds_caplog.text
     assert sorted(path.name for path in (tmp_path / "capture_10").iterdir()) == ["manifest.json"]
     write_request(tmp_path, 2, "all")
-    run_steps(live, controller, engine, 10)  # taken and decided; this rank takes no part
+    run_steps(live, controller, engine, 10)  # taken and decided (rank 0 takes requests for every rank); not traced here
+    assert not (tmp_path / "capture_request.json").exists() and (tmp_path / "capture_request.taken.2.json").exists()
     assert len(exports) == 1 and not controller.capturing
     assert ds_caplog.text.count("ERROR") == 1, ds_caplog.text
     live.close()

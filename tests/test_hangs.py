@@ -342,3 +342,18 @@ def test_a_collective_given_its_tensors_by_keyword_has_its_bytes():
     scalar_first = sequence.call_started("all_reduce", (), {"tensor": shard, "op": None, "group": (0, 1)}, 2)
     sequence.collective_ended(scalar_first)
     assert scalar_first.as_dict()["bytes"] == shard.nbytes
+
+
+def test_a_pipeline_send_given_its_tensor_by_keyword_has_its_bytes(monkeypatch):
+    """deepspeed.comm's send and recv call the backend with keywords (``tensor=``, ``dst=``/``src=``)."""
+    import torch.distributed as dist
+    from ds_profutils.engine import collectives
+
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    seen = []
+    send = collectives._p2p_counted("send", lambda *args, **kwargs: seen.append(sequence.progress()))
+    tensor = torch.zeros(16)
+    send(tensor, 1)
+    send(tensor=tensor, dst=1)  # the last on the pair's sequence
+    pair = next(group for group in sequence.progress() if group.ranks == (0, 1))
+    assert pair.last.as_dict()["bytes"] == tensor.nbytes and len(seen) == 2

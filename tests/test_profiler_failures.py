@@ -190,8 +190,9 @@ def test_a_trace_the_exporter_could_not_write_is_named_and_leaves_no_file(tmp_pa
     _assert_idle()
 
 
+@pytest.mark.parametrize("steps", [8, 2])  # the window's end; the run's end in its warmup (torch started, stopped)
 def test_a_stop_that_fails_before_switching_recording_off_still_leaves_no_recording_behind(tmp_path, monkeypatch,
-                                                                                           ds_caplog):
+                                                                                           ds_caplog, steps):
     """torch's ``stop_trace`` raising before its profiler stops: the error is logged, and recording is off all the same
     (else every operator of the rest of the job is recorded), so a profiler starts again afterwards."""
 
@@ -199,7 +200,7 @@ def test_a_stop_that_fails_before_switching_recording_off_still_leaves_no_record
         raise RuntimeError("the execution trace observer failed")
 
     monkeypatch.setattr(torch.profiler.profile, "stop_trace", fails_before_stopping)
-    result = profiler(output_dir=str(tmp_path), **SCHEDULE)(lambda: [step_profiler() for _ in range(8)] and "done")()
+    result = profiler(output_dir=str(tmp_path), **SCHEDULE)(lambda: [step_profiler() for _ in range(steps)] and "done")()
     assert result == "done"
     assert "the execution trace observer failed" in ds_caplog.text
     assert not torch.autograd._profiler_enabled() and not torch.autograd.profiler._is_profiler_enabled

@@ -286,7 +286,7 @@ def _p2p_counted(op: str, method: Callable[..., Any]) -> Callable[..., Any]:
         if peer is None:
             return method(*args, **kwargs)
         peer = int(peer)
-        collective = collective_started(op, (rank, peer) if rank < peer else (peer, rank), tensor_bytes(args))
+        collective = collective_started(op, (rank, peer) if rank < peer else (peer, rank), tensor_bytes(args, kwargs))
         try:
             handing_on.depth += 1
             return method(*args, **kwargs)

@@ -38,6 +38,18 @@ def capture_recording() -> bool:
     return _capture_recording
 
 
+def _stop_trace(profile: torch.profiler.profile, started: bool) -> None:
+    """``profile.stop_trace()``; where it fails before switching recording off and ``started`` (ours records: no other
+    profiler can start while it does), recording is switched off here, or every later operator would be recorded."""
+    try:
+        profile.stop_trace()
+    finally:
+        if started and torch.autograd._profiler_enabled():
+            with contextlib.suppress(Exception):
+                torch.autograd._disable_profiler()
+            torch.autograd.profiler._set_is_profiler_enabled(False)
+
+
 class WindowRecording:
     """torch.profiler and Nsight for one run's windows, one window at a time."""
 
@@ -112,20 +124,14 @@ class WindowRecording:
         profile, self._torch = self._torch, None
         started, self._started = self._started, False
         if profile is not None:
-            try:
-                profile.stop_trace()
-            finally:
-                if started and torch.autograd._profiler_enabled():  # ours: no other can start while it records
-                    with contextlib.suppress(Exception):
-                        torch.autograd._disable_profiler()
-                    torch.autograd.profiler._set_is_profiler_enabled(False)
+            _stop_trace(profile, started)
         return profile
 
     def discard_warmup(self) -> None:
         """The run ended during a warmup: torch's own way out of a prepared, never-started profiler."""
         profile, self._torch = self._torch, None
         profile.start_trace()
-        profile.stop_trace()
+        _stop_trace(profile, started=True)
 
     def abandon(self) -> None:
         """After a failure: stop whatever still runs, each on its own (one failing does not keep the rest)."""

@@ -57,7 +57,8 @@ class CaptureController(OptimizerStepListener):
         self._planned: Optional[Plan] = None  # this rank traces it (its first step fixed)
         self._trace: Optional[CaptureTrace] = None
         self._wrote = -1  # the first step of the last capture this rank wrote
-        self._failed = False
+        self._failed = False  # an error of ours: no further captures, nor requests taken on rank 0
+        self._unwritable = False  # a trace this rank could not write: no further captures here (rank 0 takes requests)
         self._closed = False  # rows read at close (an accelerator's last exchanges) start no capture
         self._forget_at_exit = close_at_exit(self.close)  # a job ending without close() still writes its capture
 
@@ -87,7 +88,7 @@ class CaptureController(OptimizerStepListener):
             if isinstance(decision, Plan):
                 if self.is_reporter:
                     self._announce(decision)
-                if self.identity.rank in decision.ranks and not self._failed:
+                if self.identity.rank in decision.ranks and not (self._failed or self._unwritable):
                     self._planned = decision
             elif isinstance(decision, str) and self.is_reporter:
                 request = self._requests.pop(int(columns[0][0]), None)
@@ -169,7 +170,7 @@ class CaptureController(OptimizerStepListener):
         if trace is None:
             return
         if not trace.write():
-            self._failed = True  # as the write's ERROR line says
+            self._unwritable = True  # as the write's ERROR line says
             return
         self._wrote = plan.first_step
         steps = f"{trace.steps[0]}-{trace.steps[-1]}" if trace.steps else "none"
