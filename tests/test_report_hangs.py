@@ -3,6 +3,8 @@ at a lower sequence number there, or without a file), waiting ranks, the step an
 stack; read without any step records; a resolved file is no hang."""
 import json
 
+import pytest
+
 from ds_profutils.report import build_report, render_text
 
 from test_zero_attach import Engine
@@ -105,6 +107,18 @@ def test_ranks_inside_different_collectives_at_one_sequence_number_are_named_mis
     assert "mismatched collectives: group 0-1, seq 10: rank 0 in all_reduce, rank 1 in barrier: the ranks' " \
            "programs issued different collectives there" in text
     assert "no rank waits inside a collective" not in text and "no rank is behind" not in text
+
+
+@pytest.mark.parametrize("calls, mismatched", [(("send", "recv"), False), (("isend", "recv"), False),
+                                               (("send", "send"), True)])
+def test_a_pipeline_pair_inside_a_send_and_its_receive_is_matched_and_two_sends_are_not(tmp_path, calls, mismatched):
+    """A pipeline's send and the neighbour's receive share the pair's sequence number: the same transfer, which does
+    not end; both ranks sending to each other (a schedule deadlock) is a mismatch."""
+    pair = (0, 1)
+    for rank, call in enumerate(calls):
+        hang_file(tmp_path, rank, inside=(call, pair, 12), groups=[(pair, 12)])
+    hang = build_report(tmp_path)["engines"]["main"]["hang"]
+    assert bool(hang["mismatched"]) == mismatched and hang["culprits"] == []
 
 
 def test_ranks_all_inside_the_same_collective_are_not_said_to_wait_for_nobody(tmp_path):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 from ...outputs import BETWEEN_STEPS, HANG_SCHEMA, hang_files
 
@@ -100,16 +100,30 @@ def _culprits(files: Mapping[int, Mapping[str, Any]]) -> Tuple[List[int], List[i
     return sorted(culprits), sorted(missing)
 
 
+_P2P_END = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
+"""A pipeline's point-to-point calls by the end of the pair they are: a matched pair is one send and one receive."""
+
+
+def _matched(names: Sequence[str]) -> bool:
+    """Whether the ranks inside one sequence number of a group called the same collective (for a send/receive pair:
+    one each way)."""
+    ends = sorted(_P2P_END.get(name, name) for name in names)
+    if any(name in _P2P_END for name in names):
+        return ends == ["recv", "send"]
+    return len(set(names)) == 1
+
+
 def _mismatched(files: Mapping[int, Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """Per group and sequence number that ranks are inside different collectives at: the group, the number, and
-    each of those ranks' collective."""
+    """Per group and sequence number that two or more ranks are inside different collectives at (two sends, where
+    a pair's receive was due): the group, the number, and each of those ranks' collective."""
     inside_at: Dict[Tuple[Tuple[int, ...], int], Dict[int, str]] = {}
     for rank, content in sorted(files.items()):
         inside = content.get("collective")
         if inside:
             inside_at.setdefault((tuple(inside["group"]), int(inside["seq"])), {})[rank] = inside["name"]
     return [{"group": list(group), "seq": seq, "collectives": names}
-            for (group, seq), names in sorted(inside_at.items()) if len(set(names.values())) > 1]
+            for (group, seq), names in sorted(inside_at.items())
+            if len(names) > 1 and not _matched(list(names.values()))]
 
 
 def _rank_entry(content: Mapping[str, Any], engine: Mapping[str, Any]) -> Dict[str, Any]:
