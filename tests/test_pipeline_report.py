@@ -265,3 +265,24 @@ def test_causes_and_work_imbalance_within_each_stage_only(tmp_path: Path) -> Non
     assert straggler["cause"] == "unknown"  # host clocks cannot tell waiting from transfer: nothing else stands out
     assert (straggler["cause_figures"]["work_ratio"], straggler["cause_figures"]["pace_ratio"]) == (1.0, 1.0)
     assert engine["work_imbalance"] == pytest.approx(1.0)
+
+
+def test_a_rank_held_back_in_some_steps_within_its_stage_has_its_steps_and_their_cause(tmp_path: Path) -> None:
+    """2 stages x 2 ranks: rank 1 (stage 0) 30 ms late from step 20 of 40 on, rank 3 (stage 1) 60 ms late in every
+    step.  Each step's merged straggler is stage 1's (the larger spread); rank 1's line still gives its own steps and
+    their cause, from its stage's view."""
+    for rank, stage in enumerate([0, 0, 1, 1]):
+        rows = []
+        for step in range(40):
+            jitter = 0.5 * ((rank * 7 + step * 3) % 5 - 2) / 2
+            late = 30.0 if rank == 1 and step >= 20 else 60.0 if rank == 3 else 0.0
+            peer_late = 30.0 if rank == 0 and step >= 20 else 60.0 if rank == 2 else 0.0
+            base = record(rank, step, busy_ms=20.0 + late, fetch_ms=0.0, collective_ms=2.0 + jitter + peer_late,
+                          world_size=4)
+            rows.append(dict(schema3(base), pipe_stage=stage, pipe_stages=2, micro_batches=4, compute_ms=10.0 + late,
+                             p2p_ms=4.0, bubble_ms=5.0))
+        write_records(tmp_path, rank, rows)
+    engine = build_report(tmp_path)["engines"]["main"]
+    assert engine["straggler_ranks"] == [3] and engine["held_back_ranks"] == [1]
+    held = engine["ranks_summary"][1]
+    assert held["straggler_step_numbers"] == list(range(20, 40)) and held["cause_steps"] == {"compute": 20}

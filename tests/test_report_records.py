@@ -237,3 +237,21 @@ def test_the_step_views_gap_is_the_recorded_gap_and_the_own_gap_is_apart(tmp_pat
     view = build_report(tmp_path)["engines"]["main"]["steps"]
     assert list(view.gap_ms.rank_row(0)) == [100.0] * 4
     assert list(view.own_gap_ms.rank_row(0)) == [20.0] * 4 and list(view.own_gap_ms.rank_row(1)) == [99.0] * 4
+
+
+def test_a_rank_saving_every_fourth_step_is_held_back_in_those_steps_for_its_saves_with_no_data_loader_advice(tmp_path):
+    """Rank 0 alone saves a checkpoint (100 ms) every fourth step, the others wait: held back in some steps, whose
+    cause is its saves (eval_or_save), not its input pipeline; no data loader advice."""
+    for rank in (0, 1):
+        rows = []
+        for step in range(40):
+            saves = rank == 0 and step % 4 == 3
+            waits = rank == 1 and step % 4 == 3
+            rows += iteration_record(rank, step, gap_ms=105.0 if saves else 5.0, collective_ms=2.0 + 100.0 * waits)
+            rows[-1].update(eval_ms=0.0, save_ms=100.0 if saves else 0.0, gap_collective_ms=0.0)
+        write_records(tmp_path, rank, rows)
+    report = build_report(tmp_path)
+    engine = report["engines"]["main"]
+    assert engine["held_back_ranks"] == [0] and engine["ranks_summary"][0]["cause_steps"] == {"eval_or_save": 10}
+    assert not [found for found in engine["advice"] if found["rule"] == "input_pipeline"]
+    assert "the cause in those steps: eval_or_save 10" in " ".join(render_text(report).split())

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-__all__ = ["CAUSES", "CAUSE_CODES", "COMPUTE_EXCESS_SHARE", "GAP_OVER_BUSY", "MORE_WORK_RATIO", "SAME_PACE_RATIO",
-           "Figures", "decide_cause", "describe_cause", "late_by_gap"]
+__all__ = ["CAUSES", "CAUSE_CODES", "COMPUTE_EXCESS_SHARE", "EVAL_OR_SAVE", "GAP_OVER_BUSY", "MORE_WORK_RATIO",
+           "SAME_PACE_RATIO", "Figures", "decide_cause", "describe_cause", "late_by_gap"]
 
 MORE_WORK_RATIO = 1.15
 """More work: the straggler's work median is at least this times the others' median.  Below it, work varies as
@@ -146,6 +146,9 @@ _ADVICE = {
 _EVAL_GAP_ADVICE = ("host work the others do not do between steps, not its input pipeline nor slow compute: spread "
                     "evaluation and saves over the ranks or run them less often")
 """An ``input_pipeline`` cause told by its eval forwards and checkpoint saves (``gap_is_eval``)."""
+EVAL_OR_SAVE = "eval_or_save"
+"""A step's cause in ``cause_steps`` where the rank was late by its own eval forwards or checkpoint saves between
+steps (``input_pipeline`` with ``gap_is_eval``): periodic saves or logging on one rank, no data loader's doing."""
 
 
 def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str],
@@ -167,7 +170,8 @@ def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str],
         parts.append(f"busy {pace[0]:,.4g} against {pace[1]:,.4g} {per}")
     if cause == "communication":
         parts.append(f"exposed wait {figures['exposed_wait_ms']:,.1f} against {figures['others_exposed_wait_ms']:,.1f} ms")
-    by_step = "" if not steps or set(steps) == {cause} else "; its straggler steps: " + ", ".join(
+    own = EVAL_OR_SAVE if cause == "input_pipeline" and figures.get("gap_is_eval") else cause
+    by_step = "" if not steps or set(steps) == {own} else "; its straggler steps: " + ", ".join(
         f"{name} {count}" for name, count in sorted(steps.items(), key=lambda item: -item[1]))
     advice = _EVAL_GAP_ADVICE if cause == "input_pipeline" and figures.get("gap_is_eval") else _ADVICE[cause]
     return f"cause: {cause} ({'; '.join(parts)}): {advice}{by_step}"

@@ -11,7 +11,7 @@ from collections import Counter
 from statistics import median
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
-from .causes import Figures, decide_cause
+from .causes import EVAL_OR_SAVE, Figures, decide_cause
 
 __all__ = ["WORK_UNITS", "rank_causes", "rank_work", "work_imbalance", "work_unit"]
 
@@ -35,7 +35,9 @@ class _View(Protocol):
     host_gap_ms: _Rows
     work: _Rows
     exposed_wait_ms: _Rows
+    global_steps: List[int]
     straggler: List[Optional[int]]
+    straggler_step_numbers: Mapping[int, List[int]]  # per rank, the global steps it was the step straggler of
     threshold_ms: List[Optional[float]]
     stage_of: Mapping[int, int]  # a pipeline's ranks: their stage (empty: one group)
 
@@ -110,13 +112,14 @@ def rank_causes(view: _View, named: Sequence[int], device_clock: bool = False) -
     thresholds = [value for value in view.threshold_ms if value is not None]
     threshold = median(thresholds) if thresholds else None
     steps: Dict[int, Counter] = {rank: Counter() for rank in view.ranks}
-    for step_index, late in enumerate(view.straggler):
-        if late is None:
-            continue
-        figures, at = _step_figures(view, step_index), view.ranks.index(late)
-        cause, _ = decide_cause(figures[at], [figures[peer] for peer in _peers(view, at)], view.threshold_ms[step_index],
-                                device_clock)
-        steps[late][cause] += 1
+    position = {step: step_index for step_index, step in enumerate(view.global_steps)}
+    for late, straggled in view.straggler_step_numbers.items():  # a pipeline's: each stage's own stragglers
+        at = view.ranks.index(late)
+        for step_index in map(position.__getitem__, straggled):
+            figures = _step_figures(view, step_index)
+            cause, decided = decide_cause(figures[at], [figures[peer] for peer in _peers(view, at)],
+                                          view.threshold_ms[step_index], device_clock)
+            steps[late][EVAL_OR_SAVE if decided.get("gap_is_eval") else cause] += 1
     table = {}
     for index, rank in enumerate(view.ranks):
         cause = figures = None

@@ -148,7 +148,7 @@ def _rank_table(files: Sequence[FileRecords], view: StepView, device_clock: bool
             "held_steps": view.held_steps.get(rank, 0),
             "held_p_value": view.held_p_values.get(rank),
             "held_back_in_some_steps": held_back_in_some_steps(view, rank),
-            "straggler_step_numbers": [step for step, late in zip(view.global_steps, view.straggler) if late == rank],
+            "straggler_step_numbers": view.straggler_step_numbers.get(rank, []),
         }
     work = rank_work(view)
     causes = rank_causes(view, [rank for rank, row in table.items() if row["straggler"]], device_clock)
