@@ -255,3 +255,15 @@ def test_a_rank_saving_every_fourth_step_is_held_back_in_those_steps_for_its_sav
     assert engine["held_back_ranks"] == [0] and engine["ranks_summary"][0]["cause_steps"] == {"eval_or_save": 10}
     assert not [found for found in engine["advice"] if found["rule"] == "input_pipeline"]
     assert "the cause in those steps: eval_or_save 10" in " ".join(render_text(report).split())
+
+
+def test_a_run_of_eval_records_only_is_reported_without_train_figures(tmp_path):
+    """An evaluation-only job (``engine.eval()`` and forwards): the report reads it, with no straggler, work or cause,
+    where it raised KeyError."""
+    for rank in (0, 1):
+        write_records(tmp_path, rank, [record(rank, step, mode="eval") for step in range(10)])
+    report = build_report(tmp_path)
+    engine = report["engines"]["main"]
+    assert engine["records"] == {"eval": 20} and engine["straggler_ranks"] == []
+    assert engine["ranks_summary"][0]["cause"] is None and engine["ranks_summary"][0]["work_median"] is None
+    assert "No train steps recorded." in render_text(report)

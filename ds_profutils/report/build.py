@@ -111,6 +111,10 @@ def _mean_split(records: FileRecords) -> Dict[str, Optional[float]]:
     return dict(zip(_MEAN_SPLIT_KEYS, (step, fetch, other, step - fetch - other)))
 
 
+_NO_WORK = {"work_median": None, "busy_ms_per_unit_median": None}
+_NO_CAUSE = {"cause": None, "cause_figures": None, "cause_steps": {}}
+
+
 def _rank_table(files: Sequence[FileRecords], view: StepView, device_clock: bool) -> Dict[int, Dict[str, Any]]:
     table = {}
     for records in files:
@@ -152,8 +156,8 @@ def _rank_table(files: Sequence[FileRecords], view: StepView, device_clock: bool
         }
     work = rank_work(view)
     causes = rank_causes(view, [rank for rank, row in table.items() if row["straggler"]], device_clock)
-    for rank, row in table.items():
-        row.update(work_unit=view.work_unit, **work[rank], **causes[rank])
+    for rank, row in table.items():  # a rank with eval records only is in no step view: no work, no cause
+        row.update(work_unit=view.work_unit, **work.get(rank, _NO_WORK), **causes.get(rank, _NO_CAUSE))
         row["late_by_gap"] = row["cause"] == "input_pipeline" if row["straggler"] else None
     return table
 
