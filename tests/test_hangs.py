@@ -357,3 +357,41 @@ def test_a_pipeline_send_given_its_tensor_by_keyword_has_its_bytes(monkeypatch):
     send(tensor=tensor, dst=1)  # the last on the pair's sequence
     pair = next(group for group in sequence.progress() if group.ranks == (0, 1))
     assert pair.last.as_dict()["bytes"] == tensor.nbytes and len(seen) == 2
+
+
+def test_an_engine_collected_after_the_thread_looked_at_it_ends_the_thread_and_writes_no_hang(tmp_path):
+    """An engine dropped without close() (an RLHF reload, a sweep) after the watchdog has looked at it: the thread
+    holds it weakly between looks, so it ends, and writes no hang of an engine that is gone."""
+    engine = Engine()
+    watched(engine, tmp_path)
+    for _ in range(int(2.5 * POLL_SECONDS / 0.1)):  # the thread looks at it twice or more
+        engine.train_step()
+        time.sleep(0.1)
+    del engine
+    gc.collect()
+    assert wait_for(lambda: not watchdog_threads(), 3 * POLL_SECONDS)
+    time.sleep(TIMEOUT_S)
+    assert not list(tmp_path.glob("hang_rank_*.json"))
+
+
+@pytest.mark.parametrize("ending", ["a step", "the program's close"])
+def test_a_wait_that_ends_says_so_in_every_directory_its_hang_file_went_to(tmp_path, ending):
+    """An actor writing to one directory and a critic to another, both stuck; the actor closed first, then the wait
+    ends (the critic steps, or the program closes it): the actor's directory must not go on saying HANG."""
+    actor, critic = Engine(), Engine()
+    first = watched(actor, tmp_path / "actor")
+    second = watched(critic, tmp_path / "critic", name="critic")
+    actor_file, critic_file = tmp_path / "actor" / "hang_rank_0.json", tmp_path / "critic" / "hang_rank_0.json"
+    assert wait_for(lambda: actor_file.exists() and critic_file.exists(), TIMEOUT_S + 3 * POLL_SECONDS)
+    first.close()
+    time.sleep(1.5 * POLL_SECONDS)  # a look of the thread's with the critic alone
+    if ending == "a step":
+        critic.train_step()
+        assert wait_for(lambda: json.loads(actor_file.read_text())["resolved"], 3 * POLL_SECONDS)
+        second.close()
+    else:
+        second.close()
+        assert json.loads(actor_file.read_text())["closed_after_s"] is not None
+    for path in (actor_file, critic_file):
+        content = json.loads(path.read_text())
+        assert content["resolved"] or content["closed_after_s"] is not None

@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from ..._signal_exit import ending_on_signal
 from ...logging import logger, warning_once
@@ -53,6 +53,7 @@ class Watchdog:
         self._stuck_since: Optional[float] = None  # the thread's: the beat a hang file was written for, or None
         self._writes = 0  # the files written for it
         self._stuck_content: Dict[str, Any] = {}  # the last of them
+        self._stuck_dirs: Set[Path] = set()  # where they went: an engine closed since still has its file there
         self.closed_by_program = False  # the last engine was closed by the program itself (_program_closes)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ds_profutils-hang-watchdog", daemon=True)
@@ -79,16 +80,18 @@ class Watchdog:
 
     def _run(self) -> None:
         written_at = 0.0
-        watches: List[EngineWatch] = []  # the engines of the last look: a resolved file at the end names them
+        # the engines of the last look, held weakly between looks (a strong list kept every watch of a collected
+        # engine in the set: the thread never ended, and wrote a hang of the engine gone); the last file names them
+        looked: List["weakref.ReferenceType[EngineWatch]"] = []
         while not self._stop.wait(POLL_SECONDS):
             try:
                 with _lock:  # attach and close change the set; the step path never takes this lock
-                    current = list(self.watches)
+                    watches = list(self.watches)
             except RuntimeError:  # an engine collected while copied (the set's own callback): look again
                 continue
-            if not current and self._ended():
+            if not watches and self._ended():
                 break
-            watches = current
+            looked = [weakref.ref(watch) for watch in watches]
             try:
                 self._resolve(watches)
                 beat, now = self.beat_at, time.monotonic()
@@ -99,8 +102,10 @@ class Watchdog:
                     self._stuck_since, written_at = beat, now
             except Exception as exc:  # noqa: BLE001 - the watchdog never stops the job; it says so once
                 _said(exc)
+            del watches
         try:  # a step that ended just before the last engine closed (no later look comes), or the close itself
-            self._resolve(watches, closed=self.closed_by_program)
+            self._resolve([watch for watch in (ref() for ref in looked) if watch is not None],
+                          closed=self.closed_by_program)
         except Exception as exc:  # noqa: BLE001
             _said(exc)
         _forget(self)
@@ -118,7 +123,7 @@ class Watchdog:
             self._write_closed(watches, time.monotonic() - stuck_since)
         else:
             return
-        self._stuck_since, self._writes = None, 0
+        self._stuck_since, self._writes, self._stuck_dirs = None, 0, set()
 
     def _ended(self) -> bool:
         """Whether no engine is watched (the last closed or collected): then the thread ends, and no watch is
@@ -140,6 +145,7 @@ class Watchdog:
         path = self._write_files(watches, content)
         if resolved_after_s is None:
             self._stuck_content = content
+            self._stuck_dirs.update(watch.output_dir for watch in watches)
             logger.warning("ds_profutils: no optimizer step has ended for %.0f s on rank %d; where it is: %s",
                            content["stuck_s"], self.identity.rank, path)
         else:
@@ -155,7 +161,12 @@ class Watchdog:
                        "says so: a long evaluation or save, or a hang it stopped waiting for)", closed_after_s, path)
 
     def _write_files(self, watches: List["EngineWatch"], content: Dict[str, Any]) -> Path:
-        for output_dir in sorted({watch.output_dir for watch in watches}):
+        """Write ``content`` into every watched engine's output_dir, and where a file of this wait went before (an
+        engine closed since: its file must not stay a hang there)."""
+        directories = {watch.output_dir for watch in watches}
+        if content.get("resolved") or content.get("closed_after_s") is not None:
+            directories |= self._stuck_dirs
+        for output_dir in sorted(directories):
             path = write_hang_file(output_dir, self.identity, content)
         return path
 
