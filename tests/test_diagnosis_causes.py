@@ -78,7 +78,7 @@ def test_communication_only_on_device_clocks():
 
 def test_the_live_codes_are_documented_ones():
     assert CAUSE_CODES == {None: 0, "more_work": 1, "input_pipeline": 2, "compute": 3, "communication": 4,
-                           "unknown": 5}
+                           "unknown": 5, "eval_or_save": 6}
 
 
 def two_ranks(tmp_path, steps=12, **rank_one):

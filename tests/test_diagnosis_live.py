@@ -25,9 +25,12 @@ WAITER = dict(step_ms=100.0, collective_ms=65.0, exposed_wait_ms=60.0, gap_ms=2.
     # slower in every forward, 3 eval forwards between steps among them: its gap is eval time, no input pipeline
     (dict(step_ms=100.0, collective_ms=5.0, exposed_wait_ms=0.0, gap_ms=302.0, eval_ms=300.0, save_ms=0.0,
           flops=10**12, tokens=1000), 3),
-    # as fast, but alone evaluating between steps: late by its gap, its eval forwards
+    # as fast, but alone evaluating (or saving) between steps: late by its gap, its eval forwards: eval_or_save, as
+    # the report counts such a step in cause_steps
     (dict(step_ms=40.0, collective_ms=5.0, exposed_wait_ms=0.0, gap_ms=62.0, eval_ms=60.0, save_ms=0.0,
-          flops=10**12, tokens=1000), 2),
+          flops=10**12, tokens=1000), 6),
+    (dict(step_ms=40.0, collective_ms=5.0, exposed_wait_ms=0.0, gap_ms=62.0, eval_ms=0.0, save_ms=60.0,
+          flops=10**12, tokens=1000), 6),
 ])
 def test_the_straggler_cause_code(slow, code):
     events = cause_of(WAITER, slow)
@@ -51,3 +54,5 @@ def test_the_console_line_gives_the_word():
     assert console_line(events) == "ds_profutils step 3: step 5.0 ms, straggler rank 1 (more_work)"
     events[-1] = ("ds_profutils/straggler_cause", 2, 3)
     assert console_line(events).endswith("straggler rank 1 (input_pipeline)")
+    events[-1] = ("ds_profutils/straggler_cause", 6, 3)
+    assert console_line(events).endswith("straggler rank 1 (eval_or_save)")

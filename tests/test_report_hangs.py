@@ -171,6 +171,9 @@ def test_every_rank_closed_by_its_program_with_no_step_since_is_said_so_not_call
            "(timeout 5 s), then every rank's program closed it: a long evaluation or save after the last step, or a " \
            "hang the program stopped waiting for" in text
     assert "HANG:" not in text and "never arrived: rank 1" in text
+    (tmp_path / "hang_rank_1.json").unlink()  # rank 1 wrote none: the others wait for it, it said nothing
+    report = build_report(tmp_path)
+    assert not report["engines"]["main"]["hang"]["closed"] and "HANG: engine main" in render_text(report)
     hang_file(tmp_path, 1, groups=[(world, 8)])  # rank 1 killed where it was: no close
     report = build_report(tmp_path)
     assert not report["engines"]["main"]["hang"]["closed"] and "HANG: engine main" in render_text(report)

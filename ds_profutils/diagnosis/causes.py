@@ -24,7 +24,7 @@ from statistics import median
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 __all__ = ["CAUSES", "CAUSE_CODES", "COMPUTE_EXCESS_SHARE", "EVAL_OR_SAVE", "GAP_OVER_BUSY", "MORE_WORK_RATIO",
-           "SAME_PACE_RATIO", "Figures", "decide_cause", "describe_cause", "late_by_gap"]
+           "LIVE_CAUSES", "SAME_PACE_RATIO", "Figures", "decide_cause", "describe_cause", "late_by_gap"]
 
 MORE_WORK_RATIO = 1.15
 """More work: the straggler's work median is at least this times the others' median.  Below it, work varies as
@@ -46,9 +46,14 @@ above ``SAME_PACE_RATIO`` adds about the threshold; a pipeline rank's busy time 
 step (the rest its sends and receives): a 2.2 ms compute 13% slower adds 0.3 ms to a 60 ms step whose threshold is
 6 ms, and a rank that waited for its pipe neighbour would be called slow compute."""
 CAUSES = ("more_work", "input_pipeline", "compute", "communication", "unknown")
-CAUSE_CODES: Dict[Optional[str], int] = {None: 0, **{cause: code for code, cause in enumerate(CAUSES, 1)}}
+EVAL_OR_SAVE = "eval_or_save"
+"""A step's cause in ``cause_steps`` where the rank was late by its own eval forwards or checkpoint saves between
+steps (``input_pipeline`` with ``gap_is_eval``): periodic saves or logging on one rank, no data loader's doing."""
+LIVE_CAUSES = (*CAUSES, EVAL_OR_SAVE)
+CAUSE_CODES: Dict[Optional[str], int] = {None: 0, **{cause: code for code, cause in enumerate(LIVE_CAUSES, 1)}}
 """The live event ``ds_profutils/straggler_cause``: 0 none, 1 more_work, 2 input_pipeline, 3 compute,
-4 communication, 5 unknown."""
+4 communication, 5 unknown, 6 eval_or_save (an interval's straggler late by its own eval forwards or saves, as a
+step's cause in the report's ``cause_steps``)."""
 
 
 @dataclass(frozen=True)
@@ -146,9 +151,6 @@ _ADVICE = {
 _EVAL_GAP_ADVICE = ("host work the others do not do between steps, not its input pipeline nor slow compute: spread "
                     "evaluation and saves over the ranks or run them less often")
 """An ``input_pipeline`` cause told by its eval forwards and checkpoint saves (``gap_is_eval``)."""
-EVAL_OR_SAVE = "eval_or_save"
-"""A step's cause in ``cause_steps`` where the rank was late by its own eval forwards or checkpoint saves between
-steps (``input_pipeline`` with ``gap_is_eval``): periodic saves or logging on one rank, no data loader's doing."""
 
 
 def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Protocol, Sequence
 
-from ...diagnosis.causes import CAUSES
+from ...diagnosis.causes import LIVE_CAUSES
 from .interval import Event
 from ...units import flops_rate
 
@@ -67,7 +67,7 @@ def _format(figures: Dict[str, float], key: str, template: str, scale: float = 1
 
 def _cause_word(code: Optional[float]) -> str:
     """`` (more_work)`` for the straggler's cause code, nothing where none was sent."""
-    return "" if not code else f" ({CAUSES[int(code) - 1]})"
+    return "" if not code else f" ({LIVE_CAUSES[int(code) - 1]})"
 
 
 def _gap_words(figures: Dict[str, float]) -> Optional[str]:

@@ -178,7 +178,8 @@ def hang_reports(files: Mapping[int, Mapping[str, Any]]) -> Dict[str, Dict[str, 
             "mismatched": mismatched,
             "waiting": [rank for rank, entry in ranks.items()
                         if entry["state"] == "in_collective" and rank not in culprits],
-            "closed": all(content.get("closed_after_s") is not None for content in files.values()),
+            # every rank said so: a rank without a file (the others wait for it) cannot have
+            "closed": not missing and all(content.get("closed_after_s") is not None for content in files.values()),
             "timeout_s": min(content.get("timeout_s") or 0 for content in files.values()),
             "stuck_s": max(content.get("stuck_s") or 0 for content in files.values()),
             "ranks": ranks,
