@@ -102,7 +102,8 @@ def test_ranks_inside_different_collectives_at_one_sequence_number_are_named_mis
     report = build_report(tmp_path)
     hang = report["engines"]["main"]["hang"]
     assert hang["culprits"] == [] and hang["missing"] == []
-    assert hang["mismatched"] == [{"group": [0, 1], "seq": 10, "collectives": {0: "all_reduce", 1: "barrier"}}]
+    assert hang["mismatched"] == [{"group": [0, 1], "seq": 10, "collectives": {0: "all_reduce", 1: "barrier"},
+                                   "p2p": False}]
     text = " ".join(render_text(report).split())  # the lines as wrapped, read as one
     assert "mismatched collectives: group 0-1, seq 10: rank 0 in all_reduce, rank 1 in barrier: the ranks' " \
            "programs issued different collectives there" in text
@@ -117,8 +118,12 @@ def test_a_pipeline_pair_inside_a_send_and_its_receive_is_matched_and_two_sends_
     pair = (0, 1)
     for rank, call in enumerate(calls):
         hang_file(tmp_path, rank, inside=(call, pair, 12), groups=[(pair, 12)])
-    hang = build_report(tmp_path)["engines"]["main"]["hang"]
+    report = build_report(tmp_path)
+    hang = report["engines"]["main"]["hang"]
     assert bool(hang["mismatched"]) == mismatched and hang["culprits"] == []
+    text = " ".join(render_text(report).split())
+    assert ("rank 0 in send, rank 1 in send: both ends of the pair wait on the same side of a transfer: the stages' "
+            "schedules do not match there" in text) == mismatched and "uneven data" not in text
 
 
 def test_ranks_all_inside_the_same_collective_are_not_said_to_wait_for_nobody(tmp_path):

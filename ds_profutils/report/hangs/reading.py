@@ -121,7 +121,8 @@ def _mismatched(files: Mapping[int, Mapping[str, Any]]) -> List[Dict[str, Any]]:
         inside = content.get("collective")
         if inside:
             inside_at.setdefault((tuple(inside["group"]), int(inside["seq"])), {})[rank] = inside["name"]
-    return [{"group": list(group), "seq": seq, "collectives": names}
+    return [{"group": list(group), "seq": seq, "collectives": names,
+             "p2p": all(name in _P2P_END for name in names.values())}  # a pair's ends both sending (or receiving)
             for (group, seq), names in sorted(inside_at.items())
             if len(names) > 1 and not _matched(list(names.values()))]
 

@@ -41,9 +41,11 @@ def hang_lines(report: Mapping[str, Any]) -> List[str]:
             lines += wrap("  never arrived: " + "; ".join(named))
         for mismatch in hang.get("mismatched") or []:  # (files of earlier versions have none)
             inside = ", ".join(f"rank {rank} in {name}" for rank, name in mismatch["collectives"].items())
+            why = ("both ends of the pair wait on the same side of a transfer: the stages' schedules do not match "
+                   "there" if mismatch.get("p2p") else "the ranks' programs issued different collectives there (a rank "
+                   "that left the loop early on uneven data, or a collective only some ranks call)")
             lines += wrap(f"  mismatched collectives: group {rank_ranges(mismatch['group'])}, seq {mismatch['seq']}: "
-                          f"{inside}: the ranks' programs issued different collectives there (a rank that left the "
-                          "loop early on uneven data, or a collective only some ranks call)")
+                          f"{inside}: {why}")
         if not (hang["culprits"] or hang["missing"] or hang.get("mismatched")):
             lines.append("  no rank waits inside a collective for another: see each rank's stack" if not hang["waiting"]
                          else "  no rank is behind: the ranks waiting are inside the same collective, which does not "
