@@ -267,16 +267,18 @@ def test_causes_and_work_imbalance_within_each_stage_only(tmp_path: Path) -> Non
     assert engine["work_imbalance"] == pytest.approx(1.0)
 
 
-def test_a_rank_held_back_in_some_steps_within_its_stage_has_its_steps_and_their_cause(tmp_path: Path) -> None:
-    """2 stages x 2 ranks: rank 1 (stage 0) 30 ms late from step 20 of 40 on, rank 3 (stage 1) 60 ms late in every
-    step.  Each step's merged straggler is stage 1's (the larger spread); rank 1's line still gives its own steps and
-    their cause, from its stage's view."""
+@pytest.mark.parametrize("slow_ms", [30.0, 4.0])  # 4 ms: above its stage's threshold, below the other stage's
+def test_a_rank_held_back_in_some_steps_within_its_stage_has_its_steps_and_their_cause(tmp_path: Path,
+                                                                                      slow_ms: float) -> None:
+    """2 stages x 2 ranks: rank 1 (stage 0) late from step 20 of 40 on, rank 3 (stage 1) 60 ms late in every step.
+    Each step's merged straggler is stage 1's (the larger spread); rank 1's line still gives its own steps and their
+    cause, from its stage's view and with its stage's threshold."""
     for rank, stage in enumerate([0, 0, 1, 1]):
         rows = []
         for step in range(40):
             jitter = 0.5 * ((rank * 7 + step * 3) % 5 - 2) / 2
-            late = 30.0 if rank == 1 and step >= 20 else 60.0 if rank == 3 else 0.0
-            peer_late = 30.0 if rank == 0 and step >= 20 else 60.0 if rank == 2 else 0.0
+            late = slow_ms if rank == 1 and step >= 20 else 60.0 if rank == 3 else 0.0
+            peer_late = slow_ms if rank == 0 and step >= 20 else 60.0 if rank == 2 else 0.0
             base = record(rank, step, busy_ms=20.0 + late, fetch_ms=0.0, collective_ms=2.0 + jitter + peer_late,
                           world_size=4)
             rows.append(dict(schema3(base), pipe_stage=stage, pipe_stages=2, micro_batches=4, compute_ms=10.0 + late,

@@ -38,6 +38,7 @@ class _View(Protocol):
     global_steps: List[int]
     straggler: List[Optional[int]]
     straggler_step_numbers: Mapping[int, List[int]]  # per rank, the global steps it was the step straggler of
+    straggler_step_thresholds: Mapping[int, List[float]]  # and their thresholds (a pipeline stage's own)
     threshold_ms: List[Optional[float]]
     stage_of: Mapping[int, int]  # a pipeline's ranks: their stage (empty: one group)
 
@@ -115,10 +116,10 @@ def rank_causes(view: _View, named: Sequence[int], device_clock: bool = False) -
     position = {step: step_index for step_index, step in enumerate(view.global_steps)}
     for late, straggled in view.straggler_step_numbers.items():  # a pipeline's: each stage's own stragglers
         at = view.ranks.index(late)
-        for step_index in map(position.__getitem__, straggled):
-            figures = _step_figures(view, step_index)
-            cause, decided = decide_cause(figures[at], [figures[peer] for peer in _peers(view, at)],
-                                          view.threshold_ms[step_index], device_clock)
+        for step, step_threshold in zip(straggled, view.straggler_step_thresholds[late]):
+            figures = _step_figures(view, position[step])
+            cause, decided = decide_cause(figures[at], [figures[peer] for peer in _peers(view, at)], step_threshold,
+                                          device_clock)
             steps[late][EVAL_OR_SAVE if decided.get("gap_is_eval") else cause] += 1
     table = {}
     for index, rank in enumerate(view.ranks):

@@ -162,6 +162,7 @@ class StepView:
     held_steps: Dict[int, int] = field(default_factory=dict)  # its comparison's steps where a rank held others back
     held_p_values: Dict[int, float] = field(default_factory=dict)  # by chance: its share of those steps or more
     straggler_step_numbers: Dict[int, List[int]] = field(default_factory=dict)  # the global steps it held others back
+    straggler_step_thresholds: Dict[int, List[float]] = field(default_factory=dict)  # theirs, in its comparison
 
     @property
     def compared_ranks(self) -> int:
@@ -296,9 +297,11 @@ def _find_stragglers(view: StepView) -> None:
         attributed[least_rank] += sum(value for value, _ in present) - least * len(present)
     view.straggler_steps = dict(zip(view.ranks, counts))
     view.straggler_step_numbers = {rank: [] for rank in view.ranks}
-    for step, late in zip(view.global_steps, view.straggler):
+    view.straggler_step_thresholds = {rank: [] for rank in view.ranks}
+    for step, late, threshold in zip(view.global_steps, view.straggler, view.threshold_ms):
         if late is not None:
             view.straggler_step_numbers[late].append(step)
+            view.straggler_step_thresholds[late].append(threshold)
     view.attributed_ms = dict(zip(view.ranks, attributed))
     view.waited_ms = dict(zip(view.ranks, waited))
     view.p_values = {rank: chance_p_value(view, count, 1 / len(view.ranks)) for rank, count in zip(view.ranks, counts)}

@@ -163,7 +163,7 @@ def staged_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[
     steps = len(view.global_steps)
     view.straggler, view.spread_ms, view.threshold_ms = [None] * steps, [None] * steps, [None] * steps
     view.straggler_steps, view.attributed_ms, view.waited_ms, view.p_values = {}, {}, {}, {}
-    view.held_steps, view.held_p_values, view.straggler_step_numbers = {}, {}, {}
+    view.held_steps, view.held_p_values, view.straggler_step_numbers, view.straggler_step_thresholds = {}, {}, {}, {}
     view.tested_steps = 0
     for stage_files in stages.values():
         stage_view = step_view(stage_files, trace_steps)
@@ -173,7 +173,8 @@ def staged_view(files: Sequence[FileRecords], trace_steps: Mapping[int, Mapping[
             if spread is not None and (view.spread_ms[at] is None or spread > view.spread_ms[at]):
                 view.straggler[at], view.spread_ms[at], view.threshold_ms[at] = straggler, spread, threshold
         for name in ("straggler_steps", "attributed_ms", "waited_ms", "p_values", "held_steps", "held_p_values",
-                     "straggler_step_numbers"):  # each stage's own, where the merged per-step view keeps one stage
+                     "straggler_step_numbers", "straggler_step_thresholds"):  # each stage's own (the merged per-step
+            # columns keep the stage with the larger spread)
             getattr(view, name).update(getattr(stage_view, name))
         view.tested_steps = max(view.tested_steps, stage_view.tested_steps)
     view.stage_of = {records.rank: stage for stage, stage_files in stages.items() for records in stage_files}
