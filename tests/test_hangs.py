@@ -4,6 +4,7 @@ file saying ``resolved`` when the step ends after all, and the thread's end at c
 The launcher job that hangs for real is in test_hangs_launcher.py."""
 import gc
 import json
+import shutil
 import threading
 import time
 
@@ -395,3 +396,37 @@ def test_a_wait_that_ends_says_so_in_every_directory_its_hang_file_went_to(tmp_p
     for path in (actor_file, critic_file):
         content = json.loads(path.read_text())
         assert content["resolved"] or content["closed_after_s"] is not None
+
+
+def test_a_directory_that_can_no_longer_be_written_keeps_the_watchdog_from_nothing(tmp_path):
+    """The actor's directory, where this wait's hang file went, is gone (its engine closed, the directory removed, or
+    a file now in its place): the wait's end is still written where it can be, the directory is not made again, and
+    the next hang is still found."""
+    actor, critic = Engine(), Engine()
+    first = watched(actor, tmp_path / "actor")
+    second = watched(critic, tmp_path / "critic", name="critic")
+    critic_file = tmp_path / "critic" / "hang_rank_0.json"
+    assert wait_for(lambda: (tmp_path / "actor" / "hang_rank_0.json").exists() and critic_file.exists(),
+                    TIMEOUT_S + 3 * POLL_SECONDS)
+    first.close()
+    shutil.rmtree(tmp_path / "actor")
+    critic.train_step()
+    assert wait_for(lambda: json.loads(critic_file.read_text())["resolved"], 3 * POLL_SECONDS)
+    assert not (tmp_path / "actor").exists()
+    assert wait_for(lambda: not json.loads(critic_file.read_text())["resolved"], TIMEOUT_S + 3 * POLL_SECONDS)
+    assert json.loads(critic_file.read_text())["engines"][0]["global_step"] == 1  # the new hang, after the step
+    second.close()
+
+
+def test_an_engine_dropped_right_after_its_slow_step_leaves_its_file_resolved(tmp_path):
+    """The slow step ended, then the program dropped the engine before the thread's next look: the thread's last look
+    has no engine left, and still writes the wait's end where the hang file went."""
+    engine = Engine()
+    watched(engine, tmp_path)
+    path = tmp_path / "hang_rank_0.json"
+    assert wait_for(path.exists, TIMEOUT_S + 3 * POLL_SECONDS)
+    engine.train_step()
+    del engine
+    gc.collect()
+    assert wait_for(lambda: not watchdog_threads(), 3 * POLL_SECONDS)
+    assert json.loads(path.read_text())["resolved"]

@@ -288,3 +288,21 @@ def test_a_rank_held_back_in_some_steps_within_its_stage_has_its_steps_and_their
     assert engine["straggler_ranks"] == [3] and engine["held_back_ranks"] == [1]
     held = engine["ranks_summary"][1]
     assert held["straggler_step_numbers"] == list(range(20, 40)) and held["cause_steps"] == {"compute": 20}
+
+
+def test_a_pipeline_straggler_is_judged_with_its_own_stages_threshold(tmp_path: Path) -> None:
+    """Rank 1 (stage 0) 4 ms slower in every step, rank 3 (stage 1) 60 ms: both named within their stage; rank 1's
+    cause is its compute, decided with stage 0's threshold, as its steps' causes are (not unknown, by stage 1's)."""
+    for rank, stage in enumerate([0, 0, 1, 1]):
+        rows = []
+        for step in range(40):
+            jitter = 0.5 * ((rank * 7 + step * 3) % 5 - 2) / 2
+            late = 4.0 if rank == 1 else 60.0 if rank == 3 else 0.0
+            peer_late = 4.0 if rank == 0 else 60.0 if rank == 2 else 0.0
+            base = record(rank, step, busy_ms=20.0 + late, fetch_ms=0.0, collective_ms=2.0 + jitter + peer_late,
+                          world_size=4)
+            rows.append(dict(schema3(base), pipe_stage=stage, pipe_stages=2, micro_batches=4, compute_ms=10.0 + late,
+                             p2p_ms=4.0, bubble_ms=5.0))
+        write_records(tmp_path, rank, rows)
+    summary = build_report(tmp_path)["engines"]["main"]["ranks_summary"]
+    assert summary[1]["straggler"] and summary[1]["cause"] == "compute" and summary[1]["cause_steps"] == {"compute": 40}

@@ -124,8 +124,11 @@ def rank_causes(view: _View, named: Sequence[int], device_clock: bool = False) -
     table = {}
     for index, rank in enumerate(view.ranks):
         cause = figures = None
-        if rank in named and threshold is not None:
-            cause, figures = decide_cause(medians[index], [medians[peer] for peer in _peers(view, index)], threshold,
-                                          device_clock)
+        # a pipeline rank's own stage's threshold (the merged view's per step is the larger spread's stage's)
+        own = view.straggler_step_thresholds.get(rank) if view.stage_of else None
+        rank_threshold = median(own) if own else threshold
+        if rank in named and rank_threshold is not None:
+            cause, figures = decide_cause(medians[index], [medians[peer] for peer in _peers(view, index)],
+                                          rank_threshold, device_clock)
         table[rank] = {"cause": cause, "cause_figures": figures, "cause_steps": dict(steps[rank])}
     return table

@@ -113,17 +113,26 @@ class Watchdog:
     def _resolve(self, watches: List["EngineWatch"], closed: bool = False) -> None:
         """Where a hang file was written and an optimizer step has ended since, write it once more, resolved; also
         where the program has ``closed`` its last engine meanwhile, said as such (not a step: the wait ended there,
-        for a reason the watchdog cannot see)."""
+        for a reason the watchdog cannot see).  Written into every directory the hang went to (an engine closed or
+        collected since included); the wait is over whether or not each write succeeds."""
         beat, stuck_since = self.beat_at, self._stuck_since
-        if stuck_since is None or not watches:
+        if stuck_since is None:
             return
         if beat != stuck_since:
-            self._write(watches, stuck_since, self._writes, resolved_after_s=beat - stuck_since)
+            after = beat - stuck_since
+            content = (self._content(watches, stuck_since, self._writes, resolved_after_s=after) if watches else
+                       {**self._stuck_content, "time": time.time(), "resolved": True, "resolved_after_s": after})
+            said = "the step ended after all, %.0f s after the one before (%s says resolved)"
         elif closed:
-            self._write_closed(watches, time.monotonic() - stuck_since)
+            after = time.monotonic() - stuck_since  # the last file again, where it was: its collective and stacks
+            content = {**self._stuck_content, "time": time.time(), "closed_after_s": after}
+            said = ("the program closed the engine %.0f s after the last step, with no step since (%s says so: a long "
+                    "evaluation or save, or a hang it stopped waiting for)")
         else:
             return
+        directories = {watch.output_dir for watch in watches} | {d for d in self._stuck_dirs if d.is_dir()}
         self._stuck_since, self._writes, self._stuck_dirs = None, 0, set()
+        logger.warning("ds_profutils: " + said, after, self._write_files(directories, content))
 
     def _ended(self) -> bool:
         """Whether no engine is watched (the last closed or collected): then the thread ends, and no watch is
@@ -134,41 +143,37 @@ class Watchdog:
             self._stop.set()
             return True
 
-    def _write(self, watches: List["EngineWatch"], beat: float, writes: int,
-               resolved_after_s: Optional[float] = None) -> None:
+    def _content(self, watches: List["EngineWatch"], beat: float, writes: int,
+                 resolved_after_s: Optional[float] = None) -> Dict[str, Any]:
         since = time.time() - (time.monotonic() - beat)
-        engines = [watch.where() for watch in watches]
-        content = hang_content(self.identity, engines, timeout_s=min(watch.timeout_s for watch in watches),
-                               since=since, training_thread=self.training_thread,
-                               cuda_device=next((w.cuda_device for w in watches if w.cuda_device is not None), None),
-                               writes=writes, resolved_after_s=resolved_after_s)
-        path = self._write_files(watches, content)
-        if resolved_after_s is None:
-            self._stuck_content = content
-            self._stuck_dirs.update(watch.output_dir for watch in watches)
-            logger.warning("ds_profutils: no optimizer step has ended for %.0f s on rank %d; where it is: %s",
-                           content["stuck_s"], self.identity.rank, path)
-        else:
-            logger.warning("ds_profutils: the step ended after all, %.0f s after the one before (%s says resolved)",
-                           resolved_after_s, path)
+        return hang_content(self.identity, [watch.where() for watch in watches],
+                            timeout_s=min(watch.timeout_s for watch in watches), since=since,
+                            training_thread=self.training_thread,
+                            cuda_device=next((w.cuda_device for w in watches if w.cuda_device is not None), None),
+                            writes=writes, resolved_after_s=resolved_after_s)
 
-    def _write_closed(self, watches: List["EngineWatch"], closed_after_s: float) -> None:
-        """The last hang file again, where it was (its collective and stacks: the evidence), saying the program closed
-        its last engine ``closed_after_s`` after the step before, with no step between."""
-        content = {**self._stuck_content, "time": time.time(), "closed_after_s": closed_after_s}
-        path = self._write_files(watches, content)
-        logger.warning("ds_profutils: the program closed the engine %.0f s after the last step, with no step since (%s "
-                       "says so: a long evaluation or save, or a hang it stopped waiting for)", closed_after_s, path)
-
-    def _write_files(self, watches: List["EngineWatch"], content: Dict[str, Any]) -> Path:
-        """Write ``content`` into every watched engine's output_dir, and where a file of this wait went before (an
-        engine closed since: its file must not stay a hang there)."""
+    def _write(self, watches: List["EngineWatch"], beat: float, writes: int) -> None:
+        """The hang file of a wait going on since ``beat``, into every watched engine's output_dir."""
+        content = self._content(watches, beat, writes)
         directories = {watch.output_dir for watch in watches}
-        if content.get("resolved") or content.get("closed_after_s") is not None:
-            directories |= self._stuck_dirs
+        path = self._write_files(directories, content)
+        self._stuck_content = content
+        self._stuck_dirs |= directories
+        logger.warning("ds_profutils: no optimizer step has ended for %.0f s on rank %d; where it is: %s",
+                       content["stuck_s"], self.identity.rank, path)
+
+    def _write_files(self, directories: Set[Path], content: Dict[str, Any]) -> Optional[Path]:
+        """Write ``content`` into each directory on its own (one that cannot be written keeps none of the others from
+        theirs); the first path written, None if none was."""
+        written = None
         for output_dir in sorted(directories):
-            path = write_hang_file(output_dir, self.identity, content)
-        return path
+            try:
+                path = write_hang_file(output_dir, self.identity, content)
+            except OSError as exc:
+                _said(exc)
+                continue
+            written = written or path
+        return written
 
 
 def _said(exc: Exception) -> None:

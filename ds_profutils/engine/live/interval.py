@@ -46,7 +46,8 @@ EVENT_NAMES: Dict[str, str] = {
     "ds_profutils/straggler_rank": "the rank the others waited for in more than half of the interval's steps "
                                    "(the report's step rule), -1 when none",
     "ds_profutils/straggler_cause": "why that rank was late, over the interval (ds_profutils.diagnosis.causes): "
-                                    "0 none, 1 more_work, 2 input_pipeline, 3 compute, 4 communication, 5 unknown",
+                                    "0 none, 1 more_work, 2 input_pipeline, 3 compute, 4 communication, 5 unknown, "
+                                    "6 eval_or_save",
 }
 """Every event LiveMetrics sends, in the order sent, and over which ranks and steps it is taken.  An event
 whose inputs are unknown (no FLOPs counted, no peak, no tokens, no memory figure) is left out."""
