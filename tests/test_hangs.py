@@ -392,16 +392,19 @@ def test_a_wait_that_ends_says_so_in_every_directory_its_hang_file_went_to(tmp_p
         second.close()
     else:
         second.close()
-        assert json.loads(actor_file.read_text())["closed_after_s"] is not None
+        closed = json.loads(actor_file.read_text())
+        assert closed["closed_after_s"] is not None
+        assert {engine["name"] for engine in closed["engines"]} == {"main", "critic"}  # its own last file, where it was
     for path in (actor_file, critic_file):
         content = json.loads(path.read_text())
         assert content["resolved"] or content["closed_after_s"] is not None
 
 
-def test_a_directory_that_can_no_longer_be_written_keeps_the_watchdog_from_nothing(tmp_path):
-    """The actor's directory, where this wait's hang file went, is gone (its engine closed, the directory removed, or
-    a file now in its place): the wait's end is still written where it can be, the directory is not made again, and
-    the next hang is still found."""
+@pytest.mark.parametrize("gone", ["removed", "unwritable"])
+def test_a_directory_that_can_no_longer_be_written_keeps_the_watchdog_from_nothing(tmp_path, gone):
+    """The actor's directory, where this wait's hang file went, is gone since its engine closed (removed, or its file's
+    name taken by a directory: every write there fails): the wait's end is still written where it can be, a removed
+    directory is not made again, and the next hang is still found."""
     actor, critic = Engine(), Engine()
     first = watched(actor, tmp_path / "actor")
     second = watched(critic, tmp_path / "critic", name="critic")
@@ -409,12 +412,21 @@ def test_a_directory_that_can_no_longer_be_written_keeps_the_watchdog_from_nothi
     assert wait_for(lambda: (tmp_path / "actor" / "hang_rank_0.json").exists() and critic_file.exists(),
                     TIMEOUT_S + 3 * POLL_SECONDS)
     first.close()
-    shutil.rmtree(tmp_path / "actor")
-    critic.train_step()
-    assert wait_for(lambda: json.loads(critic_file.read_text())["resolved"], 3 * POLL_SECONDS)
-    assert not (tmp_path / "actor").exists()
+    if gone == "removed":
+        shutil.rmtree(tmp_path / "actor")
+    else:
+        (tmp_path / "actor" / "hang_rank_0.json").unlink()
+        (tmp_path / "actor" / "hang_rank_0.json").mkdir()
+
+    def stepping_until_resolved():  # (a step a look: no new hang before the resolved file is read)
+        critic.train_step()
+        time.sleep(0.1)
+        return json.loads(critic_file.read_text())["resolved"]
+
+    assert wait_for(stepping_until_resolved, 3 * POLL_SECONDS)
+    assert (tmp_path / "actor").exists() == (gone == "unwritable")
     assert wait_for(lambda: not json.loads(critic_file.read_text())["resolved"], TIMEOUT_S + 3 * POLL_SECONDS)
-    assert json.loads(critic_file.read_text())["engines"][0]["global_step"] == 1  # the new hang, after the step
+    assert json.loads(critic_file.read_text())["engines"][0]["global_step"] >= 1  # the new hang, after the steps
     second.close()
 
 
@@ -430,3 +442,15 @@ def test_an_engine_dropped_right_after_its_slow_step_leaves_its_file_resolved(tm
     gc.collect()
     assert wait_for(lambda: not watchdog_threads(), 3 * POLL_SECONDS)
     assert json.loads(path.read_text())["resolved"]
+
+
+def test_attaching_an_engine_while_a_hang_stands_does_not_resolve_it(tmp_path):
+    """A hang file stands; the program attaches another engine (no step of any engine ended): still a hang."""
+    first = watched(Engine(), tmp_path)
+    path = tmp_path / "hang_rank_0.json"
+    assert wait_for(path.exists, TIMEOUT_S + 3 * POLL_SECONDS)
+    second = watched(Engine(), tmp_path, name="critic")
+    time.sleep(2 * POLL_SECONDS)
+    assert not json.loads(path.read_text())["resolved"]
+    second.close()
+    first.close()

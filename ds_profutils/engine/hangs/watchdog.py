@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional
 
 from ..._signal_exit import ending_on_signal
 from ...logging import logger, warning_once
@@ -52,8 +52,8 @@ class Watchdog:
         self.beat_at = time.monotonic()  # the last optimizer step's end (or the start), written by the step path
         self._stuck_since: Optional[float] = None  # the thread's: the beat a hang file was written for, or None
         self._writes = 0  # the files written for it
-        self._stuck_content: Dict[str, Any] = {}  # the last of them
-        self._stuck_dirs: Set[Path] = set()  # where they went: an engine closed since still has its file there
+        self._stuck: Dict[Path, Dict[str, Any]] = {}  # per directory, the last of them written there (an engine
+        # closed since still has its file there, naming it)
         self.closed_by_program = False  # the last engine was closed by the program itself (_program_closes)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ds_profutils-hang-watchdog", daemon=True)
@@ -89,8 +89,10 @@ class Watchdog:
                     watches = list(self.watches)
             except RuntimeError:  # an engine collected while copied (the set's own callback): look again
                 continue
-            if not watches and self._ended():
-                break
+            if not watches:
+                if self._ended():
+                    break
+                continue  # an engine attached meanwhile: the next look has it
             looked = [weakref.ref(watch) for watch in watches]
             try:
                 self._resolve(watches)
@@ -113,26 +115,31 @@ class Watchdog:
     def _resolve(self, watches: List["EngineWatch"], closed: bool = False) -> None:
         """Where a hang file was written and an optimizer step has ended since, write it once more, resolved; also
         where the program has ``closed`` its last engine meanwhile, said as such (not a step: the wait ended there,
-        for a reason the watchdog cannot see).  Written into every directory the hang went to (an engine closed or
-        collected since included); the wait is over whether or not each write succeeds."""
-        beat, stuck_since = self.beat_at, self._stuck_since
+        for a reason the watchdog cannot see).  Written into every directory the hang went to that is still there
+        (an engine closed or collected since included), each from its own last file, where the rank waited; the
+        wait is over whether or not each write succeeds."""
+        beat, stuck_since, stuck = self.beat_at, self._stuck_since, self._stuck
         if stuck_since is None:
             return
+        now = time.time()
         if beat != stuck_since:
             after = beat - stuck_since
-            content = (self._content(watches, stuck_since, self._writes, resolved_after_s=after) if watches else
-                       {**self._stuck_content, "time": time.time(), "resolved": True, "resolved_after_s": after})
+            ending = {"resolved": True, "resolved_after_s": after}
+            watched = {watch.output_dir for watch in watches}
+            fresh = self._content(watches, stuck_since, self._writes, resolved_after_s=after) if watches else None
             said = "the step ended after all, %.0f s after the one before (%s says resolved)"
         elif closed:
-            after = time.monotonic() - stuck_since  # the last file again, where it was: its collective and stacks
-            content = {**self._stuck_content, "time": time.time(), "closed_after_s": after}
+            after = time.monotonic() - stuck_since
+            ending, watched, fresh = {"closed_after_s": after}, set(), None
             said = ("the program closed the engine %.0f s after the last step, with no step since (%s says so: a long "
                     "evaluation or save, or a hang it stopped waiting for)")
         else:
             return
-        directories = {watch.output_dir for watch in watches} | {d for d in self._stuck_dirs if d.is_dir()}
-        self._stuck_since, self._writes, self._stuck_dirs = None, 0, set()
-        logger.warning("ds_profutils: " + said, after, self._write_files(directories, content))
+        self._stuck_since, self._writes, self._stuck = None, 0, {}
+        contents = {directory: fresh if directory in watched and fresh is not None else
+                    {**content, "time": now, **ending}
+                    for directory, content in stuck.items() if directory.is_dir()}
+        logger.warning("ds_profutils: " + said, after, self._write_files(contents))
 
     def _ended(self) -> bool:
         """Whether no engine is watched (the last closed or collected): then the thread ends, and no watch is
@@ -155,25 +162,22 @@ class Watchdog:
     def _write(self, watches: List["EngineWatch"], beat: float, writes: int) -> None:
         """The hang file of a wait going on since ``beat``, into every watched engine's output_dir."""
         content = self._content(watches, beat, writes)
-        directories = {watch.output_dir for watch in watches}
-        path = self._write_files(directories, content)
-        self._stuck_content = content
-        self._stuck_dirs |= directories
+        contents = {watch.output_dir: content for watch in watches}
+        path = self._write_files(contents)
+        self._stuck.update(contents)
         logger.warning("ds_profutils: no optimizer step has ended for %.0f s on rank %d; where it is: %s",
                        content["stuck_s"], self.identity.rank, path)
 
-    def _write_files(self, directories: Set[Path], content: Dict[str, Any]) -> Optional[Path]:
-        """Write ``content`` into each directory on its own (one that cannot be written keeps none of the others from
-        theirs); the first path written, None if none was."""
-        written = None
-        for output_dir in sorted(directories):
+    def _write_files(self, contents: Dict[Path, Dict[str, Any]]) -> str:
+        """Write each directory's content on its own (one that cannot be written keeps none of the others from
+        theirs); where the first went, for the log line."""
+        written = []
+        for output_dir, content in sorted(contents.items()):
             try:
-                path = write_hang_file(output_dir, self.identity, content)
+                written.append(write_hang_file(output_dir, self.identity, content))
             except OSError as exc:
                 _said(exc)
-                continue
-            written = written or path
-        return written
+        return str(written[0]) if written else "no file, none could be written"
 
 
 def _said(exc: Exception) -> None:
@@ -270,5 +274,6 @@ def watch_engine(hooks: EngineHooks, name: str, output_dir: str, timeout_s: floa
         watchdog.watches.add(watch)
     if fresh:
         watchdog.start()
-    watchdog.beat()  # the timeout counts from the attach: a hang before the first step is found too
+    if watchdog._stuck_since is None:  # a hang written stands until a step ends: an attach is none
+        watchdog.beat()  # the timeout counts from the attach: a hang before the first step is found too
     return watch
