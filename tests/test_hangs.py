@@ -5,8 +5,11 @@ The launcher job that hangs for real is in test_hangs_launcher.py."""
 import gc
 import json
 import shutil
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +21,7 @@ from ds_profutils.engine.hangs.watchdog import POLL_SECONDS
 from test_zero_attach import Engine
 
 TIMEOUT_S = 1
+REPO = Path(__file__).resolve().parent.parent
 
 
 def watched(engine, tmp_path, name="main"):
@@ -454,3 +458,44 @@ def test_attaching_an_engine_while_a_hang_stands_does_not_resolve_it(tmp_path):
     assert not json.loads(path.read_text())["resolved"]
     second.close()
     first.close()
+
+
+def test_a_job_ending_without_close_says_its_waits_end_as_close_would(tmp_path):
+    """A script that never calls close() (the docs say close runs at exit too): a slow last step that ended is written
+    resolved, a long evaluation after the last step closed_after_s, as an explicit close() would have them."""
+    script = f"""
+import sys, time
+sys.path[:0] = {[str(REPO), str(REPO / "tests")]!r}
+from test_hangs import watched, wait_for, TIMEOUT_S, POLL_SECONDS
+from test_zero_attach import Engine
+from pathlib import Path
+engine = Engine()
+watched(engine, Path(sys.argv[1]))
+engine.train_step()
+assert wait_for((Path(sys.argv[1]) / "hang_rank_0.json").exists, TIMEOUT_S + 3 * POLL_SECONDS)
+if sys.argv[2] == "slow last step":
+    engine.train_step()
+"""
+    for ending in ("slow last step", "evaluation after it"):
+        out = tmp_path / ending.replace(" ", "_")
+        done = subprocess.run([sys.executable, "-c", script, str(out), ending], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        content = json.loads((out / "hang_rank_0.json").read_text())
+        assert content["resolved"] if ending == "slow last step" else content["closed_after_s"] is not None
+
+
+def test_an_engine_attached_again_in_the_process_keeps_the_hang_file_this_process_wrote(tmp_path):
+    """A hang, the program catches it and closes (inside its except: the file stays a HANG), then attaches a new
+    engine in the same directory (a Trainer resumed in-process): the file is this job's evidence, not an earlier
+    run's, and stays."""
+    path = tmp_path / "hang_rank_0.json"
+    first = watched(Engine(), tmp_path)
+    assert wait_for(path.exists, TIMEOUT_S + 3 * POLL_SECONDS)
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        first.close()
+    second = watched(Engine(), tmp_path)
+    assert path.exists() and not json.loads(path.read_text())["resolved"]
+    second.close()

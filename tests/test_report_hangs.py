@@ -213,3 +213,21 @@ def test_a_hang_file_that_cannot_be_read_is_named_as_one(tmp_path):
     (tmp_path / "hang_rank_1.json").write_text('{"schema": 1, "rank"')  # cut by a kill while written
     text = render_text(build_report(tmp_path))
     assert "hang file, rank 1 (hang_rank_1.json): not read" in text and "records of engine None" not in text
+
+
+def test_hang_files_of_an_earlier_run_with_more_ranks_are_left_out_not_read_as_this_runs(tmp_path):
+    """A relaunch with 2 ranks in the output_dir a 4-rank run hung in: ranks 2-3's old files (world size 4) are that
+    run's; this run's culprit is rank 1, behind rank 0 on their group, and the old files are listed as left out."""
+    old, new = (0, 1, 2, 3), (0, 1)
+    for rank in (2, 3):
+        hang_file(tmp_path, rank, inside=("all_reduce", old, 57), groups=[(old, 57)], world=4)
+        path = tmp_path / f"hang_rank_{rank}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "time": 500.0}))  # written before this run's
+    hang_file(tmp_path, 0, inside=("all_reduce", new, 9), groups=[(new, 9)])
+    hang_file(tmp_path, 1, groups=[(new, 8)])
+    report = build_report(tmp_path)
+    hang = report["engines"]["main"]["hang"]
+    assert hang["culprits"] == [1] and hang["waiting"] == [0] and sorted(hang["ranks"]) == [0, 1]
+    left_out = [entry for entry in report["incomplete"] if entry["kind"] == "hang"]
+    assert [entry["rank"] for entry in left_out] == [2, 3]
+    assert all("world size 4" in entry["reason"] for entry in left_out)

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..diagnosis.advice import advise
 from ..diagnosis.stragglers import rank_causes, rank_work, work_imbalance
-from ..outputs import MAIN_ENGINE, fetch_records_files, trace_files
+from ..outputs import MAIN_ENGINE, fetch_records_files, hang_file, trace_files
 from .hangs import add_hangs, hang_reports, read_hang_files
 from .memory import memory_report
 from .pipeline import pipeline_report, staged_view
@@ -310,8 +310,7 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     record_files = fetch_records_files(directory)
     traces_found = trace_files(directory)
     hang_content, hangs_unread = read_hang_files(directory)
-    hangs = hang_reports(hang_content)
-    if not record_files and not traces_found and not hangs:
+    if not record_files and not traces_found and not hang_content:
         raise ReportError(f"{directory}: no step records (zero_fetch_*rank_*.jsonl) and no traces "
                           f"(trace_rank_*.json); {where_to_look(directory)}")
     incomplete: List[Dict[str, Any]] = list(hangs_unread)
@@ -320,7 +319,14 @@ def build_report(directory: Path, top_ops: int = 10) -> Dict[str, Any]:
     # Files a run with another world size left in a reused output_dir (ranks this run does not have).
     world = newest_world_size([(Path(f.path), f.last_time, f.world_size) for f in files] +
                               [(traces_found[rank], (summary["base_time_ns"] or 0) / 1e9, summary["world_size"])
-                               for rank, summary in traces.items()])
+                               for rank, summary in traces.items()] +
+                              [(hang_file(directory, rank), content.get("time"), content.get("world_size"))
+                               for rank, content in hang_content.items()])
+    for rank in [rank for rank, content in hang_content.items() if earlier_run(content.get("world_size"), world)]:
+        reason = earlier_run(hang_content.pop(rank).get("world_size"), world)  # a relaunch with fewer ranks
+        incomplete.append({"kind": "hang", "engine": None, "rank": rank, "file": hang_file(directory, rank).name,
+                           "reason": reason})
+    hangs = hang_reports(hang_content)
     for records in [f for f in files if earlier_run(f.world_size, world)]:
         files.remove(records)
         incomplete.append({"kind": "records", "engine": records.engine, "rank": records.rank,

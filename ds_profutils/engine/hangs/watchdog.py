@@ -21,6 +21,7 @@ when the last watched engine is closed or collected.
 """
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -28,7 +29,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..._signal_exit import ending_on_signal
+from ..._signal_exit import close_at_exit, ending_on_signal
 from ...logging import logger, warning_once
 from ...outputs import ProcessIdentity, hang_file, process_identity
 from ..hooks import BETWEEN_STEPS, EngineHooks, OptimizerStepListener
@@ -100,8 +101,9 @@ class Watchdog:
                 timeout = min(watch.timeout_s for watch in watches)
                 if now - beat >= timeout and (self._stuck_since is None or now - written_at >= timeout):
                     self._writes += 1
+                    self._stuck_since = beat  # before the write: an attach meanwhile sees the hang and beats not
                     self._write(watches, beat, self._writes)
-                    self._stuck_since, written_at = beat, now
+                    written_at = now
             except Exception as exc:  # noqa: BLE001 - the watchdog never stops the job; it says so once
                 _said(exc)
             del watches
@@ -210,6 +212,7 @@ class EngineWatch(OptimizerStepListener):
         device = getattr(engine, "device", None)
         self.cuda_device: Optional[int] = device.index if getattr(device, "type", None) == "cuda" else None
         self._watchdog = watchdog
+        self._forget_at_exit = close_at_exit(self.close)  # a job ending without close(): its wait's end said too
 
     def optimizer_step_ended(self, global_step: int) -> None:
         self._watchdog.beat()
@@ -230,6 +233,7 @@ class EngineWatch(OptimizerStepListener):
         self._unwatch(by_program=_program_closes(self._watchdog.training_thread))
 
     def _unwatch(self, by_program: bool) -> None:
+        self._forget_at_exit()
         with _lock:
             self._watchdog.watches.discard(self)
             last = not self._watchdog.watches
@@ -249,9 +253,18 @@ def _program_closes(training_thread: int) -> bool:
 
 
 def _remove_earlier_file(output_dir: Path, identity: ProcessIdentity) -> None:
-    """An unresolved hang file of an earlier run in a reused output_dir would read as this run's hang."""
+    """An unresolved hang file of an earlier run in a reused output_dir would read as this run's hang.  One this
+    process wrote (an engine closed after a hang and attached again, a Trainer resumed in-process) is this job's own
+    evidence, and stays."""
+    path = hang_file(output_dir, identity.rank)
     try:
-        hang_file(output_dir, identity.rank).unlink()
+        written_by = json.loads(path.read_bytes())
+        if (written_by.get("pid"), written_by.get("host")) == (identity.pid, identity.host):
+            return
+    except (OSError, ValueError, AttributeError):  # none, or not readable as a hang file: removed below
+        pass
+    try:
+        path.unlink()
     except FileNotFoundError:
         return
     except OSError as exc:
