@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import weakref
 from typing import Callable, List
 
@@ -60,13 +61,16 @@ def close_at_exit(close: Callable[[], None]) -> Callable[[], None]:
     re-raises; returns the call that cancels this (for ``close`` itself to make).
 
     The object is held weakly: one dropped without ``close()`` (an engine of an RLHF reload or a
-    sweep) is freed, not kept alive until the process ends.
+    sweep) is freed, not kept alive until the process ends, and its registration goes with it.  A forked
+    child (``os.fork``) inherits the registration and does nothing with it: the object is its parent's (its
+    files, and locks a thread of the parent's may have held at the fork).
     """
     method = weakref.WeakMethod(close)
+    registered_by = os.getpid()
 
     def at_exit() -> None:
         alive = method()
-        if alive is not None:
+        if alive is not None and os.getpid() == registered_by:
             alive()
 
     def cancel() -> None:
@@ -75,4 +79,5 @@ def close_at_exit(close: Callable[[], None]) -> Callable[[], None]:
 
     atexit.register(at_exit)
     call_before_signal_exit(at_exit)
+    weakref.finalize(close.__self__, cancel).atexit = False  # at exit, the registration is what runs close()
     return cancel

@@ -499,3 +499,17 @@ def test_an_engine_attached_again_in_the_process_keeps_the_hang_file_this_proces
     second = watched(Engine(), tmp_path)
     assert path.exists() and not json.loads(path.read_text())["resolved"]
     second.close()
+
+
+def test_a_file_with_this_pid_and_host_from_an_earlier_container_is_an_earlier_runs(tmp_path):
+    """A relaunched container has the same pids and host name: a hang file naming them, not written by this process,
+    is an earlier run's and goes at the attach."""
+    import os
+    import socket
+
+    path = tmp_path / "hang_rank_0.json"
+    path.write_text(json.dumps({"schema": 1, "rank": 0, "pid": os.getpid(), "host": socket.gethostname(),
+                                "resolved": False, "time": time.time() - 86400}))
+    attachment = watched(Engine(), tmp_path)
+    assert not path.exists()
+    attachment.close()

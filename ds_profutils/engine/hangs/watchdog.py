@@ -21,13 +21,12 @@ when the last watched engine is closed or collected.
 """
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from ..._signal_exit import close_at_exit, ending_on_signal
 from ...logging import logger, warning_once
@@ -179,6 +178,7 @@ class Watchdog:
                 written.append(write_hang_file(output_dir, self.identity, content))
             except OSError as exc:
                 _said(exc)
+        _written_here.update(written)
         return str(written[0]) if written else "no file, none could be written"
 
 
@@ -188,6 +188,7 @@ def _said(exc: Exception) -> None:
 
 
 _lock = threading.Lock()  # taken at attach and close, and by the thread as it ends; never on the step path
+_written_here: Set[Path] = set()  # the hang files this process wrote (kept at a re-attach: this job's own)
 _watchdog: Optional[Watchdog] = None
 
 
@@ -255,14 +256,10 @@ def _program_closes(training_thread: int) -> bool:
 def _remove_earlier_file(output_dir: Path, identity: ProcessIdentity) -> None:
     """An unresolved hang file of an earlier run in a reused output_dir would read as this run's hang.  One this
     process wrote (an engine closed after a hang and attached again, a Trainer resumed in-process) is this job's own
-    evidence, and stays."""
+    evidence, and stays (known by its path, not its pid: a relaunched container has the same pids and host name)."""
     path = hang_file(output_dir, identity.rank)
-    try:
-        written_by = json.loads(path.read_bytes())
-        if (written_by.get("pid"), written_by.get("host")) == (identity.pid, identity.host):
-            return
-    except (OSError, ValueError, AttributeError):  # none, or not readable as a hang file: removed below
-        pass
+    if path in _written_here:
+        return
     try:
         path.unlink()
     except FileNotFoundError:
