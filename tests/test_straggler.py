@@ -277,3 +277,18 @@ def test_a_rank_slowed_from_the_middle_of_the_run_on_is_named_held_back_in_those
     (tmp_path / "even").mkdir()
     slowed_run(tmp_path / "even", ranks=2, steps=40, slowed=None)
     assert build_report(tmp_path / "even")["engines"]["main"]["held_back_ranks"] == []
+
+
+def test_a_held_back_ranks_steps_are_all_said_however_many(tmp_path):
+    """Late from step 100 of 200 on: the line says 100-199, not the first forty of them as if that were all."""
+    for rank in (0, 1):
+        rows = []
+        for step in range(200):
+            slow = 80.0 if step >= 100 else 0.0
+            jitter = 0.5 * ((rank * 7 + step * 3) % 5 - 2) / 2
+            rows.append(record(rank, step, busy_ms=20.0 + (slow if rank == 1 else 0.0), world_size=2,
+                               collective_ms=2.0 + jitter + (slow if rank == 0 else 0.0)))
+        write_records(tmp_path, rank, rows)
+    report = build_report(tmp_path)
+    assert report["engines"]["main"]["held_back_ranks"] == [1]
+    assert "(global steps 100-199; p = " in " ".join(render_text(report).split())

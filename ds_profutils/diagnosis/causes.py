@@ -24,7 +24,8 @@ from statistics import median
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 __all__ = ["CAUSES", "CAUSE_CODES", "COMPUTE_EXCESS_SHARE", "EVAL_OR_SAVE", "GAP_OVER_BUSY", "MORE_WORK_RATIO",
-           "LIVE_CAUSES", "SAME_PACE_RATIO", "Figures", "decide_cause", "describe_cause", "late_by_gap"]
+           "LIVE_CAUSES", "SAME_PACE_RATIO", "Figures", "decide_cause", "describe_cause", "late_by_gap",
+           "step_cause"]
 
 MORE_WORK_RATIO = 1.15
 """More work: the straggler's work median is at least this times the others' median.  Below it, work varies as
@@ -153,6 +154,12 @@ _EVAL_GAP_ADVICE = ("host work the others do not do between steps, not its input
 """An ``input_pipeline`` cause told by its eval forwards and checkpoint saves (``gap_is_eval``)."""
 
 
+def step_cause(cause: str, figures: Dict[str, Any]) -> str:
+    """``decide_cause``'s cause as a step's (``cause_steps``, the live event): ``EVAL_OR_SAVE`` where the gap that
+    decided ``input_pipeline`` was the rank's own eval forwards and saves."""
+    return EVAL_OR_SAVE if cause == "input_pipeline" and figures.get("gap_is_eval") else cause
+
+
 def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str],
                    steps: Optional[Dict[str, int]] = None) -> str:
     """The cause in words with the figures that decided it, as the report's straggler line gives it; ``steps``:
@@ -172,8 +179,8 @@ def describe_cause(cause: str, figures: Dict[str, Any], unit: Optional[str],
         parts.append(f"busy {pace[0]:,.4g} against {pace[1]:,.4g} {per}")
     if cause == "communication":
         parts.append(f"exposed wait {figures['exposed_wait_ms']:,.1f} against {figures['others_exposed_wait_ms']:,.1f} ms")
-    own = EVAL_OR_SAVE if cause == "input_pipeline" and figures.get("gap_is_eval") else cause
+    own = step_cause(cause, figures)
     by_step = "" if not steps or set(steps) == {own} else "; its straggler steps: " + ", ".join(
         f"{name} {count}" for name, count in sorted(steps.items(), key=lambda item: -item[1]))
-    advice = _EVAL_GAP_ADVICE if cause == "input_pipeline" and figures.get("gap_is_eval") else _ADVICE[cause]
+    advice = _EVAL_GAP_ADVICE if own == EVAL_OR_SAVE else _ADVICE[cause]
     return f"cause: {cause} ({'; '.join(parts)}): {advice}{by_step}"

@@ -11,7 +11,7 @@ from collections import Counter
 from statistics import median
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
-from .causes import EVAL_OR_SAVE, Figures, decide_cause
+from .causes import Figures, decide_cause, step_cause
 
 __all__ = ["WORK_UNITS", "rank_causes", "rank_work", "work_imbalance", "work_unit"]
 
@@ -120,7 +120,7 @@ def rank_causes(view: _View, named: Sequence[int], device_clock: bool = False) -
             figures = _step_figures(view, position[step])
             cause, decided = decide_cause(figures[at], [figures[peer] for peer in _peers(view, at)], step_threshold,
                                           device_clock)
-            steps[late][EVAL_OR_SAVE if decided.get("gap_is_eval") else cause] += 1
+            steps[late][step_cause(cause, decided)] += 1
     table = {}
     for index, rank in enumerate(view.ranks):
         cause = figures = None

@@ -244,7 +244,7 @@ def _engine_report(name: str, files: Sequence[FileRecords], trace_steps: Mapping
                            "rank_level": STRAGGLER_LEVEL / ranks if ranks else None,
                            "host_level": STRAGGLER_LEVEL / len(hosts_summary) if hosts_summary else None},
         "straggler_ranks": [rank for rank in view.ranks if is_straggler(view, rank)],
-        "held_back_ranks": [rank for rank in view.ranks if held_back_in_some_steps(view, rank)],
+        "held_back_ranks": [rank for rank, row in ranks_summary.items() if row["held_back_in_some_steps"]],
         "work_unit": view.work_unit,
         "work_imbalance": work_imbalance(view),
         "ranks_summary": ranks_summary,

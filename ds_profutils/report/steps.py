@@ -271,7 +271,8 @@ def _find_stragglers(view: StepView) -> None:
     chance of being the step straggler that often with no slow rank."""
     attributed = [0.0] * len(view.ranks)
     waited = [0.0] * len(view.ranks)
-    counts = [0] * len(view.ranks)
+    view.straggler_step_numbers = {rank: [] for rank in view.ranks}
+    view.straggler_step_thresholds = {rank: [] for rank in view.ranks}
     arrival = getattr(view, view.arrival)
     for step_index in range(len(view.global_steps)):
         inside = arrival.step_column(step_index)
@@ -290,18 +291,15 @@ def _find_stragglers(view: StepView) -> None:
         if spread < threshold:
             view.straggler.append(None)
             continue
-        view.straggler.append(view.ranks[least_rank])
-        counts[least_rank] += 1
+        late = view.ranks[least_rank]
+        view.straggler.append(late)
+        view.straggler_step_numbers[late].append(view.global_steps[step_index])
+        view.straggler_step_thresholds[late].append(threshold)
         for value, rank_index in present:
             waited[rank_index] += value - least
         attributed[least_rank] += sum(value for value, _ in present) - least * len(present)
+    counts = [len(view.straggler_step_numbers[rank]) for rank in view.ranks]
     view.straggler_steps = dict(zip(view.ranks, counts))
-    view.straggler_step_numbers = {rank: [] for rank in view.ranks}
-    view.straggler_step_thresholds = {rank: [] for rank in view.ranks}
-    for step, late, threshold in zip(view.global_steps, view.straggler, view.threshold_ms):
-        if late is not None:
-            view.straggler_step_numbers[late].append(step)
-            view.straggler_step_thresholds[late].append(threshold)
     view.attributed_ms = dict(zip(view.ranks, attributed))
     view.waited_ms = dict(zip(view.ranks, waited))
     view.p_values = {rank: chance_p_value(view, count, 1 / len(view.ranks)) for rank, count in zip(view.ranks, counts)}

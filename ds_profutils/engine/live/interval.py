@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..._stages import slow_stage
 from ..._straggler import step_straggler, straggler_threshold
-from ...diagnosis.causes import CAUSE_CODES, EVAL_OR_SAVE, Figures, decide_cause
+from ...diagnosis.causes import CAUSE_CODES, Figures, decide_cause, step_cause
 
 __all__ = ["EVENT_NAMES", "PIPELINE_EVENT_NAMES", "Event", "StepFigures", "interval_cause", "interval_events",
            "pack_interval", "packed_length", "pipeline_events", "staged_straggler"]
@@ -193,7 +193,7 @@ def interval_cause(rows: Sequence[Sequence[float]], steps: int, straggler: int) 
                for t in totals]
     threshold = straggler_threshold([median(row[:steps]) for row in rows])
     cause, decided = decide_cause(figures[straggler], figures[:straggler] + figures[straggler + 1:], threshold)
-    return CAUSE_CODES[EVAL_OR_SAVE if decided.get("gap_is_eval") else cause]  # as the report's cause_steps count it
+    return CAUSE_CODES[step_cause(cause, decided)]  # as the report's cause_steps count it
 
 
 def _stage_groups(rows: Sequence[Sequence[float]], steps: int) -> List[List[int]]:
