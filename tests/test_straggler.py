@@ -251,18 +251,23 @@ def test_the_report_says_how_many_steps_name_a_rank_and_what_it_cannot_see(tmp_p
     assert "a rank slower by less than the per-step threshold (here " in text and "is not flagged" in text
 
 
+def slowed_from(directory, steps, first_slow):
+    """Two ranks; rank 1 80 ms slower from global step ``first_slow`` on, rank 0 waiting that long for it."""
+    for rank in (0, 1):
+        rows = []
+        for step in range(steps):
+            slow = 80.0 if step >= first_slow else 0.0
+            jitter = 0.5 * ((rank * 7 + step * 3) % 5 - 2) / 2
+            rows.append(record(rank, step, busy_ms=20.0 + (slow if rank == 1 else 0.0), world_size=2,
+                               collective_ms=2.0 + jitter + (slow if rank == 0 else 0.0)))
+        write_records(directory, rank, rows)
+
+
 def test_a_rank_slowed_from_the_middle_of_the_run_on_is_named_held_back_in_those_steps(tmp_path):
     """Rank 1 80 ms slower from step 20 of 40 on: the straggler of every step where a rank was, half of all steps.
     The test over every step cannot name it (20 of 40 is what chance gives one of 2 ranks, however long the run);
     the test over the steps where a rank held the others back does, with those steps and the cause there."""
-    for rank in (0, 1):
-        rows = []
-        for step in range(40):
-            slow = 80.0 if step >= 20 else 0.0
-            jitter = 0.5 * ((rank * 7 + step * 3) % 5 - 2) / 2
-            rows.append(record(rank, step, busy_ms=20.0 + (slow if rank == 1 else 0.0), world_size=2,
-                               collective_ms=2.0 + jitter + (slow if rank == 0 else 0.0)))
-        write_records(tmp_path, rank, rows)
+    slowed_from(tmp_path, steps=40, first_slow=20)
     report = build_report(tmp_path)
     engine = report["engines"]["main"]
     assert engine["straggler_ranks"] == [] and engine["held_back_ranks"] == [1]
@@ -281,14 +286,7 @@ def test_a_rank_slowed_from_the_middle_of_the_run_on_is_named_held_back_in_those
 
 def test_a_held_back_ranks_steps_are_all_said_however_many(tmp_path):
     """Late from step 100 of 200 on: the line says 100-199, not the first forty of them as if that were all."""
-    for rank in (0, 1):
-        rows = []
-        for step in range(200):
-            slow = 80.0 if step >= 100 else 0.0
-            jitter = 0.5 * ((rank * 7 + step * 3) % 5 - 2) / 2
-            rows.append(record(rank, step, busy_ms=20.0 + (slow if rank == 1 else 0.0), world_size=2,
-                               collective_ms=2.0 + jitter + (slow if rank == 0 else 0.0)))
-        write_records(tmp_path, rank, rows)
+    slowed_from(tmp_path, steps=200, first_slow=100)
     report = build_report(tmp_path)
     assert report["engines"]["main"]["held_back_ranks"] == [1]
     assert "(global steps 100-199; p = " in " ".join(render_text(report).split())
