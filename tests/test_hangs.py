@@ -485,12 +485,19 @@ if sys.argv[2] == "slow last step":
         assert content["resolved"] if ending == "slow last step" else content["closed_after_s"] is not None
 
 
-def test_an_engine_attached_again_in_the_process_keeps_the_hang_file_this_process_wrote(tmp_path):
-    """A hang, the program catches it and closes (inside its except: the file stays a HANG), then attaches a new
-    engine in the same directory (a Trainer resumed in-process): the file is this job's evidence, not an earlier
-    run's, and stays."""
+def test_a_hang_file_this_process_wrote_stays_at_a_reattach_one_only_naming_its_pid_and_host_goes(tmp_path):
+    """A relaunched container has the same pids and host name: a hang file naming them that this process did not
+    write is an earlier run's and goes at the attach.  Then a hang, the program catches it and closes (inside its
+    except: the file stays a HANG) and attaches a new engine in the same directory (a Trainer resumed in-process):
+    that file is this job's evidence, and stays."""
+    import os
+    import socket
+
     path = tmp_path / "hang_rank_0.json"
+    path.write_text(json.dumps({"schema": 1, "rank": 0, "pid": os.getpid(), "host": socket.gethostname(),
+                                "resolved": False, "time": time.time() - 86400}))
     first = watched(Engine(), tmp_path)
+    assert not path.exists()
     assert wait_for(path.exists, TIMEOUT_S + 3 * POLL_SECONDS)
     try:
         raise KeyboardInterrupt
@@ -499,17 +506,3 @@ def test_an_engine_attached_again_in_the_process_keeps_the_hang_file_this_proces
     second = watched(Engine(), tmp_path)
     assert path.exists() and not json.loads(path.read_text())["resolved"]
     second.close()
-
-
-def test_a_file_with_this_pid_and_host_from_an_earlier_container_is_an_earlier_runs(tmp_path):
-    """A relaunched container has the same pids and host name: a hang file naming them, not written by this process,
-    is an earlier run's and goes at the attach."""
-    import os
-    import socket
-
-    path = tmp_path / "hang_rank_0.json"
-    path.write_text(json.dumps({"schema": 1, "rank": 0, "pid": os.getpid(), "host": socket.gethostname(),
-                                "resolved": False, "time": time.time() - 86400}))
-    attachment = watched(Engine(), tmp_path)
-    assert not path.exists()
-    attachment.close()

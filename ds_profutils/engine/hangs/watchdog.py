@@ -137,7 +137,7 @@ class Watchdog:
         else:
             return
         self._stuck_since, self._writes, self._stuck = None, 0, {}
-        contents = {directory: fresh if directory in watched and fresh is not None else
+        contents = {directory: fresh if directory in watched else  # (watched is empty where fresh is None)
                     {**content, "time": now, **ending}
                     for directory, content in stuck.items() if directory.is_dir()}
         logger.warning("ds_profutils: " + said, after, self._write_files(contents))
@@ -278,8 +278,7 @@ def watch_engine(hooks: EngineHooks, name: str, output_dir: str, timeout_s: floa
         if fresh:
             watchdog = _watchdog = Watchdog(process_identity(), threading.get_ident())
         directory = Path(output_dir)
-        if all(watch.output_dir != directory for watch in watchdog.watches):  # under the lock: the thread writes
-            _remove_earlier_file(directory, watchdog.identity)                 # only into the watched directories
+        _remove_earlier_file(directory, watchdog.identity)  # under the lock: the thread writes none meanwhile
         watch = EngineWatch(hooks, name, directory, timeout_s, watchdog)
         watchdog.watches.add(watch)
     if fresh:
